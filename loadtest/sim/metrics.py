@@ -1,0 +1,176 @@
+"""Metrics of one replica: vLLM's names and labels, plus `sim_` counters only the simulator has.
+
+Call sites bump plain ints and tiny histograms (`SimStats`); a custom prometheus_client collector in a
+per-replica CollectorRegistry turns them into families at scrape time, so the per-token path never
+touches a prometheus_client lock. vLLM semantics kept: client aborts are NOT counted in
+`vllm:request_success_total{finished_reason="abort"}` nor in the e2e histogram; shutdown aborts are.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from loadtest.sim.engine import Engine
+
+# vLLM's bucket boundaries (seconds).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)  # fmt: skip
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+LABELS = ("engine", "model_name")
+
+
+class Histogram:
+    """A lock-free histogram for one event loop."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += times
+        self.total += value * times
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip(self.bounds, self.counts, strict=False):
+            running += count
+            out.append((repr(float(bound)), running))
+        out.append(("+Inf", running + self.counts[-1]))
+        return out
+
+
+class SimStats:
+    """Every counter of one replica, as plain numbers."""
+
+    def __init__(self) -> None:
+        self.created = time.time()
+        self.received = 0
+        self.served = 0
+        self.aborted = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.admission_rejections = 0
+        self.rejected: Counter[str] = Counter()
+        self.ended: Counter[str] = Counter()
+        self.success: Counter[str] = Counter()
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.e2e = Histogram(REQUEST_BUCKETS)
+        self.queue_time = Histogram(REQUEST_BUCKETS)
+
+
+class SimCollector(Collector):
+    def __init__(
+        self,
+        model: str,
+        engine: Engine,
+        stats: SimStats,
+        in_flight: Callable[[], int],
+        draining: Callable[[], bool],
+    ) -> None:
+        self._labels = ["0", model]
+        self._engine = engine
+        self._stats = stats
+        self._in_flight = in_flight
+        self._draining = draining
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self._labels, value)
+        return family
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self._labels, value, created=self._stats.created)
+        return family
+
+    def _histogram(self, name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self._labels, hist.buckets(), hist.total)
+        return family
+
+    def collect(self) -> Iterable[Metric]:
+        engine, stats = self._engine, self._stats
+        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                          len(engine.running))  # fmt: skip
+        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                          len(engine.waiting))  # fmt: skip
+        by_reason = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Waiting requests by reason.",
+                                      labels=(*LABELS, "reason"))  # fmt: skip
+        by_reason.add_metric([*self._labels, "capacity"], len(engine.waiting))
+        by_reason.add_metric([*self._labels, "deferred"], 0)
+        yield by_reason
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                          engine.kv_usage)  # fmt: skip
+        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                      labels=(*LABELS, "finished_reason"))  # fmt: skip
+        for reason in FINISHED_REASONS:
+            success.add_metric([*self._labels, reason], stats.success[reason], created=stats.created)
+        yield success
+        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
+        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                            stats.generation_tokens)  # fmt: skip
+        yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions.", 0)
+        rejections = CounterMetricFamily("vllm:admission_rejections", "Requests rejected at admission.",
+                                         labels=("reason",))  # fmt: skip
+        rejections.add_metric(["max_num_queued_reqs"], stats.admission_rejections, created=stats.created)
+        yield rejections
+        yield self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token.",
+                              stats.ttft)  # fmt: skip
+        yield self._histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.",
+                              stats.itl)  # fmt: skip
+        yield self._histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency.",
+                              stats.e2e)  # fmt: skip
+        yield self._histogram("vllm:request_queue_time_seconds", "Time spent in the WAITING phase.",
+                              stats.queue_time)  # fmt: skip
+        yield from self._sim_families()
+
+    def _sim_families(self) -> Iterable[Metric]:
+        stats = self._stats
+        for name, doc, value in (
+            ("sim_requests_received", "Completion requests received.", stats.received),
+            ("sim_requests_served", "Completion requests that finished with stop or length.", stats.served),
+            ("sim_requests_aborted", "Requests ended by a client disconnect.", stats.aborted),
+        ):
+            family = CounterMetricFamily(name, doc)
+            family.add_metric([], value, created=stats.created)
+            yield family
+        for name, doc, counts, label in (
+            ("sim_requests_rejected", "Requests answered with an error before any token.", stats.rejected,
+             "reason"),
+            ("sim_requests_ended", "Requests by outcome (see the request log).", stats.ended, "outcome"),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, doc, labels=(label,))
+            for key in sorted(counts):
+                family.add_metric([key], counts[key], created=stats.created)
+            yield family
+        yield GaugeMetricFamily("sim_requests_in_flight", "Completion requests inside the replica.",
+                                value=self._in_flight())  # fmt: skip
+        yield GaugeMetricFamily("sim_draining", "1 once a shutdown began.", value=int(self._draining()))
+
+
+def make_registry(collector: SimCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry

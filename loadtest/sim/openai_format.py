@@ -1,0 +1,296 @@
+"""vLLM's OpenAI wire format: request validation, error bodies, SSE frames and non-streaming bodies.
+
+Shapes follow vLLM 0.32: completion chunks are dumped with every field (`exclude_unset=False`, so
+`"usage":null` and the token-id fields appear), chat chunks only with the fields vLLM sets, usage chunks
+with empty `choices`, compact JSON everywhere except the in-stream error event (vLLM writes that one with
+`json.dumps`, i.e. with spaces). Per-token frames are pre-encoded once per request: the hot path writes a
+cached `bytes` object and never calls `json.dumps`.
+
+Prompt tokens are estimated, not tokenized: a string counts ceil(chars / 4) tokens (at least 1), a token-id
+list counts its length, a chat request counts its text parts that way plus 4 tokens per message and 2 for
+the assistant turn (ChatML-like overhead).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from loadtest.sim.config import CapacityConfig
+
+TOKEN_TEXT = " tok"  # the synthetic text of one generated token
+DONE_FRAME = b"data: [DONE]\n\n"
+
+ENGINE_ERROR_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+BUSY_MESSAGE = (
+    "The engine is currently busy and cannot accept new requests. "
+    "Please try again later or on a different instance."
+)
+DRAIN_MESSAGE = "cannot schedule new futures after shutdown"
+
+
+class Endpoint(enum.Enum):
+    COMPLETIONS = "/v1/completions"
+    CHAT = "/v1/chat/completions"
+
+
+class ApiError(Exception):
+    """A request answered with a vLLM-style JSON error instead of tokens."""
+
+    def __init__(self, status: int, message: str, err_type: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.err_type = err_type
+        self.param = param
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.err_type, self.status, self.param)
+
+
+def error_body(message: str, err_type: str, code: int, param: str | None = None) -> bytes:
+    payload = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def stream_error_frame(message: str = ENGINE_ERROR_MESSAGE, err_type: str = "InternalServerError") -> bytes:
+    payload = {"error": {"message": message, "type": err_type, "param": None, "code": 500}}
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, "BadRequestError", param)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    endpoint: Endpoint
+    model: str  # the served name when the body names none (vLLM accepts a missing model)
+    stream: bool
+    include_usage: bool
+    max_tokens: int
+    ignore_eos: bool
+    prompt_tokens: int
+
+
+def parse_request(endpoint: Endpoint, body: bytes, served_model: str, default_max_tokens: int) -> ParsedRequest:
+    """Validate a completion request the way vLLM does (400), then the model name (404)."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_request(f"JSON decode error: {exc}") from None
+    if not isinstance(data, dict):
+        raise bad_request("Input should be a valid dictionary or object to extract fields from")
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("model: Input should be a valid string", "model")
+    stream = data.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad_request("stream: Input should be a valid boolean", "stream")
+    stream_options = data.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise bad_request("stream_options: Input should be a valid dictionary", "stream_options")
+    if stream_options and not stream:
+        raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+    include_usage = bool(stream_options and stream_options.get("include_usage"))
+    key = "max_completion_tokens" if endpoint is Endpoint.CHAT and "max_completion_tokens" in data else "max_tokens"
+    max_tokens = data.get(key)
+    if max_tokens is None:
+        max_tokens = default_max_tokens
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise bad_request(f"{key}: Input should be a valid integer", key)
+    if max_tokens < 1:
+        raise bad_request(f"{key} must be at least 1, got {max_tokens}.", key)
+    ignore_eos = data.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise bad_request("ignore_eos: Input should be a valid boolean", "ignore_eos")
+    n = data.get("n", 1)
+    if n not in (1, None):
+        raise bad_request("n: the simulator supports only n=1", "n")
+    if endpoint is Endpoint.COMPLETIONS:
+        prompt_tokens = _completion_prompt_tokens(data.get("prompt"))
+    else:
+        prompt_tokens = _chat_prompt_tokens(data.get("messages"))
+    if model is not None and model != served_model:
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist. Valid aliases: {served_model}.",
+            "NotFoundError",
+            "model",
+        )
+    return ParsedRequest(
+        endpoint=endpoint,
+        model=served_model,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def check_length(request: ParsedRequest, capacity: CapacityConfig) -> None:
+    """vLLM rejects prompt + max_tokens beyond max_model_len at tokenization time."""
+    total = request.prompt_tokens + request.max_tokens
+    if total > capacity.max_model_len:
+        raise bad_request(
+            f"This model's maximum context length is {capacity.max_model_len} tokens. However, you "
+            f"requested {total} tokens ({request.prompt_tokens} in the messages, {request.max_tokens} "
+            "in the completion). Please reduce the length of the messages or completion.",
+            "max_tokens",
+        )
+
+
+def _text_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / 4))
+
+
+def _completion_prompt_tokens(prompt: Any) -> int:
+    if prompt is None or prompt == "" or prompt == []:
+        raise bad_request("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+    if isinstance(prompt, str):
+        return _text_tokens(prompt)
+    if isinstance(prompt, list):
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return len(prompt)
+        if len(prompt) != 1:
+            raise bad_request("prompt: the simulator supports one prompt per request", "prompt")
+        only = prompt[0]
+        if isinstance(only, str) and only:
+            return _text_tokens(only)
+        if isinstance(only, list) and only and all(isinstance(t, int) for t in only):
+            return len(only)
+    raise bad_request("prompt: Input should be a string, a list of strings or of token ids", "prompt")
+
+
+def _chat_prompt_tokens(messages: Any) -> int:
+    if messages is None:
+        raise bad_request("messages: Field required", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages: Input should be a non-empty list", "messages")
+    total = 2
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request("messages: each message needs a string role", "messages")
+        content = message.get("content")
+        total += 4
+        if isinstance(content, str):
+            total += _text_tokens(content) if content else 0
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    total += _text_tokens(part["text"])
+        elif content is not None:
+            raise bad_request("messages: content should be a string or a list of parts", "messages")
+    return total
+
+
+class StreamEncoder:
+    """Pre-encoded SSE frames for one streaming request."""
+
+    __slots__ = ("_cache", "_final_post", "_final_pre", "_head", "_meta", "_tail", "endpoint")
+
+    def __init__(self, endpoint: Endpoint, response_id: str, created: int, model: str) -> None:
+        self.endpoint = endpoint
+        obj = "text_completion" if endpoint is Endpoint.COMPLETIONS else "chat.completion.chunk"
+        self._meta = f'"id":"{response_id}","object":"{obj}","created":{created},"model":{json.dumps(model)}'
+        if endpoint is Endpoint.COMPLETIONS:
+            self._head = f'data: {{{self._meta},"choices":[{{"index":0,"text":"'.encode()
+            rest = b',"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}\n\n'
+            self._tail = b'","logprobs":null,"finish_reason":null' + rest
+            self._final_pre = b'","logprobs":null,"finish_reason":"'
+            self._final_post = b'"' + rest
+        else:
+            self._head = f'data: {{{self._meta},"choices":[{{"index":0,"delta":{{"content":"'.encode()
+            self._tail = b'"},"logprobs":null,"finish_reason":null}]}\n\n'
+            self._final_pre = b'"},"logprobs":null,"finish_reason":"'
+            self._final_post = b'","stop_reason":null}]}\n\n'
+        self._cache: dict[int, bytes] = {}
+
+    def tokens(self, count: int) -> bytes:
+        """A content chunk carrying `count` tokens (cached: the hot path)."""
+        frame = self._cache.get(count)
+        if frame is None:
+            frame = self._head + (TOKEN_TEXT * count).encode() + self._tail
+            self._cache[count] = frame
+        return frame
+
+    def last(self, count: int, finish_reason: str) -> bytes:
+        """The last content chunk: its tokens plus finish_reason (count may be 0, e.g. on abort)."""
+        text = (TOKEN_TEXT * count).encode()
+        return self._head + text + self._final_pre + finish_reason.encode() + self._final_post
+
+    def role(self) -> bytes:
+        """Chat's first chunk, sent with the first token."""
+        return (
+            f'data: {{{self._meta},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
+            '"logprobs":null,"finish_reason":null}]}\n\n'
+        ).encode()
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        total = prompt_tokens + completion_tokens
+        return (
+            f'data: {{{self._meta},"choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
+            f'"total_tokens":{total},"completion_tokens":{completion_tokens}}}}}\n\n'
+        ).encode()
+
+
+def completion_body(
+    endpoint: Endpoint,
+    response_id: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    finish_reason: str,
+) -> bytes:
+    """A non-streaming response body in vLLM's field order."""
+    text = TOKEN_TEXT * completion_tokens
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+    if endpoint is Endpoint.COMPLETIONS:
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None}
+        extra: dict[str, Any] = {}
+    else:
+        message = {"role": "assistant", "content": text, "refusal": None, "tool_calls": [], "reasoning": None}
+        choice = {"index": 0, "message": message, "logprobs": None}
+        extra = {"prompt_logprobs": None, "prompt_token_ids": None}
+    choice.update(finish_reason=finish_reason, stop_reason=None, token_ids=None)
+    if endpoint is Endpoint.COMPLETIONS:
+        choice.update(prompt_logprobs=None, prompt_token_ids=None)
+    body = {
+        "id": response_id,
+        "object": "text_completion" if endpoint is Endpoint.COMPLETIONS else "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage,
+        **extra,
+        "kv_transfer_params": None,
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def models_body(model: str, max_model_len: int, created: int) -> bytes:
+    card = {
+        "id": model,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": model,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [],
+    }
+    return json.dumps({"object": "list", "data": [card]}, separators=(",", ":")).encode()

@@ -1,0 +1,163 @@
+"""The whole routing stack on loopback: simulated vLLM replicas, the picker, and the real Envoy.
+
+Used by the tests, `picker demo` and the benchmarks; every process is a child stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.procs import Proc, free_port, port_open
+from picker.envoyconf import EnvoyParams, envoy_binary, render
+
+
+@dataclass
+class StackOptions:
+    replicas: int = 3
+    sim_args: Sequence[str] = ()
+    picker_args: Sequence[str] = ()
+    failure_mode_allow: bool = False
+    extra_envoy_endpoints: Sequence[str] = ()  # members of Envoy's pool the picker does not know
+    picker_endpoints: Sequence[str] | None = None  # default: the replicas
+    envoy_concurrency: int = 1
+    envoy: dict[str, object] = field(default_factory=dict)  # EnvoyParams overrides
+
+
+def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
+    argv = [sys.executable, "-m", "loadtest.sim"]
+    for port in ports:
+        argv += ["--port", str(port)]
+    return argv + list(extra)
+
+
+def health_ok(port: int, path: str = "/health") -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Samples keyed by (name, sorted labels): easy to look up in tests and reports."""
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+class Stack:
+    """Replicas + picker + Envoy; `start()` returns once all three answer."""
+
+    def __init__(self, workdir: Path, options: StackOptions | None = None) -> None:
+        self.workdir = workdir
+        self.options = options or StackOptions()
+        self.replica_ports = [free_port() for _ in range(self.options.replicas)]
+        self.listen_port, self.admin_port = free_port(), free_port()
+        self.grpc_port, self.health_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.sims: Proc | None = None
+        self.picker: Proc | None = None
+        self.envoy: Proc | None = None
+        self.access_log = workdir / "envoy-access.log"
+
+    @property
+    def replicas(self) -> list[str]:
+        return [f"127.0.0.1:{p}" for p in self.replica_ports]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listen_port}"
+
+    def start(self) -> Stack:
+        try:
+            self.start_sims()
+            self.start_picker()
+            self.start_envoy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def start_sims(self) -> None:
+        if not self.replica_ports:
+            return
+        self.sims = Proc("sim", sim_argv(self.replica_ports, self.options.sim_args), self.workdir / "sim.log")
+        for port in self.replica_ports:
+            self.sims.wait_ready(lambda p=port: health_ok(p))
+
+    def picker_argv(self) -> list[str]:
+        endpoints = self.options.picker_endpoints
+        endpoints = self.replicas if endpoints is None else list(endpoints)
+        return [
+            sys.executable,
+            "-m",
+            "picker",
+            "serve",
+            "--bind-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(self.grpc_port),
+            "--health-port",
+            str(self.health_port),
+            "--metrics-port",
+            str(self.metrics_port),
+            "--endpoints",
+            ",".join(endpoints),
+            *self.options.picker_args,
+        ]
+
+    def start_picker(self) -> None:
+        self.picker = Proc("picker", self.picker_argv(), self.workdir / "picker.log")
+        self.picker.wait_ready(lambda: "picker ready" in self.picker.log_text())  # type: ignore[union-attr]
+
+    def envoy_params(self) -> EnvoyParams:
+        params = EnvoyParams(
+            listen_port=self.listen_port,
+            admin_port=self.admin_port,
+            picker_port=self.grpc_port,
+            endpoints=[*self.replicas, *self.options.extra_envoy_endpoints],
+            failure_mode_allow=self.options.failure_mode_allow,
+            access_log=str(self.access_log),
+        )
+        if self.options.envoy:
+            params = EnvoyParams(**{**params.__dict__, **self.options.envoy})  # type: ignore[arg-type]
+        return params
+
+    def start_envoy(self) -> None:
+        config = self.workdir / "envoy.yaml"
+        config.write_text(render(self.envoy_params()))
+        argv = [
+            envoy_binary(),
+            "-c",
+            str(config),
+            "--use-dynamic-base-id",
+            "--log-level",
+            "warn",
+            "--concurrency",
+            str(self.options.envoy_concurrency),
+        ]
+        self.envoy = Proc("envoy", argv, self.workdir / "envoy.log")
+        self.envoy.wait_ready(
+            lambda: health_ok(self.admin_port, "/ready") and port_open(self.listen_port), timeout=30
+        )
+
+    def restart_picker(self) -> None:
+        self.start_picker()
+
+    def picker_metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        return parse_metrics(text)
+
+    def picker_value(self, name: str, **labels: str) -> float:
+        return self.picker_metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def stop(self) -> None:
+        for proc in (self.envoy, self.picker, self.sims):
+            if proc is not None:
+                proc.stop()

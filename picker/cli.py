@@ -1,0 +1,93 @@
+"""The `picker` command. The only module that exits the process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from picker.config import ConfigError, PickerConfig, load_config
+from picker.telemetry import configure_logging
+
+# flag dest -> (config group, field)
+_SERVE_FLAGS: dict[str, tuple[str, ...]] = {
+    "endpoints": ("pool", "endpoints"),
+    "bind_address": ("server", "bind_address"),
+    "grpc_port": ("server", "grpc_port"),
+    "health_port": ("server", "health_port"),
+    "metrics_port": ("server", "metrics_port"),
+    "fallback_count": ("scheduling", "fallback_count"),
+    "max_body_bytes": ("requests", "max_body_bytes"),
+    "drain_timeout": ("shutdown", "drain_timeout_s"),
+    "log_level": ("log_level",),
+}
+
+
+def _overrides(args: argparse.Namespace, flags: dict[str, tuple[str, ...]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dest, path in flags.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return out
+
+
+def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML file (same shape as `picker config`)")
+    parser.add_argument("--endpoints", help="static endpoints, host:port,host:port")
+    parser.add_argument("--bind-address")
+    parser.add_argument("--grpc-port", type=int, help="ext_proc gRPC port (default 9002)")
+    parser.add_argument("--health-port", type=int, help="gRPC health port (default 9003)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus /metrics and admin port (default 9090)")
+    parser.add_argument("--fallback-count", type=int, help="endpoints listed after the primary (default 2)")
+    parser.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
+    parser.add_argument("--drain-timeout", type=float, help="seconds in-flight streams get on SIGTERM")
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+
+
+def _load(args: argparse.Namespace) -> PickerConfig:
+    try:
+        return load_config(args.config, _overrides(args, _SERVE_FLAGS))
+    except ConfigError as exc:
+        print(f"picker: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="picker", description="Drain-aware endpoint picker for LLM pools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the Envoy ext_proc endpoint picker")
+    _add_serve_flags(serve)
+    show = commands.add_parser("config", help="print the effective configuration as YAML and exit")
+    _add_serve_flags(show)
+    demo = commands.add_parser("demo", help="Envoy + picker + simulated vLLM replicas, with live traffic")
+    demo.add_argument("--seconds", type=float, default=8.0, help="how long to send traffic")
+    args = parser.parse_args(argv)
+
+    match args.command:
+        case "serve":
+            config = _load(args)
+            configure_logging(config.log_level)
+            from picker.app import serve as run
+
+            uvloop.run(run(config))
+        case "config":
+            import yaml
+
+            print(yaml.safe_dump(_load(args).model_dump(mode="json"), sort_keys=False), end="")
+        case "demo":
+            configure_logging("WARNING")
+            from picker.demo import run_demo
+
+            raise SystemExit(uvloop.run(run_demo(seconds=args.seconds)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The status contract: what every non-dispatched outcome looks like on the wire.
+
+The only module that holds status codes, reason strings, retryability and Retry-After values, so
+client and gateway retry policies can be written against one table (README, "Status contract").
+Reason strings are the llm-d router's, so policies written for it carry over.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import assert_never
+
+from picker import headers
+
+
+class Outcome(enum.Enum):
+    """How the picker disposed of one request (closed set; every member has one reply)."""
+
+    DISPATCHED = "dispatched"
+    REJECTED_SATURATED = "rejected-saturated"
+    REJECTED_TTL_EXPIRED = "rejected-ttl-expired"
+    REJECTED_NO_ENDPOINTS = "rejected-no-endpoints"
+    REJECTED_SHUTTING_DOWN = "rejected-shutting-down"
+    REJECTED_CONTEXT_CANCELLED = "rejected-context-cancelled"
+    BAD_REQUEST = "bad-request"
+    TOO_LARGE = "too-large"
+    INTERNAL_ERROR = "internal-error"
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A complete local answer: status, headers and an OpenAI-style JSON error body."""
+
+    outcome: Outcome
+    status: int
+    retryable: bool
+    retry_after_s: int | None
+    error_type: str
+    message: str
+
+    @property
+    def reason(self) -> str:
+        return self.outcome.value
+
+    def headers(self) -> list[tuple[str, str]]:
+        out = [(headers.CONTENT_TYPE, "application/json"), (headers.DROPPED_REASON, self.reason)]
+        if self.retry_after_s is not None:
+            out.append((headers.RETRY_AFTER, str(self.retry_after_s)))
+        return out
+
+    def body(self) -> bytes:
+        error = {"message": self.message, "type": self.error_type, "code": self.status, "reason": self.reason}
+        return json.dumps({"error": error}).encode()
+
+
+# Seconds a client should wait before retrying a retryable rejection.
+_RETRY_AFTER_SATURATED_S = 1
+_RETRY_AFTER_UNAVAILABLE_S = 2
+
+
+def reply_for(outcome: Outcome, message: str = "") -> Reply:
+    """The one translation from an outcome to its public reply."""
+    match outcome:
+        case Outcome.REJECTED_SATURATED:
+            return Reply(
+                outcome,
+                429,
+                True,
+                _RETRY_AFTER_SATURATED_S,
+                "rate_limit_error",
+                message or "all model servers are saturated and the admission queue is full",
+            )
+        case Outcome.REJECTED_TTL_EXPIRED:
+            return Reply(
+                outcome,
+                429,
+                True,
+                _RETRY_AFTER_SATURATED_S,
+                "rate_limit_error",
+                message or "the request waited for capacity longer than its time-to-live",
+            )
+        case Outcome.REJECTED_NO_ENDPOINTS:
+            return Reply(
+                outcome,
+                503,
+                True,
+                _RETRY_AFTER_UNAVAILABLE_S,
+                "service_unavailable",
+                message or "no ready model server endpoint",
+            )
+        case Outcome.REJECTED_SHUTTING_DOWN:
+            return Reply(
+                outcome,
+                503,
+                True,
+                _RETRY_AFTER_UNAVAILABLE_S,
+                "service_unavailable",
+                message or "the endpoint picker is shutting down; retry",
+            )
+        case Outcome.REJECTED_CONTEXT_CANCELLED:
+            # Nobody is left to read it; it exists so the outcome is counted like every other.
+            return Reply(
+                outcome,
+                499,
+                False,
+                None,
+                "client_closed_request",
+                message or "the client went away while the request was queued",
+            )
+        case Outcome.BAD_REQUEST:
+            return Reply(outcome, 400, False, None, "invalid_request_error", message or "bad request")
+        case Outcome.TOO_LARGE:
+            return Reply(
+                outcome, 413, False, None, "invalid_request_error", message or "request body too large"
+            )
+        case Outcome.INTERNAL_ERROR:
+            return Reply(outcome, 500, False, None, "internal_error", message or "internal error")
+        case Outcome.DISPATCHED:
+            raise ValueError("a dispatched request is answered by its model server, not the picker")
+        case _:
+            assert_never(outcome)

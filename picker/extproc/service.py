@@ -1,0 +1,185 @@
+"""The ExternalProcessor service: one session object per ext_proc stream."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from picker import headers
+from picker.contract import Outcome, Reply, reply_for
+from picker.extproc import translate
+from picker.inference import parse_request
+from picker.pipeline import RequestPath
+from picker.streams import EndReason, RequestRecord
+
+log = logging.getLogger(__name__)
+
+
+class _RoutingSession:
+    """The routing filter's stream: decide, then learn who served. Never ends a dispatched request
+    itself when an observer follows it; the observer sees the real end of the response."""
+
+    def __init__(self, service: ExtProcService) -> None:
+        self._service = service
+        self._path = service.path
+        self._headers: dict[str, str] = {}
+        self._body = bytearray()
+        self.record: RequestRecord | None = None
+
+    def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
+        match request.WhichOneof("request"):
+            case "request_headers":
+                self._headers = translate.header_map(request.request_headers)
+                if request.request_headers.end_of_stream:
+                    return self._decide("request_headers")
+                return translate.continue_response("request_headers")
+            case "request_body":
+                self._body += request.request_body.body
+                if len(self._body) > self._service.max_body_bytes:
+                    return self._decide("request_body")
+                if request.request_body.end_of_stream:
+                    return self._decide("request_body")
+                return translate.continue_response("request_body")
+            case "request_trailers":
+                return translate.continue_response("request_trailers")
+            case "response_headers":
+                if self.record is not None:
+                    response = translate.header_map(request.response_headers)
+                    status = int(response.get(headers.STATUS, "0") or 0)
+                    self._path.response_started(self.record, status, translate.served_endpoint(request))
+                    if request.response_headers.end_of_stream and not self.record.observed:
+                        self._path.finish(self.record, EndReason.COMPLETED)
+                return translate.continue_response("response_headers")
+            case "response_body":
+                return translate.continue_response("response_body")
+            case "response_trailers":
+                return translate.continue_response("response_trailers")
+            case other:
+                log.warning("unexpected ext_proc message kind=%s", other)
+                return None
+
+    def _decide(self, phase: str) -> ep.ProcessingResponse:
+        parsed = parse_request(
+            self._headers.get(headers.METHOD, "POST"),
+            self._headers.get(headers.PATH, "/"),
+            self._headers.get(headers.CONTENT_TYPE),
+            bytes(self._body),
+            self._service.max_body_bytes,
+        )
+        self._body = bytearray()
+        if isinstance(parsed, Reply):
+            return translate.immediate_response(self._path.reject(parsed))
+        decision = self._path.route(parsed)
+        if isinstance(decision, Reply):
+            return translate.immediate_response(decision)
+        self.record = decision.record
+        return translate.route_response(phase, decision.destinations, decision.record.request_id)
+
+    def close(self) -> None:
+        record = self.record
+        if record is not None and not record.ended and not record.observed:
+            self._service.expect_observer(record)
+
+
+class _ObserverSession:
+    """The observability-mode stream: sees the response body go by and its end."""
+
+    def __init__(self, service: ExtProcService) -> None:
+        self._path = service.path
+        self.record: RequestRecord | None = None
+        self._done = False
+
+    def handle(self, request: ep.ProcessingRequest) -> None:
+        kind = request.WhichOneof("request")
+        if kind == "request_headers":
+            request_id = translate.header_map(request.request_headers).get(headers.PICKER_REQUEST_ID)
+            self.record = self._path.attach_observer(request_id) if request_id else None
+            return
+        record = self.record
+        if record is None:
+            return
+        match kind:
+            case "response_headers":
+                if record.status is None:
+                    response = translate.header_map(request.response_headers)
+                    self._path.response_started(
+                        record,
+                        int(response.get(headers.STATUS, "0") or 0),
+                        translate.served_endpoint(request),
+                    )
+                if request.response_headers.end_of_stream:
+                    self._end(EndReason.COMPLETED)
+            case "response_body":
+                if request.response_body.end_of_stream:
+                    self._end(EndReason.COMPLETED)
+            case "response_trailers":
+                self._end(EndReason.COMPLETED)
+            case _:
+                pass
+
+    def _end(self, reason: EndReason) -> None:
+        if self.record is not None and not self._done:
+            self._done = True
+            self._path.finish(self.record, reason)
+
+    def close(self) -> None:
+        # A stream that stops without the response's end of stream: someone went away mid-response.
+        self._end(EndReason.ABORTED)
+
+
+class ExtProcService(ep_grpc.ExternalProcessorServicer):
+    """Routes requests for Envoy's ext_proc filter and tracks their responses."""
+
+    def __init__(self, path: RequestPath, *, max_body_bytes: int, observer_attach_grace_s: float) -> None:
+        self.path = path
+        self.max_body_bytes = max_body_bytes
+        self._grace_s = observer_attach_grace_s
+        self._timers: set[asyncio.TimerHandle] = set()
+        self.open_streams = 0
+
+    async def Process(
+        self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ep.ProcessingResponse]:
+        session: _RoutingSession | _ObserverSession | None = None
+        self.open_streams += 1
+        try:
+            async for request in request_iterator:
+                if session is None:
+                    session = _ObserverSession(self) if request.observability_mode else _RoutingSession(self)
+                try:
+                    response = session.handle(request)
+                except Exception:
+                    log.exception("ext_proc message failed; answering 500")
+                    if isinstance(session, _RoutingSession) and session.record is None:
+                        yield translate.immediate_response(
+                            self.path.reject(reply_for(Outcome.INTERNAL_ERROR))
+                        )
+                    return
+                if response is not None:
+                    yield response
+        finally:
+            self.open_streams -= 1
+            if session is not None:
+                session.close()
+
+    def expect_observer(self, record: RequestRecord) -> None:
+        """Give the observer stream a grace period to claim a routed request, else end it here."""
+
+        def expire() -> None:
+            self._timers.discard(handle)
+            if not record.ended and not record.observed:
+                log.warning("no observer stream for request_id=%s; releasing its slot", record.request_id)
+                self.path.finish(record, EndReason.UNOBSERVED)
+
+        handle = asyncio.get_running_loop().call_later(self._grace_s, expire)
+        self._timers.add(handle)
+
+    def cancel_timers(self) -> None:
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()

@@ -1,0 +1,226 @@
+"""The ext_proc adapter driven with in-memory protobuf streams (no Envoy, no network)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from google.protobuf import struct_pb2
+
+from loadtest.procs import async_wait_until
+from picker import headers
+from picker.extproc.service import ExtProcService
+from picker.pipeline import RequestPath
+from picker.pool import Pool
+from picker.streams import EndReason
+from picker.telemetry import Metrics
+
+
+class Harness:
+    def __init__(self, endpoints: Sequence[str], grace: float) -> None:
+        self.pool = Pool()
+        self.pool.apply(ready=endpoints)
+        self.metrics = Metrics()
+        self.metrics.register_pool(self.pool)
+        self.path = RequestPath(self.pool, self.metrics, fallback_count=2)
+        self.service = ExtProcService(self.path, max_body_bytes=4096, observer_attach_grace_s=grace)
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def make(
+    endpoints: Sequence[str] = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"), grace: float = 0.05
+) -> Harness:
+    return Harness(endpoints, grace)
+
+
+def hdrs(pairs: dict[str, str], eos: bool = False) -> ep.HttpHeaders:
+    return ep.HttpHeaders(
+        headers=base_pb2.HeaderMap(
+            headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]
+        ),
+        end_of_stream=eos,
+    )
+
+
+def request_headers(
+    extra: dict[str, str] | None = None, eos: bool = False, method: str = "POST", observer: bool = False
+) -> ep.ProcessingRequest:
+    pairs = {
+        ":method": method,
+        ":path": "/v1/completions",
+        "content-type": "application/json",
+        **(extra or {}),
+    }
+    return ep.ProcessingRequest(request_headers=hdrs(pairs, eos), observability_mode=observer)
+
+
+def body(data: bytes, eos: bool = True) -> ep.ProcessingRequest:
+    return ep.ProcessingRequest(request_body=ep.HttpBody(body=data, end_of_stream=eos))
+
+
+def response_headers(
+    status: int = 200, served: str | None = None, eos: bool = False, observer: bool = False
+) -> ep.ProcessingRequest:
+    request = ep.ProcessingRequest(
+        response_headers=hdrs({":status": str(status)}, eos), observability_mode=observer
+    )
+    if served:
+        meta = struct_pb2.Struct()
+        meta.update({headers.DESTINATION_SERVED: served})
+        request.metadata_context.filter_metadata[headers.LB_METADATA_NAMESPACE].CopyFrom(meta)
+    return request
+
+
+def response_body(eos: bool) -> ep.ProcessingRequest:
+    return ep.ProcessingRequest(
+        response_body=ep.HttpBody(body=b"data: {}\n\n", end_of_stream=eos), observability_mode=True
+    )
+
+
+async def feed(messages: Sequence[ep.ProcessingRequest]) -> AsyncIterator[ep.ProcessingRequest]:
+    for message in messages:
+        yield message
+
+
+async def run(
+    service: ExtProcService, messages: Sequence[ep.ProcessingRequest]
+) -> list[ep.ProcessingResponse]:
+    return [r async for r in service.Process(feed(messages), None)]  # type: ignore[arg-type]
+
+
+def routed(responses: list[ep.ProcessingResponse]) -> tuple[list[str], str]:
+    reply = responses[-1]
+    lb = reply.dynamic_metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value
+    destinations = lb.fields[headers.DESTINATION].string_value.split(",")
+    mutation = reply.request_body.response.header_mutation
+    set_headers = {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
+    assert set_headers[headers.DESTINATION] == ",".join(destinations)
+    return destinations, set_headers[headers.PICKER_REQUEST_ID]
+
+
+BODY = json.dumps({"model": "m", "prompt": "hi", "stream": True}).encode()
+
+
+async def test_routes_in_the_body_phase_with_primary_and_two_fallbacks() -> None:
+    h = make()
+    responses = await run(h.service, [request_headers(), body(BODY)])
+    assert responses[0].WhichOneof("response") == "request_headers"
+    destinations, request_id = routed(responses)
+    assert len(destinations) == 3 and len(set(destinations)) == 3
+    assert request_id
+
+
+async def test_forged_destination_header_is_ignored() -> None:
+    h = make(endpoints=("10.0.0.1:8000",))
+    responses = await run(h.service, [request_headers({headers.DESTINATION: "6.6.6.6:1"}), body(BODY)])
+    assert routed(responses)[0] == ["10.0.0.1:8000"]
+
+
+async def test_observer_owns_the_end_and_releases_exactly_once() -> None:
+    h = make()
+    route = await run(h.service, [request_headers(), body(BODY), response_headers(200, "10.0.0.2:8000")])
+    _, request_id = routed(route[:2])
+    pool = h.pool
+    assert h.path.live == 1  # routing stream ended; the observer will report the end
+    assert pool.get("10.0.0.2:8000").in_flight == 1  # type: ignore[union-attr]
+    observer = [
+        request_headers({headers.PICKER_REQUEST_ID: request_id}, observer=True),
+        response_headers(200, "10.0.0.2:8000", observer=True),
+        response_body(False),
+    ]
+    await run(h.service, [*observer, response_body(True)])
+    assert h.path.live == 0 and pool.in_flight() == 0
+    assert h.value("picker_request_ends_total", reason="completed") == 1
+
+
+async def test_in_flight_follows_the_served_endpoint_while_streaming() -> None:
+    h = make()
+    route = await run(h.service, [request_headers(), body(BODY), response_headers(200, "10.0.0.3:8000")])
+    _, request_id = routed(route[:2])
+    pool = h.pool
+    assert pool.get("10.0.0.3:8000").in_flight == 1  # type: ignore[union-attr]
+    await run(h.service, [request_headers({headers.PICKER_REQUEST_ID: request_id}, observer=True)])
+    # observer stream ended without the response's end of stream: aborted, released
+    assert pool.in_flight() == 0
+    assert h.value("picker_request_ends_total", reason=EndReason.ABORTED.value) == 1
+
+
+async def test_unobserved_request_is_released_after_the_grace() -> None:
+    h = make(grace=0.01)
+    await run(h.service, [request_headers(), body(BODY), response_headers(200)])
+    assert h.path.live == 1
+    await async_wait_until(lambda: h.path.live == 0, 2, what="the unobserved request to expire")
+    assert h.path.live == 0 and h.path._pool.in_flight() == 0
+
+
+async def test_get_without_body_routes_in_the_headers_phase() -> None:
+    h = make()
+    responses = await run(h.service, [request_headers(method="GET", eos=True)])
+    assert responses[0].WhichOneof("response") == "request_headers"
+    assert (
+        responses[0]
+        .dynamic_metadata.fields[headers.LB_METADATA_NAMESPACE]
+        .struct_value.fields[headers.DESTINATION]
+        .string_value
+    )
+
+
+async def test_bad_body_is_an_immediate_400_with_reason() -> None:
+    h = make()
+    responses = await run(h.service, [request_headers(), body(b"{oops")])
+    immediate = responses[-1].immediate_response
+    assert immediate.status.code == 400
+    assert {h.header.key: h.header.raw_value.decode() for h in immediate.headers.set_headers}[
+        headers.DROPPED_REASON
+    ] == "bad-request"
+    assert json.loads(immediate.body)["error"]["code"] == 400
+    assert h.path.live == 0
+
+
+async def test_body_over_the_limit_is_413_even_when_streamed_in_pieces() -> None:
+    h = make()
+    responses = await run(h.service, [request_headers(), body(b"x" * 3000, eos=False), body(b"x" * 3000)])
+    assert responses[-1].immediate_response.status.code == 413
+
+
+async def test_no_ready_endpoint_is_503_no_endpoints() -> None:
+    h = make(endpoints=())
+    responses = await run(h.service, [request_headers(), body(BODY)])
+    immediate = responses[-1].immediate_response
+    assert immediate.status.code == 503
+    assert "rejected-no-endpoints" in immediate.body.decode()
+
+
+async def test_unknown_observer_is_counted_not_fatal() -> None:
+    h = make()
+    await run(
+        h.service, [request_headers({headers.PICKER_REQUEST_ID: "nope"}, observer=True), response_body(True)]
+    )
+    assert h.value("picker_observer_unmatched_total") == 1
+
+
+async def test_stream_cancelled_mid_routing_releases_nothing_twice() -> None:
+    h = make()
+
+    async def hang() -> AsyncIterator[ep.ProcessingRequest]:
+        yield request_headers()
+        yield body(BODY)
+        await asyncio.Event().wait()
+
+    async def consume() -> None:
+        async for _ in h.service.Process(hang(), None):  # type: ignore[arg-type]
+            pass
+
+    task = asyncio.create_task(consume())
+    await async_wait_until(lambda: h.path.live == 1, 2, what="the request to be routed")
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    assert h.service.open_streams == 0
