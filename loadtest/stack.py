@@ -13,14 +13,15 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.procs import Proc, free_port, port_open
+from loadtest.procs import Proc, free_port, port_open, wait_until
 from picker.envoyconf import EnvoyParams, envoy_binary, render
 
 
 @dataclass
 class StackOptions:
     replicas: int = 3
-    sim_args: Sequence[str] = ()
+    # Streams long enough to overlap (tokens 25 ms apart), short enough for a quick test suite.
+    sim_args: Sequence[str] = ("--ttft-ms", "20", "--itl-ms", "25")
     picker_args: Sequence[str] = ()
     failure_mode_allow: bool = False
     extra_envoy_endpoints: Sequence[str] = ()  # members of Envoy's pool the picker does not know
@@ -156,6 +157,12 @@ class Stack:
 
     def picker_value(self, name: str, **labels: str) -> float:
         return self.picker_metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def wait_no_leaks(self, timeout: float = 10.0) -> None:
+        """Every request the picker admitted has ended: its in-flight count is back to exactly 0."""
+        wait_until(
+            lambda: self.picker_value("picker_in_flight") == 0, timeout, what="picker in-flight to reach 0"
+        )
 
     def stop(self) -> None:
         for proc in (self.envoy, self.picker, self.sims):

@@ -89,8 +89,11 @@ class RequestPath:
         return reply
 
     def response_started(self, record: RequestRecord, status: int, served: str | None) -> None:
-        """Response headers left the model server: attribute the request to who really served it."""
-        if record.ended:
+        """Response headers left the model server: attribute the request to who really served it.
+
+        Both ext_proc streams of a request report the headers, in either order: the first one counts.
+        """
+        if record.ended or record.response_started_at is not None:
             return
         record.status = status
         record.response_started_at = self._clock()

@@ -166,6 +166,8 @@ def server_env(workdir: Path) -> dict[str, str]:
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",
+            # Complete logs even when the process is SIGKILLed (stdout to a file is block-buffered).
+            "PYTHONUNBUFFERED": "1",
             # vLLM leaves ZMQ ipc sockets and vllm_dist_* files behind; keep them out of /tmp and ~.
             "VLLM_RPC_BASE_PATH": str(scratch),
             "TMPDIR": str(scratch),

@@ -97,10 +97,12 @@ class SimConfig:
     latency: LatencyConfig = field(default_factory=LatencyConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
-    faults: FaultSpec | None = None  # a server-wide fault applied to every completion request
+    faults: FaultSpec | None = None  # a server-wide fault for completion requests
+    fault_count: int | None = None  # apply `faults` to the next K requests only; None = to all
     request_log_size: int = 10_000
     log_requests: bool = False  # one log line per finished request (ids, outcome, counts; never text)
 
     def __post_init__(self) -> None:
         _require(bool(self.model), "model", "must not be empty")
         _require(self.request_log_size >= 1, "request_log_size", "must be >= 1")
+        _require(self.fault_count is None or self.fault_count >= 1, "fault_count", "must be >= 1")

@@ -49,12 +49,13 @@ class InFlight:
         self.running = False
         self.interrupt: Interrupt | None = None
 
-    async def wait(self, deadline: float | None) -> None:
-        """Sleep until `deadline` (loop time; None = until woken); returns early on wake() or interrupt.
+    async def wait(self, deadline: float | None, wake_on: Interrupt = Interrupt.DRAIN_HANG) -> None:
+        """Sleep until `deadline` (loop time; None = until woken); returns early on wake() or on an
+        interrupt at least as strong as `wake_on`.
 
         Same cost as asyncio.sleep (one future, one timer) but wakeable, so shutdown never polls.
         """
-        if self.interrupt is not None:
+        if self.interrupt is not None and self.interrupt >= wake_on:
             return
         waiter = self._loop.create_future()
         self._waiter = waiter
@@ -120,7 +121,9 @@ class Engine:
         if len(self.running) >= self._capacity.max_num_seqs:
             return False
         # A prompt larger than the whole cache still runs alone, as it would in vLLM (max_model_len rules).
-        return not self.running or self.tokens_held + flight.prompt_tokens <= self._capacity.kv_capacity_tokens
+        return (
+            not self.running or self.tokens_held + flight.prompt_tokens <= self._capacity.kv_capacity_tokens
+        )
 
     def _start(self, flight: InFlight) -> None:
         flight.running = True

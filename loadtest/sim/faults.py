@@ -111,9 +111,9 @@ def _as_float(key: str, value: Any) -> float:
 class FaultBoard:
     """The server-wide fault of one replica; with a count it applies to the next K completion requests."""
 
-    def __init__(self, spec: FaultSpec | None = None) -> None:
+    def __init__(self, spec: FaultSpec | None = None, count: int | None = None) -> None:
         self._spec = spec
-        self._remaining: int | None = None
+        self._remaining = count if spec is not None else None
 
     def set(self, spec: FaultSpec, count: int | None = None) -> None:
         self._spec = spec

@@ -25,12 +25,74 @@ from prometheus_client.registry import Collector
 from loadtest.sim.engine import Engine
 
 # vLLM's bucket boundaries (seconds).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)  # fmt: skip
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 LABELS = ("engine", "model_name")
@@ -112,38 +174,51 @@ class SimCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         engine, stats = self._engine, self._stats
-        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                          len(engine.running))  # fmt: skip
-        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                          len(engine.waiting))  # fmt: skip
-        by_reason = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Waiting requests by reason.",
-                                      labels=(*LABELS, "reason"))  # fmt: skip
+        yield self._gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", len(engine.running)
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", len(engine.waiting)
+        )
+        by_reason = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason", "Waiting requests by reason.", labels=(*LABELS, "reason")
+        )
         by_reason.add_metric([*self._labels, "capacity"], len(engine.waiting))
         by_reason.add_metric([*self._labels, "deferred"], 0)
         yield by_reason
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                          engine.kv_usage)  # fmt: skip
-        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                      labels=(*LABELS, "finished_reason"))  # fmt: skip
+        yield self._gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine.kv_usage
+        )
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=(*LABELS, "finished_reason"),
+        )
         for reason in FINISHED_REASONS:
             success.add_metric([*self._labels, reason], stats.success[reason], created=stats.created)
         yield success
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
-        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                            stats.generation_tokens)  # fmt: skip
+        yield self._counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens
+        )
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemptions.", 0)
-        rejections = CounterMetricFamily("vllm:admission_rejections", "Requests rejected at admission.",
-                                         labels=("reason",))  # fmt: skip
+        rejections = CounterMetricFamily(
+            "vllm:admission_rejections", "Requests rejected at admission.", labels=("reason",)
+        )
         rejections.add_metric(["max_num_queued_reqs"], stats.admission_rejections, created=stats.created)
         yield rejections
-        yield self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token.",
-                              stats.ttft)  # fmt: skip
-        yield self._histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency.",
-                              stats.itl)  # fmt: skip
-        yield self._histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency.",
-                              stats.e2e)  # fmt: skip
-        yield self._histogram("vllm:request_queue_time_seconds", "Time spent in the WAITING phase.",
-                              stats.queue_time)  # fmt: skip
+        yield self._histogram(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token.", stats.ttft
+        )
+        yield self._histogram(
+            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency.", stats.itl
+        )
+        yield self._histogram(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency.", stats.e2e
+        )
+        yield self._histogram(
+            "vllm:request_queue_time_seconds", "Time spent in the WAITING phase.", stats.queue_time
+        )
         yield from self._sim_families()
 
     def _sim_families(self) -> Iterable[Metric]:
@@ -157,16 +232,21 @@ class SimCollector(Collector):
             family.add_metric([], value, created=stats.created)
             yield family
         for name, doc, counts, label in (
-            ("sim_requests_rejected", "Requests answered with an error before any token.", stats.rejected,
-             "reason"),
+            (
+                "sim_requests_rejected",
+                "Requests answered with an error before any token.",
+                stats.rejected,
+                "reason",
+            ),
             ("sim_requests_ended", "Requests by outcome (see the request log).", stats.ended, "outcome"),
-        ):  # fmt: skip
+        ):
             family = CounterMetricFamily(name, doc, labels=(label,))
             for key in sorted(counts):
                 family.add_metric([key], counts[key], created=stats.created)
             yield family
-        yield GaugeMetricFamily("sim_requests_in_flight", "Completion requests inside the replica.",
-                                value=self._in_flight())  # fmt: skip
+        yield GaugeMetricFamily(
+            "sim_requests_in_flight", "Completion requests inside the replica.", value=self._in_flight()
+        )
         yield GaugeMetricFamily("sim_draining", "1 once a shutdown began.", value=int(self._draining()))
 
 

@@ -62,7 +62,13 @@ def stream_error_frame(message: str = ENGINE_ERROR_MESSAGE, err_type: str = "Int
 
 
 def bad_request(message: str, param: str | None = None) -> ApiError:
+    """A 400 from vLLM's engine-side checks (type "BadRequestError")."""
     return ApiError(400, message, "BadRequestError", param)
+
+
+def invalid_body(message: str, param: str | None = None) -> ApiError:
+    """A 400 from request-model validation in FastAPI (vLLM's type is then "Bad Request")."""
+    return ApiError(400, message, "Bad Request", param)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,39 +82,45 @@ class ParsedRequest:
     prompt_tokens: int
 
 
-def parse_request(endpoint: Endpoint, body: bytes, served_model: str, default_max_tokens: int) -> ParsedRequest:
+def parse_request(
+    endpoint: Endpoint, body: bytes, served_model: str, default_max_tokens: int
+) -> ParsedRequest:
     """Validate a completion request the way vLLM does (400), then the model name (404)."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request(f"JSON decode error: {exc}") from None
+        raise invalid_body(f"JSON decode error: {exc}") from None
     if not isinstance(data, dict):
-        raise bad_request("Input should be a valid dictionary or object to extract fields from")
+        raise invalid_body("Input should be a valid dictionary or object to extract fields from")
     model = data.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request("model: Input should be a valid string", "model")
+        raise invalid_body("model: Input should be a valid string", "model")
     stream = data.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise bad_request("stream: Input should be a valid boolean", "stream")
+        raise invalid_body("stream: Input should be a valid boolean", "stream")
     stream_options = data.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
-        raise bad_request("stream_options: Input should be a valid dictionary", "stream_options")
+        raise invalid_body("stream_options: Input should be a valid dictionary", "stream_options")
     if stream_options and not stream:
-        raise bad_request("Stream options can only be defined when `stream=True`.", "stream_options")
+        raise invalid_body("Stream options can only be defined when `stream=True`.", "stream_options")
     include_usage = bool(stream_options and stream_options.get("include_usage"))
-    key = "max_completion_tokens" if endpoint is Endpoint.CHAT and "max_completion_tokens" in data else "max_tokens"
+    key = (
+        "max_completion_tokens"
+        if endpoint is Endpoint.CHAT and "max_completion_tokens" in data
+        else "max_tokens"
+    )
     max_tokens = data.get(key)
     if max_tokens is None:
         max_tokens = default_max_tokens
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise bad_request(f"{key}: Input should be a valid integer", key)
+        raise invalid_body(f"{key}: Input should be a valid integer", key)
     if max_tokens < 1:
         raise bad_request(f"{key} must be at least 1, got {max_tokens}.", key)
     ignore_eos = data.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
-        raise bad_request("ignore_eos: Input should be a valid boolean", "ignore_eos")
+        raise invalid_body("ignore_eos: Input should be a valid boolean", "ignore_eos")
     n = data.get("n", 1)
     if n not in (1, None):
         raise bad_request("n: the simulator supports only n=1", "n")
@@ -152,7 +164,7 @@ def _text_tokens(text: str) -> int:
 
 def _completion_prompt_tokens(prompt: Any) -> int:
     if prompt is None or prompt == "" or prompt == []:
-        raise bad_request("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+        raise invalid_body("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
     if isinstance(prompt, str):
         return _text_tokens(prompt)
     if isinstance(prompt, list):
@@ -165,18 +177,18 @@ def _completion_prompt_tokens(prompt: Any) -> int:
             return _text_tokens(only)
         if isinstance(only, list) and only and all(isinstance(t, int) for t in only):
             return len(only)
-    raise bad_request("prompt: Input should be a string, a list of strings or of token ids", "prompt")
+    raise invalid_body("prompt: Input should be a string, a list of strings or of token ids", "prompt")
 
 
 def _chat_prompt_tokens(messages: Any) -> int:
     if messages is None:
-        raise bad_request("messages: Field required", "messages")
+        raise invalid_body("messages: Field required", "messages")
     if not isinstance(messages, list) or not messages:
-        raise bad_request("messages: Input should be a non-empty list", "messages")
+        raise invalid_body("messages: Input should be a non-empty list", "messages")
     total = 2
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise bad_request("messages: each message needs a string role", "messages")
+            raise invalid_body("messages: each message needs a string role", "messages")
         content = message.get("content")
         total += 4
         if isinstance(content, str):
@@ -186,7 +198,7 @@ def _chat_prompt_tokens(messages: Any) -> int:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
                     total += _text_tokens(part["text"])
         elif content is not None:
-            raise bad_request("messages: content should be a string or a list of parts", "messages")
+            raise invalid_body("messages: content should be a string or a list of parts", "messages")
     return total
 
 

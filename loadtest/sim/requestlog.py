@@ -29,6 +29,7 @@ class Outcome(enum.Enum):
     SHUTDOWN_ABORT = "shutdown-abort"  # cut by a shutdown with finish_reason "abort"
     SHUTDOWN_ERROR = "shutdown-error"  # cut by a shutdown with the EngineCore error event
     HUNG = "hung"  # left hanging by a shutdown; ends when the client goes away (or the hang limit)
+    KILLED = "killed"  # connection closed by Replica.stop() / a second SIGTERM
 
 
 class RequestRecord:
@@ -63,13 +64,14 @@ class RequestRecord:
         self.prompt_tokens = 0
         self.finish_reason: str | None = None
 
-    def finish(self, outcome: Outcome, finish_reason: str | None = None) -> None:
+    def finish(self, outcome: Outcome, finish_reason: str | None = None) -> bool:
         """Close the record once; later calls keep the first outcome (the one that really ended it)."""
         if self.outcome is not Outcome.IN_FLIGHT:
-            return
+            return False
         self.outcome = outcome
         self.finish_reason = finish_reason
         self.end = time.time()
+        return True
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -105,13 +105,9 @@ class _ObserverSession:
             return
         match kind:
             case "response_headers":
-                if record.status is None:
-                    response = translate.header_map(request.response_headers)
-                    self._path.response_started(
-                        record,
-                        int(response.get(headers.STATUS, "0") or 0),
-                        translate.served_endpoint(request),
-                    )
+                response = translate.header_map(request.response_headers)
+                status = int(response.get(headers.STATUS, "0") or 0)
+                self._path.response_started(record, status, translate.served_endpoint(request))
                 if request.response_headers.end_of_stream:
                     self._end(EndReason.COMPLETED)
             case "response_body":

@@ -11,6 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,6 +31,8 @@ ABORTED_STREAM_TOKENS = 8000
 # ~8 s of decoding: long enough to SIGTERM mid-stream, far shorter than the drain timeout.
 DRAINED_STREAM_TOKENS = 3000
 DRAIN_TIMEOUT_S = 60
+# What a draining vLLM answers new text requests: its tokenizer pool is already shut down.
+SHUTDOWN_REFUSAL = "cannot schedule new futures after shutdown"
 # vLLM frees a disconnected request within one engine step (measured < 0.4 s); 10 s leaves room for a
 # loaded 2-core CI box without letting a request that is never aborted (~20 s) pass.
 ABORT_DEADLINE_S = 10.0
@@ -48,9 +51,9 @@ REQUIRED_METRICS = {
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, interval: float = 0.05) -> bool:
+async def eventually(check: Callable[[], Awaitable[bool]], within_s: float, interval: float = 0.05) -> bool:
     """Poll an async condition until it holds or the deadline passes; returns whether it held."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within_s
     while True:
         if await check():
             return True
@@ -241,7 +244,7 @@ class TestServing:
                     and grew_by(after, "vllm:time_to_first_token_seconds_count", 1)
                 )
 
-            assert await eventually(counters_caught_up, timeout=10)
+            assert await eventually(counters_caught_up, within_s=10)
             families = {
                 family.name: family
                 for family in text_string_to_metric_families((await client.get("/metrics")).text)
@@ -269,7 +272,7 @@ class TestServing:
                 payloads = sse_payloads(response)
                 for _ in range(5):
                     await anext(payloads)
-                assert await eventually(lambda: one_running(metrics_client), timeout=10)
+                assert await eventually(lambda: one_running(metrics_client), within_s=10)
                 await payloads.aclose()
             # Leaving the block closed the connection mid-stream.
             assert await eventually(lambda: gauges_settle_to_idle(metrics_client), ABORT_DEADLINE_S)
@@ -282,7 +285,7 @@ class TestServing:
                 request = asyncio.create_task(
                     client.post("/v1/completions", json=completion_body(ABORTED_STREAM_TOKENS, stream=False))
                 )
-                assert await eventually(lambda: one_running(metrics_client), timeout=10)
+                assert await eventually(lambda: one_running(metrics_client), within_s=10)
                 assert not request.done()
                 request.cancel()  # drops the connection while vLLM is still generating
                 with contextlib.suppress(asyncio.CancelledError):
@@ -311,12 +314,14 @@ async def first_refusal(client: httpx.AsyncClient, attempts: int = 200) -> httpx
     deadline = time.monotonic() + 20
     for _ in range(attempts):
         response = await client.post("/v1/completions", json=completion_body(1, stream=False))
-        if response.status_code != 200 or time.monotonic() > deadline:
-            return response if response.status_code != 200 else None
+        if response.status_code != 200:
+            return response
+        if time.monotonic() > deadline:
+            break
     return None
 
 
-async def test_sigterm_drain_finishes_inflight_stream_and_refuses_new_work(vllm_workdir) -> None:
+async def test_sigterm_drain_finishes_inflight_stream_and_refuses_new_work(vllm_workdir: Path) -> None:
     port = launcher.free_port()
     with launcher.real_vllm(port, vllm_workdir, shutdown_timeout=DRAIN_TIMEOUT_S) as server:
         async with (
@@ -333,11 +338,9 @@ async def test_sigterm_drain_finishes_inflight_stream_and_refuses_new_work(vllm_
 
             refusal = await first_refusal(probe)
             assert refusal is not None, "new completions still accepted after SIGTERM"
-            check_error_body(refusal, 500, "InternalServerError", "cannot schedule new futures after shutdown")
+            check_error_body(refusal, 500, "InternalServerError", SHUTDOWN_REFUSAL)
             chat_refusal = await probe.post("/v1/chat/completions", json=chat_body(1))
-            check_error_body(
-                chat_refusal, 500, "InternalServerError", "cannot schedule new futures after shutdown"
-            )
+            check_error_body(chat_refusal, 500, "InternalServerError", SHUTDOWN_REFUSAL)
             # Draining, yet still advertised healthy: a health check alone does not see the drain.
             assert (await probe.get("/health")).status_code == 200
             assert (await probe.get("/v1/models")).status_code == 200

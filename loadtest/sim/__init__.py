@@ -1,0 +1,39 @@
+"""A vLLM-compatible model-server simulator (vLLM 0.32 behaviour, measured: shared/reference/vllm*.md).
+
+Run: `python -m loadtest.sim --port P [--port P2 ...] [options]` (`--help` lists every option), or in
+process (any asyncio loop):
+
+    async with run_sim(SimConfig(shutdown=ShutdownConfig(timeout_s=5)), ports=[0, 0]) as replicas:
+        replicas[0].url, replicas[0].state.engine, replicas[0].begin_shutdown()
+
+Modules: config (SimConfig), openai_format (wire format), timing (latency model), engine (slots, queue,
+KV), faults, metrics, requestlog, handlers (completions), admin (other routes), replica (lifecycle,
+shutdown), cli. Concurrency model: one event loop, no threads, no locks; every request is its aiohttp
+handler task; the replica wakes requests through `InFlight`, it never cancels tasks it did not create.
+"""
+
+from loadtest.sim.config import (
+    AbortStyle,
+    CapacityConfig,
+    DrainTimeoutAction,
+    LatencyConfig,
+    ShutdownConfig,
+    SimConfig,
+)
+from loadtest.sim.faults import FaultSpec, parse_fault_header
+from loadtest.sim.replica import Replica, run_sim
+from loadtest.sim.requestlog import Outcome
+
+__all__ = [
+    "AbortStyle",
+    "CapacityConfig",
+    "DrainTimeoutAction",
+    "FaultSpec",
+    "LatencyConfig",
+    "Outcome",
+    "Replica",
+    "ShutdownConfig",
+    "SimConfig",
+    "parse_fault_header",
+    "run_sim",
+]

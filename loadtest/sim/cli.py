@@ -1,0 +1,256 @@
+"""`python -m loadtest.sim`: run one or more simulated vLLM replicas in one process (uvloop).
+
+Prints `sim listening HOST:PORT` once per replica when it accepts connections. The first SIGTERM (or
+SIGINT) shuts every replica down like vLLM 0.32 (see --shutdown-timeout); the process exits 0 once all
+replicas stopped. A second signal exits at once with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import resource
+import signal
+import sys
+from collections.abc import Sequence
+
+from loadtest.sim.config import (
+    AbortStyle,
+    CapacityConfig,
+    DrainTimeoutAction,
+    LatencyConfig,
+    ShutdownConfig,
+    SimConfig,
+)
+from loadtest.sim.faults import FaultSpec, parse_fault_header
+from loadtest.sim.replica import Replica
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.sim",
+        description="vLLM-compatible model-server simulator (OpenAI completions/chat, SSE, /metrics, "
+        "vLLM 0.32 shutdown behaviour, fault injection). One process can serve several replicas.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    server = parser.add_argument_group("server")
+    server.add_argument(
+        "--port",
+        type=int,
+        action="append",
+        required=True,
+        help="port of one replica; repeat for several replicas (0 = any free port)",
+    )
+    server.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    server.add_argument(
+        "--model",
+        "--served-model-name",
+        dest="model",
+        default="tiny-llama",
+        help="served model name (others get vLLM's 404)",
+    )
+    server.add_argument(
+        "--request-log-size",
+        type=int,
+        default=10_000,
+        help="entries kept in each replica's request log (GET /sim/requests)",
+    )
+    server.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="log one line per finished request (ids, outcome, counts; never text)",
+    )
+    server.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log level of the simulator's own log (stderr)",
+    )
+
+    latency = parser.add_argument_group("latency model")
+    latency.add_argument(
+        "--ttft-ms",
+        type=float,
+        default=20.0,
+        help="fixed time to first token, counted from getting a running slot",
+    )
+    latency.add_argument(
+        "--ttft-per-prompt-token-ms", type=float, default=0.0, help="extra TTFT per prompt token (prefill)"
+    )
+    latency.add_argument("--itl-ms", type=float, default=10.0, help="inter-token latency")
+    latency.add_argument("--ttft-jitter-ms", type=float, default=0.0, help="TTFT jitter, uniform +-j")
+    latency.add_argument(
+        "--itl-jitter-ms",
+        type=float,
+        default=0.0,
+        help="per-token deadline jitter, uniform +-j, never accumulating",
+    )
+    latency.add_argument(
+        "--tokens-per-chunk",
+        type=int,
+        default=1,
+        help="tokens per SSE chunk after the first (vLLM's stream interval)",
+    )
+    latency.add_argument(
+        "--eos-rate",
+        type=float,
+        default=0.0,
+        help="share of requests without ignore_eos that stop early (finish_reason stop) "
+        "at a seeded length below max_tokens",
+    )
+    latency.add_argument("--seed", type=int, default=0, help="seed of the per-request random draws")
+
+    capacity = parser.add_argument_group("capacity model")
+    capacity.add_argument("--max-num-seqs", type=int, default=256, help="running slots")
+    capacity.add_argument(
+        "--max-num-queued-reqs",
+        type=int,
+        default=None,
+        help="waiting-queue bound, beyond it HTTP 503 (default: unbounded)",
+    )
+    capacity.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=131072,
+        help="KV cache size in tokens; usage = (prompt + generated tokens of running requests) / this",
+    )
+    capacity.add_argument(
+        "--max-model-len", type=int, default=8192, help="prompt + max_tokens above this gets vLLM's 400"
+    )
+    capacity.add_argument(
+        "--default-max-tokens", type=int, default=16, help="max_tokens of a request that sets none"
+    )
+
+    shutdown = parser.add_argument_group("shutdown (SIGTERM or POST /sim/shutdown)")
+    shutdown.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=0.0,
+        help="0 = abort mode (listener closes, streams cut at once); N > 0 = drain mode "
+        "(in-flight requests finish, new ones get HTTP 500, /health stays 200, for up to N s)",
+    )
+    shutdown.add_argument(
+        "--abort-style",
+        choices=[s.value for s in AbortStyle],
+        default="abort",
+        help="how abort mode ends in-flight streams: finish_reason abort + [DONE], the "
+        "EngineCore error event + [DONE], or a hang",
+    )
+    shutdown.add_argument(
+        "--on-drain-timeout",
+        choices=[a.value for a in DrainTimeoutAction],
+        default="hang",
+        help="streams still running when the drain timeout expires: hang (as vLLM) or abort",
+    )
+    shutdown.add_argument(
+        "--post-drain-close-s",
+        type=float,
+        default=0.5,
+        help="delay between the end of the drain and the listener closing (vLLM: 3-4 s)",
+    )
+    shutdown.add_argument(
+        "--hang-limit-s",
+        type=float,
+        default=120.0,
+        help="a hanging connection is closed after this, so the process can exit",
+    )
+
+    faults = parser.add_argument_group("fault injection (also per request: header x-sim-fault)")
+    faults.add_argument(
+        "--fault",
+        default=None,
+        help="server-wide fault, e.g. 'status=503', 'reset-after=5', 'error-after=3', "
+        "'stall-after=2', 'slow-headers=200'",
+    )
+    faults.add_argument(
+        "--fault-count",
+        type=int,
+        default=None,
+        help="apply --fault to the next K requests only (default: all)",
+    )
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    """Build the config; raises ValueError naming the bad field."""
+    fault: FaultSpec | None = parse_fault_header(args.fault) if args.fault else None
+    return SimConfig(
+        model=args.model,
+        host=args.host,
+        latency=LatencyConfig(
+            ttft_ms=args.ttft_ms,
+            ttft_per_prompt_token_ms=args.ttft_per_prompt_token_ms,
+            itl_ms=args.itl_ms,
+            ttft_jitter_ms=args.ttft_jitter_ms,
+            itl_jitter_ms=args.itl_jitter_ms,
+            tokens_per_chunk=args.tokens_per_chunk,
+            eos_rate=args.eos_rate,
+            seed=args.seed,
+        ),
+        capacity=CapacityConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_queued_reqs=args.max_num_queued_reqs,
+            kv_capacity_tokens=args.kv_capacity_tokens,
+            max_model_len=args.max_model_len,
+            default_max_tokens=args.default_max_tokens,
+        ),
+        shutdown=ShutdownConfig(
+            timeout_s=args.shutdown_timeout,
+            abort_style=AbortStyle(args.abort_style),
+            on_drain_timeout=DrainTimeoutAction(args.on_drain_timeout),
+            post_drain_close_s=args.post_drain_close_s,
+            hang_limit_s=args.hang_limit_s,
+        ),
+        faults=fault,
+        fault_count=args.fault_count,
+        request_log_size=args.request_log_size,
+        log_requests=args.log_requests,
+    )
+
+
+async def serve(config: SimConfig, ports: Sequence[int]) -> int:
+    loop = asyncio.get_running_loop()
+    replicas = [Replica(config, port) for port in ports]
+    for replica in replicas:
+        await replica.start()
+        print(f"sim listening {replica.address}", flush=True)
+    signals_seen = 0
+
+    def on_signal() -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen == 1:
+            for replica in replicas:
+                replica.begin_shutdown()
+            return
+        print("sim: second signal, exiting now", file=sys.stderr, flush=True)
+        os._exit(1)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
+    await asyncio.gather(*(replica.wait_stopped() for replica in replicas))
+    print("sim stopped", flush=True)
+    return 0
+
+
+def _raise_open_file_limit() -> None:
+    """Thousands of concurrent streams need thousands of descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _raise_open_file_limit()
+    import uvloop
+
+    return uvloop.run(serve(config, args.port))

@@ -1,0 +1,68 @@
+"""The latency model: absolute deadlines, bounded jitter, determinism, overrides; tokens never early.
+
+Accuracy (how late tokens are under load) is measured by loadtest/bench_sim.py, not asserted here.
+"""
+
+from __future__ import annotations
+
+import httpx
+from conftest import fast_config
+
+from loadtest.sim import LatencyConfig, run_sim
+from loadtest.sim.timing import Overrides, parse_overrides, plan_tokens
+from loadtest.sse_client import stream_request
+
+EARLY_TOLERANCE_S = 0.002  # timer granularity
+
+
+def test_deadlines_are_absolute_and_do_not_accumulate() -> None:
+    plan = plan_tokens(LatencyConfig(itl_ms=7), "k", 10, 1000, True, Overrides())
+    deadlines = [plan.deadline(100.0, index) for index in range(1000)]
+    assert deadlines == [100.0 + index * 0.007 for index in range(1000)]
+
+
+def test_jitter_is_bounded_and_never_accumulates() -> None:
+    plan = plan_tokens(LatencyConfig(itl_ms=10, itl_jitter_ms=3), "k", 10, 1000, True, Overrides())
+    offsets = [plan.deadline(0.0, index) - index * 0.010 for index in range(1, 1000)]
+    assert all(abs(offset) <= 0.003 + 1e-12 for offset in offsets)
+    assert max(offsets) > 0.002 and min(offsets) < -0.002  # it does jitter
+
+
+def test_ttft_grows_with_the_prompt_and_jitter_stays_bounded() -> None:
+    latency = LatencyConfig(ttft_ms=20, ttft_per_prompt_token_ms=0.5, ttft_jitter_ms=5)
+    ttfts = [plan_tokens(latency, str(k), 100, 10, True, Overrides()).ttft_s for k in range(200)]
+    assert all(0.065 <= t <= 0.075 for t in ttfts) and len(set(ttfts)) > 100
+
+
+def test_plans_are_deterministic_per_seed_and_key() -> None:
+    latency = LatencyConfig(eos_rate=0.5, itl_jitter_ms=2, seed=3)
+
+    def summary(key: str, seed_latency: LatencyConfig = latency) -> tuple[int, str, list[float]]:
+        plan = plan_tokens(seed_latency, key, 10, 100, False, Overrides())
+        return plan.output_tokens, plan.finish_reason, [plan.deadline(0, i) for i in range(5)]
+
+    assert summary("a") == summary("a")
+    keys = [summary(str(k)) for k in range(50)]
+    assert {reason for _, reason, _ in keys} == {"stop", "length"}
+    other_seed = LatencyConfig(eos_rate=0.5, itl_jitter_ms=2, seed=4)
+    assert [summary(str(k), other_seed) for k in range(50)] != keys
+
+
+def test_overrides() -> None:
+    overrides = parse_overrides({"x-sim-ttft-ms": "250", "x-sim-itl-ms": "0", "x-sim-max-tokens": "3"})
+    plan = plan_tokens(LatencyConfig(eos_rate=1.0), "k", 10, 100, False, overrides)
+    assert (plan.ttft_s, plan.itl_s, plan.output_tokens, plan.finish_reason) == (0.25, 0.0, 3, "length")
+
+
+async def test_tokens_never_arrive_before_their_deadline() -> None:
+    async with run_sim(fast_config(latency=LatencyConfig(ttft_ms=30, itl_ms=15))) as (replica,):
+        async with httpx.AsyncClient(base_url=replica.url) as http:
+            body = {"prompt": "x", "max_tokens": 12, "ignore_eos": True, "stream": True}
+            result = await stream_request(http, "/v1/completions", body)
+            overridden = await stream_request(
+                http, "/v1/completions", body, headers={"x-sim-ttft-ms": "80", "x-sim-itl-ms": "5"}
+            )
+    for index, event in enumerate(result.events[:12]):
+        assert event.at >= 0.030 + index * 0.015 - EARLY_TOLERANCE_S, (index, event.at)
+    assert overridden.ttft is not None and overridden.ttft >= 0.080 - EARLY_TOLERANCE_S
+    assert overridden.events[11].at >= 0.080 + 11 * 0.005 - EARLY_TOLERANCE_S
