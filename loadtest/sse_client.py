@@ -94,7 +94,7 @@ class StreamResult:
     status: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
     events: list[SseEvent] = field(default_factory=list)
-    raw: bytes = b""  # every body byte received (SSE frames or a JSON error body)
+    raw: bytearray = field(default_factory=bytearray)  # every body byte received (frames or an error body)
     end: str = "eof"  # done | eof | disconnected | timeout | error | refused
     error: str | None = None  # transport error text when end is "error" / "refused"
     t_headers: float | None = None

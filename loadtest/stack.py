@@ -110,6 +110,9 @@ class Stack:
             str(self.metrics_port),
             "--endpoints",
             ",".join(endpoints),
+            # a quick end to the shutdown's propagation phase: tests and the demo stop stacks often
+            "--quiet-interval",
+            "0.2",
             *self.options.picker_args,
         ]
 

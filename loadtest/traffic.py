@@ -28,6 +28,7 @@ class Result:
     done: bool = False  # saw data: [DONE]
     finish_reason: str | None = None
     reason_header: str = ""
+    retry_after: str = ""
     error: str = ""
 
     @property
@@ -84,6 +85,7 @@ async def stream_one(
             result.status = response.status_code
             result.replica = response.headers.get(REPLICA_HEADER, "")
             result.reason_header = response.headers.get("x-picker-dropped-reason", "")
+            result.retry_after = response.headers.get("retry-after", "")
             async for line in response.aiter_lines():
                 if not line.startswith("data: "):
                     continue

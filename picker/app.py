@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from aiohttp import web
@@ -16,9 +18,13 @@ from aiohttp import web
 from picker.config import PickerConfig, format_address
 from picker.extproc.server import HealthState, ext_proc_server, health_server
 from picker.extproc.service import ExtProcService
+from picker.flow import FlowLimits
 from picker.http_admin import admin_app
 from picker.pipeline import RequestPath
 from picker.pool import Pool
+from picker.scheduling import LoadPolicy
+from picker.shutdown import Shutdown, ShutdownSummary
+from picker.sources.scraper import Scraper
 from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -40,13 +46,48 @@ class PickerApp:
         self.pool.apply(ready=config.pool.endpoints)
         self.metrics = Metrics()
         self.metrics.register_pool(self.pool)
-        self.path = RequestPath(self.pool, self.metrics, fallback_count=config.scheduling.fallback_count)
+        load = config.load
+        policy = LoadPolicy(
+            use_metrics=load.scrape,
+            staleness_s=load.staleness_s,
+            waiting_threshold=load.waiting_threshold,
+            kv_threshold=load.kv_threshold,
+            engine_slots=load.engine_slots,
+            weight_load=load.weight_load,
+            weight_waiting=load.weight_waiting,
+            weight_kv=load.weight_kv,
+        )
+        flow = config.flow
+        self.path = RequestPath(
+            self.pool,
+            self.metrics,
+            fallback_count=config.scheduling.fallback_count,
+            load_policy=policy,
+            flow_limits=FlowLimits(
+                max_queued=flow.max_queued, max_queued_bytes=flow.max_queued_bytes, ttl_s=flow.ttl_s
+            ),
+            reject_without_endpoints=flow.reject_without_endpoints,
+        )
+        # Envoy is asked to wait a little longer than the TTL, so the picker's 429/503 always wins.
+        queue_wait_s = min(flow.envoy_max_message_timeout_s, flow.ttl_s + 1.0)
         self.service = ExtProcService(
             self.path,
             max_body_bytes=config.requests.max_body_bytes,
             observer_attach_grace_s=config.streams.observer_attach_grace_s,
+            queue_wait_s=queue_wait_s,
         )
         self.health = HealthState()
+        self.scraper = (
+            Scraper(
+                self.pool,
+                load,
+                on_round=self.path.capacity_changed,
+                on_failure=self.metrics.count_scrape_failure,
+            )
+            if load.scrape
+            else None
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
         self._grpc: grpc.aio.Server | None = None
         self._health: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
@@ -63,6 +104,8 @@ class PickerApp:
         site = web.TCPSite(self._http, bind, server.metrics_port)
         await site.start()
         metrics_port = self._http.addresses[0][1]
+        if self.scraper is not None:
+            self._spawn(self.scraper.run(), "scraper")
         await self.health.serving()
         ports = BoundPorts(grpc_port, health_port, metrics_port)
         log.info(
@@ -74,13 +117,34 @@ class PickerApp:
         )
         return ports
 
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._tasks.discard(finished)
+            if not finished.cancelled() and finished.exception() is not None:
+                log.error("background task %s died", name, exc_info=finished.exception())
+
+        task.add_done_callback(done)
+
+    async def shutdown(self, force: asyncio.Event) -> ShutdownSummary:
+        """The phased drain (picker/shutdown.py), then the servers stop."""
+        summary = await Shutdown(self.path, self.health.not_ready, self.config.shutdown).run(force)
+        await self.stop()
+        return summary
+
     async def stop(self) -> None:
-        """Stop taking new streams, let in-flight ext_proc streams finish within the drain budget."""
-        grace = self.config.shutdown.drain_timeout_s
+        """Stop the servers now; streams still open are cut (the drain already had its budget)."""
         await self.health.not_ready()
-        self.path.accepting = False
+        self.path.flow.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.scraper is not None:
+            await self.scraper.close()
         if self._grpc is not None:
-            await self._grpc.stop(grace)
+            await self._grpc.stop(0.5)
         self.service.cancel_timers()
         if self._health is not None:
             await self._health.stop(0)
@@ -92,16 +156,13 @@ class PickerApp:
 async def serve(config: PickerConfig) -> None:
     """Run until SIGTERM or SIGINT, then stop gracefully; a second signal stops at once."""
     app = PickerApp(config)
-    stop = asyncio.Event()
+    stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
-    signals = 0
 
     def on_signal() -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:
-            log.warning("second signal: exiting now")
-            raise SystemExit(1)
+        if stop.is_set():
+            log.warning("second signal: skipping to the end of the shutdown")
+            force.set()
         stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -109,4 +170,5 @@ async def serve(config: PickerConfig) -> None:
     ports = await app.start()
     print(f"picker ready grpc={ports.grpc} health={ports.health} metrics={ports.metrics}", flush=True)
     await stop.wait()
-    await app.stop()
+    summary = await app.shutdown(force)
+    print(summary.line(), flush=True)

@@ -10,6 +10,8 @@ from typing import Any
 import uvloop
 
 from picker.config import ConfigError, PickerConfig, load_config
+from picker.drain import check as drain_check
+from picker.drain import wait as drain_wait
 from picker.telemetry import configure_logging
 
 # flag dest -> (config group, field)
@@ -22,6 +24,15 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "fallback_count": ("scheduling", "fallback_count"),
     "max_body_bytes": ("requests", "max_body_bytes"),
     "drain_timeout": ("shutdown", "drain_timeout_s"),
+    "propagation": ("shutdown", "propagation_s"),
+    "quiet_interval": ("shutdown", "quiet_interval_s"),
+    "scrape": ("load", "scrape"),
+    "scrape_interval": ("load", "scrape_interval_s"),
+    "engine_slots": ("load", "engine_slots"),
+    "waiting_threshold": ("load", "waiting_threshold"),
+    "queue_ttl": ("flow", "ttl_s"),
+    "max_queued": ("flow", "max_queued"),
+    "reject_without_endpoints": ("flow", "reject_without_endpoints"),
     "log_level": ("log_level",),
 }
 
@@ -48,7 +59,35 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-port", type=int, help="Prometheus /metrics and admin port (default 9090)")
     parser.add_argument("--fallback-count", type=int, help="endpoints listed after the primary (default 2)")
     parser.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
-    parser.add_argument("--drain-timeout", type=float, help="seconds in-flight streams get on SIGTERM")
+    parser.add_argument(
+        "--drain-timeout", type=float, help="the shutdown budget, SIGTERM to exit (default 30)"
+    )
+    parser.add_argument(
+        "--propagation", type=float, help="longest wait for load balancers on SIGTERM (default 5)"
+    )
+    parser.add_argument(
+        "--quiet-interval", type=float, help="arrival-free interval ending propagation (default 1)"
+    )
+    parser.add_argument(
+        "--no-scrape",
+        dest="scrape",
+        action="store_const",
+        const=False,
+        help="schedule by in-flight count alone; never scrape /metrics",
+    )
+    parser.add_argument(
+        "--scrape-interval", type=float, help="seconds between /metrics scrapes (default 0.1)"
+    )
+    parser.add_argument("--engine-slots", type=int, help="the model servers' --max-num-seqs, if known")
+    parser.add_argument("--waiting-threshold", type=float, help="engine queue depth counted as saturated (1)")
+    parser.add_argument("--queue-ttl", type=float, help="longest wait in the picker's queue (default 30)")
+    parser.add_argument("--max-queued", type=int, help="admission queue bound (default 1000)")
+    parser.add_argument(
+        "--reject-without-endpoints",
+        action="store_const",
+        const=True,
+        help="answer 503 at once when no endpoint is ready, instead of queueing",
+    )
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
 
 
@@ -61,6 +100,9 @@ def _load(args: argparse.Namespace) -> PickerConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["drain-wait"]:  # before argparse: a preStop hook exits 0 even on bad flags
+        raise SystemExit(drain_wait.main(argv[1:], prog="picker drain-wait"))
     parser = argparse.ArgumentParser(prog="picker", description="Drain-aware endpoint picker for LLM pools")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the Envoy ext_proc endpoint picker")
@@ -69,6 +111,12 @@ def main(argv: list[str] | None = None) -> None:
     _add_serve_flags(show)
     demo = commands.add_parser("demo", help="Envoy + picker + simulated vLLM replicas, with live traffic")
     demo.add_argument("--seconds", type=float, default=8.0, help="how long to send traffic")
+    drain_wait.add_arguments(
+        commands.add_parser("drain-wait", help="preStop hook: wait until the local vLLM is idle")
+    )
+    drain_check.add_arguments(
+        commands.add_parser("check", help="check drain timing budgets of manifests + Envoy")
+    )
     args = parser.parse_args(argv)
 
     match args.command:
@@ -87,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
             from picker.demo import run_demo
 
             raise SystemExit(uvloop.run(run_demo(seconds=args.seconds)))
+        case "check":
+            raise SystemExit(drain_check.run(args))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ process (any asyncio loop):
         replicas[0].url, replicas[0].state.engine, replicas[0].begin_shutdown()
 
 Modules: config (SimConfig), openai_format (wire format), timing (latency model), engine (slots, queue,
-KV), faults, metrics, requestlog, handlers (completions), admin (other routes), replica (lifecycle,
-shutdown), cli. Concurrency model: one event loop, no threads, no locks; every request is its aiohttp
-handler task; the replica wakes requests through `InFlight`, it never cancels tasks it did not create.
+KV), faults, metrics, requestlog, state (one replica's shared state), handlers (completion requests),
+endings (how their responses end), admin (the other routes), replica (lifecycle, shutdown), cli.
+
+Concurrency model: one event loop, no threads, no locks; every request is its aiohttp handler task; the
+replica wakes requests through `InFlight`, it never cancels tasks it did not create.
 """
 
 from loadtest.sim.config import (

@@ -27,13 +27,26 @@ from loadtest.sim.config import (
 from loadtest.sim.faults import FaultSpec, parse_fault_header
 from loadtest.sim.replica import Replica
 
+EPILOG = """\
+per-request headers: x-sim-ttft-ms, x-sim-itl-ms (floats), x-sim-max-tokens (exactly N tokens),
+  x-sim-fault (e.g. 'status=429', 'error-after=3,slow-headers=100'), x-request-id (request log id).
+admin API per replica: POST /sim/shutdown {"timeout": N, "on_drain_timeout": "hang|abort", "force": bool};
+  GET|POST|DELETE /sim/faults; GET|DELETE /sim/requests; GET /sim/state; POST /sim/health {"status": N}.
+every response carries x-sim-replica: HOST:PORT.
+"""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after each option, and the epilog's lines kept as written."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.sim",
         description="vLLM-compatible model-server simulator (OpenAI completions/chat, SSE, /metrics, "
         "vLLM 0.32 shutdown behaviour, fault injection). One process can serve several replicas.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Formatter,
+        epilog=EPILOG,
     )
     server = parser.add_argument_group("server")
     server.add_argument(
@@ -108,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-num-queued-reqs",
         type=int,
         default=None,
-        help="waiting-queue bound, beyond it HTTP 503 (default: unbounded)",
+        help="waiting-queue bound, beyond it HTTP 503; unset = unbounded",
     )
     capacity.add_argument(
         "--kv-capacity-tokens",
@@ -168,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fault-count",
         type=int,
         default=None,
-        help="apply --fault to the next K requests only (default: all)",
+        help="apply --fault to the next K requests only; unset = to all",
     )
     return parser
 

@@ -2,7 +2,7 @@
 
 Keys (hyphen or underscore):
 - `status=N`: answer HTTP N (400-599) with a vLLM-style JSON error body before any token.
-- `slow-headers=MS`: wait MS before the response headers (the request already holds no slot).
+- `slow-headers=MS`: wait MS before admission and the response headers (holding no slot meanwhile).
 - `reset-after=N`: after N tokens, close the TCP connection with RST (SO_LINGER 0 + abort).
 - `error-after=N`: after N tokens, send vLLM's in-stream error event then `data: [DONE]`
   (non-streaming: HTTP 500 with the same error).

@@ -14,35 +14,28 @@ import asyncio
 import dataclasses
 import enum
 import secrets
-import socket
-import struct
 import time
-from dataclasses import dataclass
 from http import HTTPStatus
 
 from aiohttp import web
 
-from loadtest.sim.config import AbortStyle
-from loadtest.sim.engine import Admission, InFlight, Interrupt
-from loadtest.sim.faults import FaultSpec, MidStreamFault, parse_fault_header
+from loadtest.sim.endings import Call, complete, interrupted, json_response, strike, unsent
+from loadtest.sim.engine import Admission, InFlight
+from loadtest.sim.faults import parse_fault_header
 from loadtest.sim.openai_format import (
     BUSY_MESSAGE,
-    DONE_FRAME,
     DRAIN_MESSAGE,
     ENGINE_ERROR_MESSAGE,
     ApiError,
     Endpoint,
-    ParsedRequest,
     StreamEncoder,
     bad_request,
     check_length,
-    completion_body,
     parse_request,
-    stream_error_frame,
 )
 from loadtest.sim.requestlog import Outcome, RequestRecord
-from loadtest.sim.state import ReplicaState
-from loadtest.sim.timing import TokenPlan, parse_overrides, plan_tokens
+from loadtest.sim.state import ReplicaState, log
+from loadtest.sim.timing import parse_overrides, plan_tokens
 
 STATE_KEY = web.AppKey("sim_state", ReplicaState)
 REQUEST_ID_HEADER = "x-request-id"
@@ -66,28 +59,12 @@ class Stop(enum.Enum):
     INTERRUPTED = "interrupted"
 
 
-@dataclass(slots=True)
-class Call:
-    """A validated request and what the simulator will do with it."""
-
-    parsed: ParsedRequest
-    plan: TokenPlan
-    fault: FaultSpec | None
-    arrival: float  # loop time
-    response_id: str
-    created: int
-
-
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, Endpoint.COMPLETIONS)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _serve(request, Endpoint.CHAT)
-
-
-def _json(status: int, body: bytes) -> web.Response:
-    return web.Response(status=status, body=body, content_type="application/json")
 
 
 async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
@@ -114,7 +91,11 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         raise
     except ConnectionError:  # a write found the client gone before the cancellation arrived
         _client_gone(state, record)
-        return _unsent()
+        return unsent()
+    except Exception:
+        log.exception("request %s: simulator bug", record.request_id)
+        state.end(record, Outcome.INTERNAL_ERROR)
+        raise
     finally:
         state.engine.release(flight)
         state.leave(flight)
@@ -129,7 +110,7 @@ def _refuse(state: ReplicaState, record: RequestRecord, refusal: _Refused) -> we
     record.status = refusal.error.status
     state.stats.rejected[refusal.reason] += 1
     state.end(record, refusal.outcome)
-    return _json(refusal.error.status, refusal.error.body())
+    return json_response(refusal.error.status, refusal.error.body())
 
 
 async def _validate(
@@ -175,11 +156,6 @@ async def _validate(
     return Call(parsed, plan, fault, arrival, prefix + secrets.token_hex(16), int(time.time()))
 
 
-def _unsent() -> web.Response:
-    """The return value of a handler whose connection is already closed: it never reaches the client."""
-    return web.Response(status=500)
-
-
 def _status_error(status: int) -> ApiError:
     """vLLM-style bodies for an injected status."""
     if status == 503:
@@ -209,10 +185,10 @@ async def _run(request: web.Request, state: ReplicaState, call: Call, flight: In
         flight.record.status = 200
     stop = await _generate(state, flight, call, response, encoder)
     if stop is Stop.COMPLETED:
-        return await _complete(state, flight, call, response, encoder)
+        return await complete(state, flight, call, response, encoder)
     if stop is Stop.FAULT:
-        return await _strike(request, state, flight, call, response)
-    return await _interrupted(request, state, flight, call, response, encoder)
+        return await strike(request, state, flight, call, response)
+    return await interrupted(request, state, flight, call, response, encoder)
 
 
 async def _generate(
@@ -246,13 +222,13 @@ async def _generate(
         count = 1 if sent == 0 else min(per_chunk, total - sent)
         if fault_at is not None:
             count = min(count, fault_at - sent)
-        if sent:
-            due = plan.deadline(t_first, sent + count - 1)
-            if due > loop.time():
-                await flight.wait(due)
-                if flight.interrupt is not None:
-                    return Stop.INTERRUPTED
+        due = plan.deadline(t_first, sent + count - 1) if sent else t_first
+        if due > loop.time():
+            await flight.wait(due)
+            if flight.interrupt is not None:
+                return Stop.INTERRUPTED
         now = loop.time()
+        stats.lateness.observe(now - due)
         if sent == 0:
             record.first_token_at = time.time()
             stats.ttft.observe(now - call.arrival)
@@ -274,143 +250,3 @@ async def _generate(
     if fault_at is not None:  # a fault at or beyond the last token strikes before usage and [DONE]
         return Stop.FAULT
     return Stop.COMPLETED
-
-
-def _tail(call: Call, encoder: StreamEncoder, completion_tokens: int) -> bytes:
-    usage = encoder.usage(call.parsed.prompt_tokens, completion_tokens) if call.parsed.include_usage else b""
-    return usage + DONE_FRAME
-
-
-async def _complete(
-    state: ReplicaState,
-    flight: InFlight,
-    call: Call,
-    response: web.StreamResponse | None,
-    encoder: StreamEncoder | None,
-) -> web.StreamResponse:
-    finish_reason = call.plan.finish_reason
-    if response is not None and encoder is not None:
-        await response.write(_tail(call, encoder, flight.generated))
-        await response.write_eof()
-    else:
-        flight.record.status = 200
-        response = _json(200, _body(call, flight.generated, finish_reason))
-    stats = state.stats
-    stats.served += 1
-    stats.success[finish_reason] += 1
-    stats.e2e.observe(asyncio.get_running_loop().time() - call.arrival)
-    state.end(flight.record, Outcome.COMPLETED, finish_reason)
-    return response
-
-
-def _body(call: Call, tokens: int, finish_reason: str) -> bytes:
-    parsed = call.parsed
-    return completion_body(
-        parsed.endpoint,
-        call.response_id,
-        call.created,
-        parsed.model,
-        parsed.prompt_tokens,
-        tokens,
-        finish_reason,
-    )
-
-
-async def _strike(
-    request: web.Request,
-    state: ReplicaState,
-    flight: InFlight,
-    call: Call,
-    response: web.StreamResponse | None,
-) -> web.StreamResponse:
-    fault = call.fault
-    assert fault is not None and fault.mid_stream is not None
-    record = flight.record
-    if fault.mid_stream is MidStreamFault.RESET:
-        state.end(record, Outcome.RESET)
-        _reset(request)
-        return response or _unsent()
-    if fault.mid_stream is MidStreamFault.ERROR:
-        state.stats.success["error"] += 1
-        state.end(record, Outcome.ERROR, "error")
-        return await _error_ending(record, response)
-    state.end(record, Outcome.STALLED)  # the slot stays taken: the engine request is stuck
-    await _hang(request, state, flight)
-    return response or _unsent()
-
-
-async def _error_ending(record: RequestRecord, response: web.StreamResponse | None) -> web.StreamResponse:
-    if response is None:
-        record.status = 500
-        return _json(500, ApiError(500, ENGINE_ERROR_MESSAGE, "InternalServerError").body())
-    await response.write(stream_error_frame() + DONE_FRAME)
-    await response.write_eof()
-    return response
-
-
-async def _interrupted(
-    request: web.Request,
-    state: ReplicaState,
-    flight: InFlight,
-    call: Call,
-    response: web.StreamResponse | None,
-    encoder: StreamEncoder | None,
-) -> web.StreamResponse:
-    record = flight.record
-    interrupt = flight.interrupt
-    if interrupt is Interrupt.FORCE_STOP:
-        state.end(record, Outcome.KILLED)
-        _close(request)
-        return response or _unsent()
-    style = state.abort_style if interrupt is Interrupt.SHUTDOWN_ABORT else AbortStyle.HANG
-    if style is AbortStyle.ABORT:
-        state.stats.success["abort"] += 1
-        state.stats.e2e.observe(asyncio.get_running_loop().time() - call.arrival)
-        state.end(record, Outcome.SHUTDOWN_ABORT, "abort")
-        if response is None or encoder is None:
-            record.status = 200
-            return _json(200, _body(call, flight.generated, "abort"))
-        frame = encoder.last(0, "abort")
-        if record.tokens_sent == 0 and call.parsed.endpoint is Endpoint.CHAT:
-            frame = encoder.role() + frame
-        await response.write(frame + _tail(call, encoder, flight.generated))
-        await response.write_eof()
-        return response
-    if style is AbortStyle.ERROR:
-        state.stats.success["error"] += 1
-        state.end(record, Outcome.SHUTDOWN_ERROR, "error")
-        return await _error_ending(record, response)
-    state.end(record, Outcome.HUNG)
-    state.engine.release(flight)  # the engine is gone; only the connection remains
-    await _hang(request, state, flight)
-    return response or _unsent()
-
-
-async def _hang(request: web.Request, state: ReplicaState, flight: InFlight) -> None:
-    """Send nothing and keep the connection until the client leaves (cancellation), a forced stop or the
-    hang limit; then close the connection without ending the HTTP response."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + state.config.shutdown.hang_limit_s
-    while flight.interrupt is not Interrupt.FORCE_STOP and loop.time() < deadline:
-        await flight.wait(deadline, wake_on=Interrupt.FORCE_STOP)
-    _close(request)
-
-
-def _close(request: web.Request) -> None:
-    transport = request.transport
-    if transport is not None:
-        transport.close()
-
-
-def _reset(request: web.Request) -> None:
-    """Close with a TCP RST (SO_LINGER 0), as a crashing server or a middlebox would."""
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        except OSError:
-            pass
-    transport.abort()

@@ -94,6 +94,9 @@ REQUEST_BUCKETS = (
     7680.0,
 )
 
+# How late a chunk is written after its deadline (simulator only; measures the simulator, not the client).
+LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 LABELS = ("engine", "model_name")
 
@@ -140,6 +143,7 @@ class SimStats:
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(REQUEST_BUCKETS)
         self.queue_time = Histogram(REQUEST_BUCKETS)
+        self.lateness = Histogram(LATENESS_BUCKETS)
 
 
 class SimCollector(Collector):
@@ -244,6 +248,11 @@ class SimCollector(Collector):
             for key in sorted(counts):
                 family.add_metric([key], counts[key], created=stats.created)
             yield family
+        lateness = HistogramMetricFamily(
+            "sim_token_lateness_seconds", "How late each chunk was written after its deadline."
+        )
+        lateness.add_metric([], stats.lateness.buckets(), stats.lateness.total)
+        yield lateness
         yield GaugeMetricFamily(
             "sim_requests_in_flight", "Completion requests inside the replica.", value=self._in_flight()
         )

@@ -30,6 +30,7 @@ from loadtest.sim.state import ReplicaState
 log = logging.getLogger("loadtest.sim")
 
 CLIENT_MAX_SIZE = 64 * 1024 * 1024  # request bodies up to 64 MiB (long prompts)
+STOP_GRACE_S = 2.0
 
 
 class Replica:
@@ -78,7 +79,9 @@ class Replica:
         app[STATE_KEY] = self._state
         app[CONTROLS_KEY] = self
         add_routes(app)
-        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=STOP_GRACE_S
+        )
         await self._runner.setup()
         assert self._runner.server is not None
         loop = asyncio.get_running_loop()
@@ -117,7 +120,10 @@ class Replica:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self._state.wait_idle()
+        # A handler blocked writing to a client that does not read never sees the cut: the runner's
+        # cleanup cancels it after this grace.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._state.wait_idle(), STOP_GRACE_S)
         await self._teardown()
 
     def _log_task_end(self, task: asyncio.Task[None]) -> None:

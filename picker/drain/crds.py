@@ -46,7 +46,9 @@ class _Checker:
         wrong_bool = isinstance(value, bool) and kind in (int, (int,))
         if not isinstance(value, kind) or wrong_bool:
             names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            self.problems.append((path, f"must be {_TYPE_WORDS.get(names, names)}, not {type(value).__name__}"))
+            self.problems.append(
+                (path, f"must be {_TYPE_WORDS.get(names, names)}, not {type(value).__name__}")
+            )
             return None
         return value
 
@@ -78,8 +80,13 @@ def _inference_pool(obj: dict[str, Any], c: _Checker) -> None:
         return
     path: FieldPath = ("spec",)
     if "extensionRef" in spec or "targetPortNumber" in spec:
-        c.problems.append((path, "extensionRef / targetPortNumber are v1alpha2 fields: v1 has "
-                                 "endpointPickerRef and targetPorts"))
+        c.problems.append(
+            (
+                path,
+                "extensionRef / targetPortNumber are v1alpha2 fields: v1 has "
+                "endpointPickerRef and targetPorts",
+            )
+        )
     selector = c.need(spec, "selector", dict, path)
     if selector is not None:
         labels = c.need(selector, "matchLabels", dict, (*path, "selector"))
@@ -145,7 +152,9 @@ def _http_route(obj: dict[str, Any], c: _Checker) -> None:
             kind = c.may(ref, "kind", str, ref_path) or "Service"
             group = c.may(ref, "group", str, ref_path) or ""
             if kind == "InferencePool" and group != INFERENCE_GROUP:
-                c.problems.append(((*ref_path, "group"), f"an InferencePool backendRef needs group {INFERENCE_GROUP}"))
+                c.problems.append(
+                    ((*ref_path, "group"), f"an InferencePool backendRef needs group {INFERENCE_GROUP}")
+                )
             if kind == "Service" and group == "":
                 c.port(ref, "port", ref_path)
             weight = c.may(ref, "weight", int, ref_path)

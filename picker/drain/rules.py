@@ -32,111 +32,267 @@ E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO  # noqa: E741
 _CATALOGUE = (
     Rule("INPUT-001", E, "input unreadable", "A file that cannot be read or parsed was not checked at all."),
     # the termination budget of a model-server pod
-    Rule("GRACE-001", E, "grace period below the drain budget",
-         "The grace period covers the preStop hook and the engine's drain after SIGTERM; when they do not "
-         "fit, the kubelet SIGKILLs the engine and every stream still running is cut."),
-    Rule("GRACE-002", E, "picker grace below the model servers'",
-         "When a node drains, the picker and the model servers stop together; a picker that is killed "
-         "first stops routing around draining engines and forgets the streams it tracks."),
-    Rule("GRACE-003", E, "picker --drain-timeout below the model servers' drain",
-         "The picker keeps serving for --drain-timeout after its SIGTERM; a shorter budget than the "
-         "model servers' drain ends the picker while their streams still run."),
-    Rule("GRACE-004", E, "picker grace below its own drain",
-         "The picker needs its whole --drain-timeout plus time to exit before the kubelet's SIGKILL."),
-    Rule("VLLM-001", E, "vLLM without --shutdown-timeout",
-         "Without it vLLM aborts on SIGTERM: in-flight streams end cut, with an error event, or hang."),
-    Rule("VLLM-002", W, "--shutdown-timeout below the longest stream",
-         "Streams that outlive --shutdown-timeout hang: vLLM kills the engine and leaves the connection "
-         "open with no error and no [DONE]."),
-    Rule("PRESTOP-001", W, "model server without a preStop hook",
-         "Endpoint removal takes seconds to reach every router; without a preStop wait, vLLM starts its "
-         "drain at once and answers every request that still arrives with HTTP 500."),
-    Rule("PRESTOP-002", E, "drain-wait arguments invalid",
-         "drain-wait exits at once on arguments it cannot parse, so the hook waits for nothing."),
-    Rule("PRESTOP-003", W, "drain-wait leaves no time to drain",
-         "With --propagation-allowance at or past --deadline, drain-wait never waits for in-flight requests."),
-    Rule("PRESTOP-004", W, "drain-wait reads another port than vLLM serves",
-         "drain-wait then sees no engine: it sleeps the propagation allowance blind and stops early."),
-    Rule("PICKER-001", W, "a single picker replica",
-         "A picker restart (rollout, node drain) then leaves the pool without a picker: with FailClose "
-         "every request fails until it is back, with FailOpen routing ignores drains."),
-    Rule("PICKER-002", W, "picker readiness not on the gRPC readiness service",
-         "The picker turns `readiness` NOT_SERVING when it starts draining; a probe elsewhere keeps "
-         "sending it new streams while it drains."),
-    Rule("PICKER-003", E, "picker liveness on a service that drains",
-         "'', `readiness` and the ext_proc service turn NOT_SERVING while the picker drains; a liveness "
-         "probe on them restarts the picker mid-drain. Only `liveness` stays SERVING."),
-    Rule("ROLLOUT-001", W, "rollout drops a large share of capacity",
-         "maxUnavailable takes replicas out before their replacements are ready; with few replicas the "
-         "rest take their load and queues grow during every rollout."),
-    Rule("ROLLOUT-002", E, "rollout cannot progress",
-         "maxSurge and maxUnavailable are both 0: the API server rejects it, and no pod could be replaced."),
-    Rule("ROLLOUT-003", W, "Recreate strategy",
-         "Recreate stops every replica at once: the whole pool drains together and serves nothing until "
-         "the new pods have loaded the model."),
-    Rule("PDB-001", W, "no PodDisruptionBudget for the model servers",
-         "A node drain or autoscaler may then evict every replica at once."),
-    Rule("PDB-002", W, "no PodDisruptionBudget for the picker",
-         "A node drain may then evict every picker replica at once."),
-    Rule("PDB-003", W, "PodDisruptionBudget allows no disruption",
-         "Node drains then block until someone forces them, and forced drains skip the grace period."),
-    Rule("PROBE-001", E, "liveness can kill a loading engine",
-         "Without a startupProbe the liveness probe runs while the model loads, and restarts the engine "
-         "before it ever becomes ready."),
-    Rule("PROBE-002", W, "startupProbe shorter than a model load",
-         "The kubelet restarts an engine whose startupProbe budget ends before the model has loaded."),
-    Rule("PROBE-003", W, "model server without a readinessProbe",
-         "The pod is then ready (and in the pool) as soon as it starts, long before the model is loaded."),
-    Rule("POOL-001", E, "InferencePool / Gateway / HTTPRoute malformed",
-         "The API server rejects the object, or the gateway ignores it."),
-    Rule("POOL-002", W, "InferencePool selects no model server",
-         "No workload in the inputs has pod labels matching the pool's selector: the pool would be empty."),
-    Rule("POOL-003", W, "reference to nothing in the inputs",
-         "The referenced Service, pool or Gateway is not among the checked manifests."),
-    Rule("POOL-004", E, "InferencePool targets a port vLLM does not serve",
-         "Every routed request would then fail to connect."),
-    Rule("ROUTE-001", E, "HTTPRoute timeout below the longest stream",
-         "The gateway cuts every stream that outlives the route timeout."),
-    Rule("ROUTE-002", I, "HTTPRoute timeout left to the implementation",
-         "Without timeouts.request the gateway's default applies (Envoy's own route default is 15 s); "
-         "set 0s or at least the longest stream."),
+    Rule(
+        "GRACE-001",
+        E,
+        "grace period below the drain budget",
+        "The grace period covers the preStop hook and the engine's drain after SIGTERM; when they do not "
+        "fit, the kubelet SIGKILLs the engine and every stream still running is cut.",
+    ),
+    Rule(
+        "GRACE-002",
+        E,
+        "picker grace below the model servers'",
+        "When a node drains, the picker and the model servers stop together; a picker that is killed "
+        "first stops routing around draining engines and forgets the streams it tracks.",
+    ),
+    Rule(
+        "GRACE-003",
+        E,
+        "picker --drain-timeout below the model servers' drain",
+        "The picker keeps serving for --drain-timeout after its SIGTERM; a shorter budget than the "
+        "model servers' drain ends the picker while their streams still run.",
+    ),
+    Rule(
+        "GRACE-004",
+        E,
+        "picker grace below its own drain",
+        "The picker needs its whole --drain-timeout plus time to exit before the kubelet's SIGKILL.",
+    ),
+    Rule(
+        "VLLM-001",
+        E,
+        "vLLM without --shutdown-timeout",
+        "Without it vLLM aborts on SIGTERM: in-flight streams end cut, with an error event, or hang.",
+    ),
+    Rule(
+        "VLLM-002",
+        W,
+        "--shutdown-timeout below the longest stream",
+        "Streams that outlive --shutdown-timeout hang: vLLM kills the engine and leaves the connection "
+        "open with no error and no [DONE].",
+    ),
+    Rule(
+        "PRESTOP-001",
+        W,
+        "model server without a preStop hook",
+        "Endpoint removal takes seconds to reach every router; without a preStop wait, vLLM starts its "
+        "drain at once and answers every request that still arrives with HTTP 500.",
+    ),
+    Rule(
+        "PRESTOP-002",
+        E,
+        "drain-wait arguments invalid",
+        "drain-wait exits at once on arguments it cannot parse, so the hook waits for nothing.",
+    ),
+    Rule(
+        "PRESTOP-003",
+        W,
+        "drain-wait leaves no time to drain",
+        "With --propagation-allowance at or past --deadline, drain-wait never waits for in-flight requests.",
+    ),
+    Rule(
+        "PRESTOP-004",
+        W,
+        "drain-wait reads another port than vLLM serves",
+        "drain-wait then sees no engine: it sleeps the propagation allowance blind and stops early.",
+    ),
+    Rule(
+        "PICKER-001",
+        W,
+        "a single picker replica",
+        "A picker restart (rollout, node drain) then leaves the pool without a picker: with FailClose "
+        "every request fails until it is back, with FailOpen routing ignores drains.",
+    ),
+    Rule(
+        "PICKER-002",
+        W,
+        "picker readiness not on the gRPC readiness service",
+        "The picker turns `readiness` NOT_SERVING when it starts draining; a probe elsewhere keeps "
+        "sending it new streams while it drains.",
+    ),
+    Rule(
+        "PICKER-003",
+        E,
+        "picker liveness on a service that drains",
+        "'', `readiness` and the ext_proc service turn NOT_SERVING while the picker drains; a liveness "
+        "probe on them restarts the picker mid-drain. Only `liveness` stays SERVING.",
+    ),
+    Rule(
+        "ROLLOUT-001",
+        W,
+        "rollout drops a large share of capacity",
+        "maxUnavailable takes replicas out before their replacements are ready; with few replicas the "
+        "rest take their load and queues grow during every rollout.",
+    ),
+    Rule(
+        "ROLLOUT-002",
+        E,
+        "rollout cannot progress",
+        "maxSurge and maxUnavailable are both 0: the API server rejects it, and no pod could be replaced.",
+    ),
+    Rule(
+        "ROLLOUT-003",
+        W,
+        "Recreate strategy",
+        "Recreate stops every replica at once: the whole pool drains together and serves nothing until "
+        "the new pods have loaded the model.",
+    ),
+    Rule(
+        "PDB-001",
+        W,
+        "no PodDisruptionBudget for the model servers",
+        "A node drain or autoscaler may then evict every replica at once.",
+    ),
+    Rule(
+        "PDB-002",
+        W,
+        "no PodDisruptionBudget for the picker",
+        "A node drain may then evict every picker replica at once.",
+    ),
+    Rule(
+        "PDB-003",
+        W,
+        "PodDisruptionBudget allows no disruption",
+        "Node drains then block until someone forces them, and forced drains skip the grace period.",
+    ),
+    Rule(
+        "PROBE-001",
+        E,
+        "liveness can kill a loading engine",
+        "Without a startupProbe the liveness probe runs while the model loads, and restarts the engine "
+        "before it ever becomes ready.",
+    ),
+    Rule(
+        "PROBE-002",
+        W,
+        "startupProbe shorter than a model load",
+        "The kubelet restarts an engine whose startupProbe budget ends before the model has loaded.",
+    ),
+    Rule(
+        "PROBE-003",
+        W,
+        "model server without a readinessProbe",
+        "The pod is then ready (and in the pool) as soon as it starts, long before the model is loaded.",
+    ),
+    Rule(
+        "POOL-001",
+        E,
+        "InferencePool / Gateway / HTTPRoute malformed",
+        "The API server rejects the object, or the gateway ignores it.",
+    ),
+    Rule(
+        "POOL-002",
+        W,
+        "InferencePool selects no model server",
+        "No workload in the inputs has pod labels matching the pool's selector: the pool would be empty.",
+    ),
+    Rule(
+        "POOL-003",
+        W,
+        "reference to nothing in the inputs",
+        "The referenced Service, pool or Gateway is not among the checked manifests.",
+    ),
+    Rule(
+        "POOL-004",
+        E,
+        "InferencePool targets a port vLLM does not serve",
+        "Every routed request would then fail to connect.",
+    ),
+    Rule(
+        "ROUTE-001",
+        E,
+        "HTTPRoute timeout below the longest stream",
+        "The gateway cuts every stream that outlives the route timeout.",
+    ),
+    Rule(
+        "ROUTE-002",
+        I,
+        "HTTPRoute timeout left to the implementation",
+        "Without timeouts.request the gateway's default applies (Envoy's own route default is 15 s); "
+        "set 0s or at least the longest stream.",
+    ),
     # Envoy
-    Rule("ENVOY-001", E, "route timeout cuts long streams",
-         "Envoy's route timeout (15 s unless set) and max_stream_duration end a stream mid-generation; "
-         "use 0s or more than the longest stream."),
-    Rule("ENVOY-002", E, "idle timeout below the longest silence",
-         "stream_idle_timeout (300 s unless set) and the route idle_timeout reset a stream that is silent "
-         "for longer, e.g. a long prefill or a queued request before its first token."),
-    Rule("ENVOY-003", E, "circuit breakers below the expected streams",
-         "Every open stream holds one request (and, to HTTP/1 vLLM, one connection) for its whole life; "
-         "past the threshold (1024 unless set) Envoy answers 503 UO."),
-    Rule("ENVOY-004", W, "retries on upstream 500",
-         "Envoy never retries once response headers were sent, so retries cannot duplicate tokens; but "
-         "a 500 is how vLLM reports a request that crashed its engine (retrying spreads it to the next "
-         "replica) and a non-streaming request that failed after its generation ran (retrying runs it "
-         "again). It would also hide drain-time 500s instead of routing around draining engines. Retry "
-         "connect failures, resets and 503 only."),
-    Rule("ENVOY-005", E, "picker metadata dropped",
-         "Without metadata_options.receiving_namespaces.untyped: [envoy.lb] Envoy silently drops the "
-         "picker's endpoint list: routing degrades to round robin, draining endpoints included."),
-    Rule("ENVOY-006", E, "forged routing header not removed",
-         "A client-sent x-gateway-destination-endpoint reaches gateways that route on the header when the "
-         "picker does not overwrite it (e.g. failing open): any ip:port of the client's choice."),
-    Rule("ENVOY-007", E, "routing filter holds the response body",
-         "FULL_DUPLEX_STREAMED makes a picker restart reset every stream and disables message_timeout; "
-         "BUFFERED holds the whole stream until it ends. Use NONE (and an observer filter)."),
-    Rule("ENVOY-008", W, "every token waits for the picker",
-         "response_body_mode STREAMED on the routing filter sends each chunk through the picker: a slow "
-         "picker stalls every stream, and with fail-closed a picker crash resets them."),
-    Rule("ENVOY-009", E, "removed hosts keep getting traffic",
-         "An EDS cluster with active health checks keeps a removed host that still passes them (vLLM's "
-         "/health stays 200 while it drains) unless ignore_health_on_host_removal is true."),
-    Rule("ENVOY-010", W, "failure mode differs from the InferencePool's",
-         "The ext_proc failure_mode_allow and the pool's failureMode should say the same thing, or the "
-         "behaviour with the picker down is not the one documented."),
-    Rule("ENVOY-011", W, "picker cannot see the request body",
-         "The picker picks from the body (model, size); in any request_body_mode but BUFFERED the host "
-         "is chosen before it answers, by the fallback policy, draining endpoints included."),
+    Rule(
+        "ENVOY-001",
+        E,
+        "route timeout cuts long streams",
+        "Envoy's route timeout (15 s unless set) and max_stream_duration end a stream mid-generation; "
+        "use 0s or more than the longest stream.",
+    ),
+    Rule(
+        "ENVOY-002",
+        E,
+        "idle timeout below the longest silence",
+        "stream_idle_timeout (300 s unless set) and the route idle_timeout reset a stream that is silent "
+        "for longer, e.g. a long prefill or a queued request before its first token.",
+    ),
+    Rule(
+        "ENVOY-003",
+        E,
+        "circuit breakers below the expected streams",
+        "Every open stream holds one request (and, to HTTP/1 vLLM, one connection) for its whole life; "
+        "past the threshold (1024 unless set) Envoy answers 503 UO.",
+    ),
+    Rule(
+        "ENVOY-004",
+        W,
+        "retries on upstream 500",
+        "Envoy never retries once response headers were sent, so retries cannot duplicate tokens; but "
+        "a 500 is how vLLM reports a request that crashed its engine (retrying spreads it to the next "
+        "replica) and a non-streaming request that failed after its generation ran (retrying runs it "
+        "again). It would also hide drain-time 500s instead of routing around draining engines. Retry "
+        "connect failures, resets and 503 only.",
+    ),
+    Rule(
+        "ENVOY-005",
+        E,
+        "picker metadata dropped",
+        "Without metadata_options.receiving_namespaces.untyped: [envoy.lb] Envoy silently drops the "
+        "picker's endpoint list: routing degrades to round robin, draining endpoints included.",
+    ),
+    Rule(
+        "ENVOY-006",
+        E,
+        "forged routing header not removed",
+        "A client-sent x-gateway-destination-endpoint reaches gateways that route on the header when the "
+        "picker does not overwrite it (e.g. failing open): any ip:port of the client's choice.",
+    ),
+    Rule(
+        "ENVOY-007",
+        E,
+        "routing filter holds the response body",
+        "FULL_DUPLEX_STREAMED makes a picker restart reset every stream and disables message_timeout; "
+        "BUFFERED holds the whole stream until it ends. Use NONE (and an observer filter).",
+    ),
+    Rule(
+        "ENVOY-008",
+        W,
+        "every token waits for the picker",
+        "response_body_mode STREAMED on the routing filter sends each chunk through the picker: a slow "
+        "picker stalls every stream, and with fail-closed a picker crash resets them.",
+    ),
+    Rule(
+        "ENVOY-009",
+        E,
+        "removed hosts keep getting traffic",
+        "An EDS cluster with active health checks keeps a removed host that still passes them (vLLM's "
+        "/health stays 200 while it drains) unless ignore_health_on_host_removal is true.",
+    ),
+    Rule(
+        "ENVOY-010",
+        W,
+        "failure mode differs from the InferencePool's",
+        "The ext_proc failure_mode_allow and the pool's failureMode should say the same thing, or the "
+        "behaviour with the picker down is not the one documented.",
+    ),
+    Rule(
+        "ENVOY-011",
+        W,
+        "picker cannot see the request body",
+        "The picker picks from the body (model, size); in any request_body_mode but BUFFERED the host "
+        "is chosen before it answers, by the fallback policy, draining endpoints included.",
+    ),
 )
 RULES: dict[str, Rule] = {rule.id: rule for rule in _CATALOGUE}
 

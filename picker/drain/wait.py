@@ -151,25 +151,25 @@ class DrainWait:
 
     @property
     def allowance_at(self) -> float:
-        return self.start + min(self.settings.propagation_allowance_s, self.settings.deadline_s)
+        return self.start + self.settings.propagation_allowance_s
 
     @property
     def quiet_needed_s(self) -> float:
         return 2 * self.settings.quiet_interval_s
 
     def advance(self, now: float) -> Phase:
-        """Apply what the passage of time alone decides (the allowance, the deadline)."""
-        if self.phase is Phase.PROPAGATION and now >= self.allowance_at:
-            self._end_propagation(now, "allowance")
+        """Apply what the passage of time alone decides (the deadline, the allowance)."""
         if self.phase is not Phase.DONE and now >= self.deadline_at:
             self._finish(now, "deadline")
+        elif self.phase is Phase.PROPAGATION and now >= self.allowance_at:
+            self._end_propagation(now, "allowance")
         return self.phase
 
     def observe(self, now: float, result: Result) -> Phase:
         """Feed one poll result, taken at `now`."""
         if self.phase is Phase.DONE:
             return self.phase
-        if self.phase is Phase.PROPAGATION and now >= self.allowance_at:
+        if self.phase is Phase.PROPAGATION and self.allowance_at <= now < self.deadline_at:
             self._end_propagation(now, "allowance")
         if isinstance(result, SampleError):
             self._on_error(now, result)
@@ -451,7 +451,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_parser(prog: str = "drain-wait") -> argparse.ArgumentParser:
     parser = _Parser(
-        prog=prog, description="preStop hook: wait until the local vLLM engine is idle, then exit 0"
+        prog=prog,
+        description="preStop hook: wait until the local vLLM engine is idle, then exit 0",
+        allow_abbrev=False,  # a misspelt flag is an error, not silently another flag
     )
     add_arguments(parser)
     return parser

@@ -200,7 +200,7 @@ def selector_matches(selector: Any, labels: dict[str, str], plain: bool = False)
         return False
     if any(labels.get(str(k)) != str(v) for k, v in match_labels.items()):
         return False
-    for expression in ([] if plain else selector.get("matchExpressions") or []):
+    for expression in [] if plain else selector.get("matchExpressions") or []:
         if not isinstance(expression, dict):
             return False
         key, operator = str(expression.get("key")), expression.get("operator")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -13,11 +14,29 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from picker import headers
 from picker.contract import Outcome, Reply, reply_for
 from picker.extproc import translate
+from picker.flow import Ticket
 from picker.inference import parse_request
 from picker.pipeline import RequestPath
 from picker.streams import EndReason, RequestRecord
 
 log = logging.getLogger(__name__)
+
+
+def _priority(value: str | None) -> int | None:
+    if value is None or not value.strip():
+        return 0
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """The request is queued: Envoy must be told to wait before the answer comes."""
+
+    ticket: Ticket[RequestRecord]
+    phase: str
 
 
 class _RoutingSession:
@@ -31,7 +50,7 @@ class _RoutingSession:
         self._body = bytearray()
         self.record: RequestRecord | None = None
 
-    def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | None:
+    def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | _Pending | None:
         match request.WhichOneof("request"):
             case "request_headers":
                 self._headers = translate.header_map(request.request_headers)
@@ -63,7 +82,7 @@ class _RoutingSession:
                 log.warning("unexpected ext_proc message kind=%s", other)
                 return None
 
-    def _decide(self, phase: str) -> ep.ProcessingResponse:
+    def _decide(self, phase: str) -> ep.ProcessingResponse | _Pending:
         parsed = parse_request(
             self._headers.get(headers.METHOD, "POST"),
             self._headers.get(headers.PATH, "/"),
@@ -74,7 +93,29 @@ class _RoutingSession:
         self._body = bytearray()
         if isinstance(parsed, Reply):
             return translate.immediate_response(self._path.reject(parsed))
-        decision = self._path.route(parsed)
+        priority = _priority(self._headers.get(headers.PRIORITY))
+        if priority is None:
+            return translate.immediate_response(
+                self._path.reject(
+                    reply_for(Outcome.BAD_REQUEST, f"header {headers.PRIORITY} must be an integer")
+                )
+            )
+        ticket = self._path.admit(parsed, flow=self._headers.get(headers.FAIRNESS_ID, ""), priority=priority)
+        if ticket.done:
+            return self._answer(ticket, phase)
+        return _Pending(ticket, phase)
+
+    async def wait(self, pending: _Pending) -> ep.ProcessingResponse:
+        """Wait in the admission queue; a cancelled stream (client gone) gives up its place."""
+        try:
+            await pending.ticket.wait()
+        except asyncio.CancelledError:
+            self._path.cancel(pending.ticket)
+            raise
+        return self._answer(pending.ticket, pending.phase)
+
+    def _answer(self, ticket: Ticket[RequestRecord], phase: str) -> ep.ProcessingResponse:
+        decision = self._path.settle(ticket)
         if isinstance(decision, Reply):
             return translate.immediate_response(decision)
         self.record = decision.record
@@ -131,9 +172,17 @@ class _ObserverSession:
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
     """Routes requests for Envoy's ext_proc filter and tracks their responses."""
 
-    def __init__(self, path: RequestPath, *, max_body_bytes: int, observer_attach_grace_s: float) -> None:
+    def __init__(
+        self,
+        path: RequestPath,
+        *,
+        max_body_bytes: int,
+        observer_attach_grace_s: float,
+        queue_wait_s: float = 60.0,
+    ) -> None:
         self.path = path
         self.max_body_bytes = max_body_bytes
+        self.queue_wait_s = queue_wait_s  # asked of Envoy while queued; <= its max_message_timeout
         self._grace_s = observer_attach_grace_s
         self._timers: set[asyncio.TimerHandle] = set()
         self.open_streams = 0
@@ -156,6 +205,9 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                             self.path.reject(reply_for(Outcome.INTERNAL_ERROR))
                         )
                     return
+                if isinstance(response, _Pending):
+                    yield translate.extend_timeout(self.queue_wait_s)
+                    response = await session.wait(response)  # type: ignore[union-attr]
                 if response is not None:
                     yield response
         finally:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 from picker import headers
 from picker.contract import Reply
@@ -73,6 +73,13 @@ def continue_response(phase: str) -> ep.ProcessingResponse:
             return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
         case _:
             raise ValueError(f"no continue response for phase {phase!r}")
+
+
+def extend_timeout(seconds: float) -> ep.ProcessingResponse:
+    """Ask Envoy to wait longer than its message_timeout for the next answer (the request is queued)."""
+    timeout = duration_pb2.Duration()
+    timeout.FromNanoseconds(int(seconds * 1e9))
+    return ep.ProcessingResponse(override_message_timeout=timeout)
 
 
 def immediate_response(reply: Reply) -> ep.ProcessingResponse:

@@ -1,16 +1,40 @@
-"""The pool: the desired endpoint set from a source, reconciled with what is still in flight."""
+"""The pool: the desired endpoint set from a source, reconciled with what is still in flight.
+
+State rules (README "Endpoint states"): a source states the whole desired set, each listed address
+READY, DRAINING or NOT_READY; an address it no longer lists becomes GONE and is forgotten once its
+last in-flight request ends. An admin drain holds an endpoint the source calls READY in DRAINING
+until it is undrained or the source stops listing it. Entering DRAINING opens a drain record
+(picker/pool/drain.py); leaving it closes the record.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from typing import assert_never
 
+from picker.pool.drain import DrainCause, DrainEnd, DrainExit, DrainRecord, DrainTotals
 from picker.pool.endpoint import Endpoint, EndpointState
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+
+_EXITS = {
+    EndpointState.READY: DrainExit.READY,
+    EndpointState.NOT_READY: DrainExit.NOT_READY,
+    EndpointState.GONE: DrainExit.GONE,
+}
+
+
+class UnknownEndpoint(LookupError):
+    """The pool has no endpoint at that address."""
+
+
+class EndpointConflict(ValueError):
+    """The request makes no sense in the endpoint's current state (the message says why)."""
 
 
 class Lease:
@@ -37,22 +61,31 @@ class Lease:
     def move(self, address: str) -> None:
         if self._pool is None or address == self._address:
             return
-        self._pool._adjust(self._address, -1)
-        self._pool._adjust(address, +1, create=True)
+        self._pool._left(self._address, None)
+        self._pool._arrived(address, picked=False)
         self._address = address
 
-    def release(self) -> None:
+    def release(self, end: DrainEnd = DrainEnd.UNKNOWN) -> None:
+        """End the claim; `end` says how the request ended (drain records count it)."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool._adjust(self._address, -1)
+            pool._left(self._address, end)
 
 
 class Pool:
     """Endpoints by address. A source states the whole desired set; the pool does the bookkeeping."""
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, clock: Clock = time.monotonic, wall: Clock = time.time, keep_drains: int = 32) -> None:
         self._clock = clock
+        self._wall = wall
         self._endpoints: dict[str, Endpoint] = {}
+        self._desired: dict[str, EndpointState] = {}
+        self._admin_drained: set[str] = set()
+        self.source = "static"
+        self.totals = DrainTotals()
+        self._recent: deque[DrainRecord] = deque(maxlen=keep_drains)
+        self._drain_listeners: list[Callable[[DrainRecord], None]] = []
+        self._change_listeners: list[Callable[[], None]] = []
 
     def __len__(self) -> int:
         return len(self._endpoints)
@@ -69,60 +102,220 @@ class Pool:
     def in_flight(self) -> int:
         return sum(e.in_flight for e in self._endpoints.values())
 
-    def apply(self, ready: Iterable[str], draining: Iterable[str] = ()) -> None:
+    def now(self) -> float:
+        return self._clock()
+
+    def wall_time(self, at: float) -> float:
+        """A pool-clock time as wall-clock seconds since the epoch (for people and other logs)."""
+        return self._wall() - (self._clock() - at)
+
+    def recent_drains(self) -> list[DrainRecord]:
+        """Closed drain records, newest first (bounded)."""
+        return list(self._recent)
+
+    def admin_drained(self, address: str) -> bool:
+        return address in self._admin_drained
+
+    def on_drain_closed(self, listener: Callable[[DrainRecord], None]) -> None:
+        self._drain_listeners.append(listener)
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Called after any state change (queued requests may fit now, or no longer)."""
+        self._change_listeners.append(listener)
+
+    def reconcile(self, desired: Mapping[str, EndpointState], source: str) -> None:
         """Replace the desired set: listed endpoints take the given state, the rest become GONE."""
+        self.source = source
+        self._desired = {a: s for a, s in desired.items() if s is not EndpointState.GONE}
+        # An admin drain is about one instance: it ends when the source stops listing the address.
+        self._admin_drained &= self._desired.keys()
+        changed = False
+        for address in list(dict.fromkeys([*self._desired, *self._endpoints])):
+            changed |= self._refresh(address)
+        if changed:
+            self._changed()
+
+    def apply(self, ready: Iterable[str], draining: Iterable[str] = (), source: str = "static") -> None:
+        """`reconcile` from two lists; an address in both is READY."""
         wanted = {a: EndpointState.DRAINING for a in draining}
         wanted.update({a: EndpointState.READY for a in ready})
-        for address, state in wanted.items():
-            self._set_state(address, state)
-        for address in [a for a in self._endpoints if a not in wanted]:
-            self._set_state(address, EndpointState.GONE)
+        self.reconcile(wanted, source)
 
     def set_state(self, address: str, state: EndpointState) -> None:
-        self._set_state(address, state)
+        """Change what the source says about one address (GONE: no longer listed)."""
+        if state is EndpointState.GONE:
+            self._desired.pop(address, None)
+            self._admin_drained.discard(address)
+        else:
+            self._desired[address] = state
+        if self._refresh(address):
+            self._changed()
+
+    def drain(self, address: str) -> Endpoint:
+        """Admin drain: no new work for this endpoint until `undrain`, whatever the source says."""
+        endpoint = self._known(address)
+        if address not in self._desired:
+            raise EndpointConflict(f"{address} is gone: its source no longer lists it")
+        self._admin_drained.add(address)
+        if self._refresh(address):
+            self._changed()
+        return endpoint
+
+    def undrain(self, address: str) -> Endpoint:
+        """Lift an admin drain; the endpoint takes the state its source gives it again."""
+        endpoint = self._known(address)
+        if address not in self._admin_drained:
+            if endpoint.state is EndpointState.DRAINING:
+                raise EndpointConflict(
+                    f"{address} drains because its source ({self.source}) says so; "
+                    "undrain only lifts an admin drain"
+                )
+            raise EndpointConflict(f"{address} is not drained by the admin API (state {endpoint.state.value})")
+        self._admin_drained.discard(address)
+        if self._refresh(address):
+            self._changed()
+        return endpoint
 
     def lease(self, address: str) -> Lease:
-        endpoint = self._endpoints[address]
-        endpoint.picks += 1
-        endpoint.in_flight += 1
+        if address not in self._endpoints:
+            raise UnknownEndpoint(address)
+        self._arrived(address, picked=True)
         return Lease(self, address)
 
-    def _set_state(self, address: str, state: EndpointState) -> None:
+    def _known(self, address: str) -> Endpoint:
         endpoint = self._endpoints.get(address)
         if endpoint is None:
-            if state is not EndpointState.GONE:
-                self._endpoints[address] = Endpoint(address, state, self._clock())
-                log.info("endpoint added address=%s state=%s", address, state.value)
-            return
-        if endpoint.state is state:
-            return
+            raise UnknownEndpoint(address)
+        return endpoint
+
+    def _effective(self, address: str) -> EndpointState:
+        state = self._desired.get(address, EndpointState.GONE)
+        if state is EndpointState.READY and address in self._admin_drained:
+            return EndpointState.DRAINING
+        return state
+
+    def _refresh(self, address: str) -> bool:
+        """Bring one endpoint to its effective state; True when something changed."""
+        target = self._effective(address)
+        now = self._clock()
+        endpoint = self._endpoints.get(address)
+        if endpoint is None:
+            if target is EndpointState.GONE:
+                return False
+            endpoint = self._endpoints[address] = Endpoint(address, target, now)
+            log.info("endpoint added address=%s state=%s source=%s", address, target.value, self.source)
+            if target is EndpointState.DRAINING:
+                self._open_drain(endpoint, self._cause(address))
+            return True
+        if endpoint.state is target:
+            return False
         log.info(
-            "endpoint state address=%s %s->%s in_flight=%d",
+            "endpoint state address=%s %s->%s in_flight=%d source=%s",
             address,
             endpoint.state.value,
-            state.value,
+            target.value,
+            endpoint.in_flight,
+            self.source,
+        )
+        endpoint.state = target
+        endpoint.since = now
+        match target:
+            case EndpointState.DRAINING:
+                if endpoint.drain is None:
+                    self._open_drain(endpoint, self._cause(address))
+            case EndpointState.READY | EndpointState.NOT_READY:
+                if endpoint.drain is not None:
+                    self._close_drain(endpoint, _EXITS[target])
+            case EndpointState.GONE:
+                if endpoint.drain is None and endpoint.in_flight > 0:
+                    self._open_drain(endpoint, DrainCause.REMOVED)
+                self._forget_if_done(endpoint)
+            case _:
+                assert_never(target)
+        return True
+
+    def _cause(self, address: str) -> DrainCause:
+        if self._desired.get(address) is EndpointState.READY and address in self._admin_drained:
+            return DrainCause.ADMIN
+        return DrainCause.SOURCE
+
+    def _open_drain(self, endpoint: Endpoint, cause: DrainCause) -> None:
+        now = self._clock()
+        endpoint.drain = DrainRecord(
+            address=endpoint.address,
+            cause=cause,
+            source=self.source,
+            started_at=now,
+            started_wall=self._wall(),
+            in_flight_at_start=endpoint.in_flight,
+        )
+        self.totals.opened += 1
+        log.info(
+            "drain started address=%s cause=%s source=%s in_flight=%d",
+            endpoint.address,
+            cause.value,
+            self.source,
             endpoint.in_flight,
         )
-        endpoint.state = state
-        endpoint.since = self._clock()
-        self._forget_if_done(endpoint)
 
-    def _adjust(self, address: str, delta: int, *, create: bool = False) -> None:
+    def _close_drain(self, endpoint: Endpoint, exit_state: DrainExit) -> None:
+        record = endpoint.drain
+        if record is None:
+            return
+        now = self._clock()
+        record.close(exit_state, now)
+        endpoint.drain = None
+        self.totals.closed[exit_state] += 1
+        self._recent.appendleft(record)
+        log.info(record.log_line(now))
+        for listener in list(self._drain_listeners):
+            listener(record)
+
+    def _arrived(self, address: str, *, picked: bool) -> None:
+        """One more request on `address`: picked as primary, or served there by Envoy."""
         endpoint = self._endpoints.get(address)
         if endpoint is None:
-            if not create:
-                log.error("in-flight change for unknown endpoint address=%s", address)
-                return
             # Served by an endpoint the picker never listed (Envoy's fallback policy): track it as
             # GONE so its request is still counted until it ends, and never picked.
             endpoint = self._endpoints[address] = Endpoint(address, EndpointState.GONE, self._clock())
-        endpoint.in_flight += delta
+            log.warning("request served by an unlisted endpoint address=%s", address)
+        endpoint.picks += picked
+        endpoint.in_flight += 1
+        endpoint.arrivals += 1
+        if endpoint.state is not EndpointState.READY:
+            self.totals.picks_not_ready += 1
+            log.warning("new work on a %s endpoint address=%s", endpoint.state.value, address)
+        if endpoint.drain is not None:
+            endpoint.drain.picked()
+            self.totals.picks_after_start += 1
+
+    def _left(self, address: str, end: DrainEnd | None) -> None:
+        """One request fewer on `address`: it ended (`end`), or moved to another endpoint (None)."""
+        endpoint = self._endpoints.get(address)
+        if endpoint is None:
+            log.error("in-flight change for unknown endpoint address=%s", address)
+            return
+        endpoint.in_flight -= 1
+        endpoint.departures += 1
         if endpoint.in_flight < 0:
             log.error("in-flight below zero address=%s", address)
             endpoint.in_flight = 0
+        record = endpoint.drain
+        if record is not None:
+            now = self._clock()
+            if end is None:
+                record.request_moved_away(endpoint.in_flight, now)
+            else:
+                record.request_ended(end, endpoint.in_flight, now)
+                self.totals.ends[end] += 1
         self._forget_if_done(endpoint)
 
     def _forget_if_done(self, endpoint: Endpoint) -> None:
         if endpoint.state is EndpointState.GONE and endpoint.in_flight == 0:
+            self._close_drain(endpoint, DrainExit.GONE)
             del self._endpoints[endpoint.address]
             log.info("endpoint forgotten address=%s", endpoint.address)
+
+    def _changed(self) -> None:
+        for listener in list(self._change_listeners):
+            listener()

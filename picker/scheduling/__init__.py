@@ -1,8 +1,10 @@
 """Scheduling: choose, among READY endpoints, the primary and the ordered fallbacks for one request.
 
-Knows nothing of where endpoints come from; reads only what `Candidate` declares. Pure functions.
+Knows nothing of where endpoints come from; reads only what `Candidate` declares (address,
+in-flight, last load sample). Pure functions, no I/O.
 """
 
+from picker.scheduling.load import LoadPolicy, estimated_load, estimated_waiting, saturated, score
 from picker.scheduling.pick import Candidate, pick
 
-__all__ = ["Candidate", "pick"]
+__all__ = ["Candidate", "LoadPolicy", "estimated_load", "estimated_waiting", "pick", "saturated", "score"]

@@ -1,4 +1,4 @@
-"""Least in-flight first, random among equals."""
+"""Rank endpoints: the best one with room is the primary; the next best are fallbacks."""
 
 from __future__ import annotations
 
@@ -6,22 +6,32 @@ import random
 from collections.abc import Sequence
 from typing import Protocol
 
+from picker.scheduling.load import LoadPolicy, LoadView, saturated, score
 
-class Candidate(Protocol):
+
+class Candidate(LoadView, Protocol):
     @property
     def address(self) -> str: ...
 
-    @property
-    def in_flight(self) -> int: ...
 
+def pick(
+    candidates: Sequence[Candidate],
+    count: int,
+    rng: random.Random,
+    now: float = 0.0,
+    policy: LoadPolicy | None = None,
+) -> list[str]:
+    """Up to `count` addresses, primary first; [] when no candidate has room for one more request.
 
-def pick(candidates: Sequence[Candidate], count: int, rng: random.Random) -> list[str]:
-    """The `count` best candidates in order: the first is the primary, the rest are fallbacks.
-
-    The random key breaks ties so that equal endpoints share load instead of the first listed
-    one taking every burst.
+    Fallbacks are only used by Envoy when the primary cannot be reached before response headers, so
+    they may include saturated endpoints (after every unsaturated one): better queued than failed.
+    The random key breaks ties so equal endpoints share a burst.
     """
+    policy = policy or LoadPolicy(use_metrics=False)
     if count <= 0 or not candidates:
         return []
-    ranked = sorted(candidates, key=lambda c: (c.in_flight, rng.random()))
-    return [c.address for c in ranked[:count]]
+    keyed = [(saturated(c, now, policy), score(c, policy), rng.random(), c.address) for c in candidates]
+    keyed.sort()
+    if keyed[0][0]:
+        return []
+    return [address for *_, address in keyed[:count]]

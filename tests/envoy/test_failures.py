@@ -79,7 +79,11 @@ async def test_bad_input_gets_status_json_and_reason(
 
 async def test_dead_replica_listed_first_is_skipped_by_envoy(tmp_path: Path) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    stack = Stack(tmp_path, StackOptions(replicas=1, extra_envoy_endpoints=[dead]))
+    # In-flight scheduling only: with scraping, the dead endpoint's failed /metrics would already keep
+    # it from being primary. This checks Envoy's walk down the list when the picker could not know.
+    stack = Stack(
+        tmp_path, StackOptions(replicas=1, extra_envoy_endpoints=[dead], picker_args=("--no-scrape",))
+    )
     stack.options.picker_endpoints = [*stack.replicas, dead]
     stack.start()
     try:

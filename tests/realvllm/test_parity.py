@@ -28,8 +28,8 @@ PROMPT = "def handle_request(pool, request):\n    "
 CHAT_MESSAGES = [{"role": "user", "content": "Pick a replica for this request."}]
 # ~20 s of decoding at 360-400 tok/s: outlives every disconnect check, which abort it early.
 ABORTED_STREAM_TOKENS = 8000
-# ~8 s of decoding: long enough to SIGTERM mid-stream, far shorter than the drain timeout.
-DRAINED_STREAM_TOKENS = 3000
+# ~15 s of decoding: still generating when the drain checks run on a busy box; well under the timeout.
+DRAINED_STREAM_TOKENS = 6000
 DRAIN_TIMEOUT_S = 60
 # What a draining vLLM answers new text requests: its tokenizer pool is already shut down.
 SHUTDOWN_REFUSAL = "cannot schedule new futures after shutdown"
@@ -309,11 +309,22 @@ async def check_abort_not_counted(client: httpx.AsyncClient, before: list[Sample
 # --------------------------------------------------------------------------------- drain on SIGTERM
 
 
-async def first_refusal(client: httpx.AsyncClient, attempts: int = 200) -> httpx.Response | None:
-    """Send tiny completions until one is not accepted (the drain has begun); None if all were."""
-    deadline = time.monotonic() + 20
+async def post_on_new_connection(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    """One request on its own connection: vLLM drops the connection after a drain-time 500."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        return await client.post(path, json=body)
+
+
+async def get_on_new_connection(url: str, path: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        return await client.get(path)
+
+
+async def first_refusal(url: str, attempts: int = 200, within_s: float = 30) -> httpx.Response | None:
+    """Send tiny completions until one is refused (the drain has begun); None if all were accepted."""
+    deadline = time.monotonic() + within_s
     for _ in range(attempts):
-        response = await client.post("/v1/completions", json=completion_body(1, stream=False))
+        response = await post_on_new_connection(url, "/v1/completions", completion_body(1, stream=False))
         if response.status_code != 200:
             return response
         if time.monotonic() > deadline:
@@ -325,7 +336,6 @@ async def test_sigterm_drain_finishes_inflight_stream_and_refuses_new_work(vllm_
     port = launcher.free_port()
     with launcher.real_vllm(port, vllm_workdir, shutdown_timeout=DRAIN_TIMEOUT_S) as server:
         async with (
-            httpx.AsyncClient(base_url=server.url, timeout=30) as probe,
             httpx.AsyncClient(base_url=server.url, timeout=120) as stream_client,
             stream_client.stream(
                 "POST", "/v1/completions", json=completion_body(DRAINED_STREAM_TOKENS, stream=True)
@@ -334,17 +344,25 @@ async def test_sigterm_drain_finishes_inflight_stream_and_refuses_new_work(vllm_
             assert response.status_code == 200
             payloads = sse_payloads(response)
             received = [await anext(payloads) for _ in range(3)]
+            running = metric_value(
+                metric_samples((await get_on_new_connection(server.url, "/metrics")).text),
+                "vllm:num_requests_running",
+            )
+            assert running == 1, "the stream must still be generating when SIGTERM lands"
             server.terminate()
 
-            refusal = await first_refusal(probe)
+            refusal = await first_refusal(server.url)
             assert refusal is not None, "new completions still accepted after SIGTERM"
             check_error_body(refusal, 500, "InternalServerError", SHUTDOWN_REFUSAL)
-            chat_refusal = await probe.post("/v1/chat/completions", json=chat_body(1))
+            print("REFUSAL HEADERS", dict(refusal.headers))
+            chat_refusal = await post_on_new_connection(server.url, "/v1/chat/completions", chat_body(1))
             check_error_body(chat_refusal, 500, "InternalServerError", SHUTDOWN_REFUSAL)
             # Draining, yet still advertised healthy: a health check alone does not see the drain.
-            assert (await probe.get("/health")).status_code == 200
-            assert (await probe.get("/v1/models")).status_code == 200
-            assert metric_value(await scrape(probe), "vllm:num_requests_running") == 1, "stream in flight"
+            assert (await get_on_new_connection(server.url, "/health")).status_code == 200
+            assert (await get_on_new_connection(server.url, "/v1/models")).status_code == 200
+            metrics = await get_on_new_connection(server.url, "/metrics")
+            running = metric_value(metric_samples(metrics.text), "vllm:num_requests_running")
+            assert running == 1, "the stream is still in flight while /health answers 200"
 
             received += [payload async for payload in payloads]
         check_finished_stream(received, "text_completion", DRAINED_STREAM_TOKENS)

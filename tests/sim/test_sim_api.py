@@ -7,7 +7,7 @@ import dataclasses
 import httpx
 import parity_checks as pc
 import pytest
-from conftest import fast_config, sim_requests
+from simkit import fast_config, sim_requests
 
 from loadtest.sim import LatencyConfig, Replica, run_sim
 from loadtest.sse_client import stream_request

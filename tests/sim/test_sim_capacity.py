@@ -6,7 +6,7 @@ import asyncio
 
 import httpx
 import parity_checks as pc
-from conftest import fast_config, sim_requests
+from simkit import fast_config, sim_requests
 
 from loadtest.sim import CapacityConfig, run_sim
 from loadtest.sim.engine import Admission, Engine, InFlight

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import parity_checks as pc
-from conftest import fast_config, sim_requests
+from simkit import fast_config, sim_requests
 
 from loadtest.sim import CapacityConfig, Replica, run_sim
 from loadtest.sse_client import stream_request

@@ -9,7 +9,7 @@ import json
 import httpx
 import parity_checks as pc
 import pytest
-from conftest import fast_config, sim_requests
+from simkit import fast_config, sim_requests
 
 from loadtest.sim import Replica, parse_fault_header, run_sim
 from loadtest.sim.faults import FaultBoard, MidStreamFault

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 import parity_checks as pc
-from conftest import fast_config
 from prometheus_client.parser import text_string_to_metric_families
+from simkit import fast_config
 
 from loadtest.sim import Replica, run_sim
 from loadtest.sse_client import stream_request

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import parity_checks as pc
 import pytest
-from conftest import fast_config, sim_requests
+from simkit import fast_config, sim_requests
 
 from loadtest.sim import AbortStyle, CapacityConfig, Replica, ShutdownConfig, run_sim
 from loadtest.sse_client import StreamResult, stream_request

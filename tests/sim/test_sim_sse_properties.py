@@ -8,9 +8,9 @@ from typing import Any
 
 import httpx
 import parity_checks as pc
-from conftest import fast_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from simkit import fast_config
 
 from loadtest.sim import LatencyConfig, run_sim
 from loadtest.sse_client import SseParser, StreamResult, stream_request

@@ -6,7 +6,7 @@ Accuracy (how late tokens are under load) is measured by loadtest/bench_sim.py, 
 from __future__ import annotations
 
 import httpx
-from conftest import fast_config
+from simkit import fast_config
 
 from loadtest.sim import LatencyConfig, run_sim
 from loadtest.sim.timing import Overrides, parse_overrides, plan_tokens

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 
@@ -13,19 +14,22 @@ from google.protobuf import struct_pb2
 from loadtest.procs import async_wait_until
 from picker import headers
 from picker.extproc.service import ExtProcService
+from picker.flow import FlowLimits
 from picker.pipeline import RequestPath
+from picker.pool.load import record_sample
+from picker.scheduling import LoadPolicy
 from picker.pool import Pool
 from picker.streams import EndReason
 from picker.telemetry import Metrics
 
 
 class Harness:
-    def __init__(self, endpoints: Sequence[str], grace: float) -> None:
+    def __init__(self, endpoints: Sequence[str], grace: float, **path_options: object) -> None:
         self.pool = Pool()
         self.pool.apply(ready=endpoints)
         self.metrics = Metrics()
         self.metrics.register_pool(self.pool)
-        self.path = RequestPath(self.pool, self.metrics, fallback_count=2)
+        self.path = RequestPath(self.pool, self.metrics, fallback_count=2, **path_options)  # type: ignore[arg-type]
         self.service = ExtProcService(self.path, max_body_bytes=4096, observer_attach_grace_s=grace)
 
     def value(self, name: str, **labels: str) -> float:
@@ -33,9 +37,11 @@ class Harness:
 
 
 def make(
-    endpoints: Sequence[str] = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"), grace: float = 0.05
+    endpoints: Sequence[str] = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"),
+    grace: float = 0.05,
+    **path_options: object,
 ) -> Harness:
-    return Harness(endpoints, grace)
+    return Harness(endpoints, grace, **path_options)
 
 
 def hdrs(pairs: dict[str, str], eos: bool = False) -> ep.HttpHeaders:
@@ -188,12 +194,71 @@ async def test_body_over_the_limit_is_413_even_when_streamed_in_pieces() -> None
     assert responses[-1].immediate_response.status.code == 413
 
 
-async def test_no_ready_endpoint_is_503_no_endpoints() -> None:
-    h = make(endpoints=())
+async def test_no_ready_endpoint_is_503_at_once_when_configured() -> None:
+    h = make(endpoints=(), reject_without_endpoints=True)
     responses = await run(h.service, [request_headers(), body(BODY)])
+    assert len(responses) == 2  # no timeout extension: nothing was queued
     immediate = responses[-1].immediate_response
     assert immediate.status.code == 503
     assert "rejected-no-endpoints" in immediate.body.decode()
+
+
+async def test_no_ready_endpoint_waits_then_503_after_its_ttl() -> None:
+    h = make(endpoints=(), flow_limits=FlowLimits(ttl_s=0.05))
+    h.service.queue_wait_s = 1.5
+    responses = await run(h.service, [request_headers(), body(BODY)])
+    assert responses[1].override_message_timeout.ToNanoseconds() == 1_500_000_000
+    assert responses[2].immediate_response.status.code == 503
+    assert h.value("picker_requests_total", outcome="rejected-no-endpoints") == 1
+
+
+async def test_saturated_pool_queues_until_a_slot_frees() -> None:
+    h = make(("10.0.0.1:8000",), grace=30, load_policy=LoadPolicy(engine_slots=1, staleness_s=1e9))
+    endpoint = h.pool.get("10.0.0.1:8000")
+    assert endpoint is not None
+    record_sample(endpoint, running=0, waiting=0, kv_usage=0.0, now=0.0)
+    _, first_id = routed(await run(h.service, [request_headers(), body(BODY)]))
+    routed(await run(h.service, [request_headers(), body(BODY)]))  # waits on the engine (threshold 1)
+    # the engine's slot and its allowed queue are taken: the next one waits in the picker instead
+    second = asyncio.create_task(run(h.service, [request_headers(), body(BODY)]))
+    await async_wait_until(lambda: h.path.flow.queued == 1, 2, what="the second request to queue")
+    assert not second.done()
+    await run(
+        h.service,
+        [request_headers({headers.PICKER_REQUEST_ID: first_id}, observer=True), response_body(True)],
+    )
+    responses = await asyncio.wait_for(second, 2)
+    assert responses[1].HasField("override_message_timeout")
+    routed(responses)
+    assert h.path.flow.queued == 0
+
+
+async def test_client_gone_while_queued_frees_the_place_and_is_counted() -> None:
+    h = make(endpoints=())
+
+    async def hang_after_body() -> AsyncIterator[ep.ProcessingRequest]:
+        yield request_headers()
+        yield body(BODY)
+        await asyncio.Event().wait()
+
+    async def consume() -> None:
+        async for _ in h.service.Process(hang_after_body(), None):  # type: ignore[arg-type]
+            pass
+
+    task = asyncio.create_task(consume())
+    await async_wait_until(lambda: h.path.flow.queued == 1, 2, what="the request to queue")
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert h.path.flow.queued == 0
+    assert h.value("picker_requests_total", outcome="rejected-context-cancelled") == 1
+    assert h.value("picker_request_ends_total", reason="rejected") == 1
+
+
+async def test_non_integer_priority_is_a_bad_request() -> None:
+    h = make()
+    responses = await run(h.service, [request_headers({headers.PRIORITY: "high"}), body(BODY)])
+    assert responses[-1].immediate_response.status.code == 400
 
 
 async def test_unknown_observer_is_counted_not_fatal() -> None:
@@ -219,8 +284,6 @@ async def test_stream_cancelled_mid_routing_releases_nothing_twice() -> None:
     task = asyncio.create_task(consume())
     await async_wait_until(lambda: h.path.live == 1, 2, what="the request to be routed")
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass
     assert h.service.open_streams == 0

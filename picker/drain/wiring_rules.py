@@ -1,0 +1,186 @@
+"""Rules over how the Kubernetes objects fit together: rollouts, disruption budgets, and the
+InferencePool / HTTPRoute / Gateway wiring (structure and references)."""
+
+from __future__ import annotations
+
+from picker.drain import crds
+from picker.drain.k8s_rules import Inputs
+from picker.drain.manifests import Document, get
+from picker.drain.rules import Budget, Report
+from picker.drain.workloads import int_or_percent, selector_matches, workloads
+
+
+def check_rollouts(inputs: Inputs, report: Report) -> None:
+    for workload in [*inputs.model_servers, *inputs.pickers]:
+        doc, replicas = workload.doc, workload.replicas
+        if doc.kind == "Deployment":
+            strategy = get(doc.data, ("spec", "strategy"), {}) or {}
+            if strategy.get("type") == "Recreate":
+                report.add("ROLLOUT-003", doc, ("spec", "strategy", "type"), "strategy Recreate")
+                continue
+            rolling = strategy.get("rollingUpdate") or {}
+            surge = int_or_percent(rolling.get("maxSurge", "25%"), replicas, round_up=True)
+            unavailable = int_or_percent(rolling.get("maxUnavailable", "25%"), replicas, round_up=False)
+            path = ("spec", "strategy", "rollingUpdate", "maxUnavailable")
+        elif doc.kind == "StatefulSet":
+            strategy = get(doc.data, ("spec", "updateStrategy"), {}) or {}
+            if strategy.get("type") == "OnDelete":
+                continue
+            surge = 0  # a StatefulSet replaces pods in place
+            unavailable = int_or_percent(
+                get(strategy, ("rollingUpdate", "maxUnavailable"), 1), replicas, False
+            )
+            path = ("spec", "updateStrategy", "rollingUpdate", "maxUnavailable")
+        else:
+            continue
+        if surge is None or unavailable is None:
+            report.skip("ROLLOUT-001", doc, "maxSurge / maxUnavailable not understood")
+            continue
+        if surge == 0 and unavailable == 0 and doc.kind == "Deployment":
+            report.add("ROLLOUT-002", doc, path, "maxSurge 0 and maxUnavailable 0")
+        elif unavailable > 0 and unavailable / max(replicas, 1) > 0.25:
+            share = min(unavailable, replicas) / max(replicas, 1)
+            report.add(
+                "ROLLOUT-001",
+                doc,
+                path,
+                f"maxUnavailable takes {min(unavailable, replicas)} of {replicas} replicas "
+                f"({share:.0%}) out at once",
+            )
+
+
+def _blocks_all(pdb: Document, replicas: int) -> bool:
+    spec = get(pdb.data, ("spec",), {}) or {}
+    if "maxUnavailable" in spec:
+        return int_or_percent(spec["maxUnavailable"], replicas, round_up=True) == 0
+    if "minAvailable" in spec:
+        minimum = int_or_percent(spec["minAvailable"], replicas, round_up=True)
+        return minimum is not None and minimum >= replicas
+    return False
+
+
+def check_disruption_budgets(inputs: Inputs, report: Report) -> None:
+    pdbs = inputs.of_kind("PodDisruptionBudget")
+    for role, rule_id, group in (
+        ("model-server", "PDB-001", inputs.model_servers),
+        ("picker", "PDB-002", inputs.pickers),
+    ):
+        for workload in group:
+            covering = [
+                p
+                for p in pdbs
+                if p.namespace == workload.doc.namespace
+                and selector_matches(get(p.data, ("spec", "selector")), workload.pod_labels)
+            ]
+            if not covering:
+                report.add(
+                    rule_id,
+                    workload.doc,
+                    ("metadata", "name"),
+                    f"no PodDisruptionBudget selects these {role} pods",
+                )
+            for pdb in covering:
+                if _blocks_all(pdb, workload.replicas):
+                    report.add("PDB-003", pdb, ("spec",), f"allows no eviction of {workload.doc.label}")
+
+
+def check_pool_wiring(inputs: Inputs, report: Report, budget: Budget) -> None:
+    for doc in inputs.documents:
+        if doc.is_kubernetes and doc.kind in crds.CHECKED_KINDS:
+            for path, problem in crds.structural_problems(doc.data):
+                report.add("POOL-001", doc, path, problem)
+    for pool in inputs.of_kind("InferencePool"):
+        selector = get(pool.data, ("spec", "selector"))
+        members = [
+            w
+            for w in workloads(inputs.documents)
+            if w.doc.namespace == pool.namespace and selector_matches(selector, w.pod_labels)
+        ]
+        if not members:
+            report.add(
+                "POOL-002", pool, ("spec", "selector"), "no Deployment/StatefulSet pod template matches"
+            )
+        target = get(pool.data, ("spec", "targetPorts", 0, "number"))
+        for container in (c for w in members for c in w.vllm_containers()):
+            port = container.flag("--port")
+            serving = (
+                8000 if port is None else (int(port) if isinstance(port, str) and port.isdigit() else None)
+            )
+            if isinstance(target, int) and serving is not None and target != serving:
+                report.add(
+                    "POOL-004",
+                    pool,
+                    ("spec", "targetPorts", 0, "number"),
+                    f"targetPorts {target}, but {container.doc.label} runs vLLM on port {serving}",
+                )
+        ref_name = get(pool.data, ("spec", "endpointPickerRef", "name"))
+        ref_port = get(pool.data, ("spec", "endpointPickerRef", "port", "number"))
+        if get(pool.data, ("spec", "endpointPickerRef", "kind"), "Service") == "Service" and isinstance(
+            ref_name, str
+        ):
+            service = inputs.service(ref_name, pool.namespace)
+            ports = (
+                [p.get("port") for p in get(service.data, ("spec", "ports"), []) or [] if isinstance(p, dict)]
+                if service
+                else []
+            )
+            if service is None or (isinstance(ref_port, int) and ref_port not in ports):
+                report.add(
+                    "POOL-003",
+                    pool,
+                    ("spec", "endpointPickerRef"),
+                    f"no Service {ref_name!r} with port {ref_port} in namespace {pool.namespace}",
+                )
+    _check_routes(inputs, report, budget)
+
+
+def _check_routes(inputs: Inputs, report: Report, budget: Budget) -> None:
+    pools = {(p.namespace, p.name) for p in inputs.of_kind("InferencePool")}
+    gateways = {(g.namespace, g.name) for g in inputs.of_kind("Gateway")}
+    for route in inputs.of_kind("HTTPRoute"):
+        for i, parent in enumerate(get(route.data, ("spec", "parentRefs"), []) or []):
+            if isinstance(parent, dict) and parent.get("kind", "Gateway") == "Gateway":
+                key = (str(parent.get("namespace") or route.namespace), str(parent.get("name")))
+                if key not in gateways:
+                    report.add(
+                        "POOL-003", route, ("spec", "parentRefs", i), f"no Gateway {key[1]!r} in {key[0]}"
+                    )
+        for i, rule in enumerate(get(route.data, ("spec", "rules"), []) or []):
+            if not isinstance(rule, dict):
+                continue
+            to_pool = False
+            for j, ref in enumerate(rule.get("backendRefs") or []):
+                if isinstance(ref, dict) and ref.get("kind") == "InferencePool":
+                    to_pool = True
+                    key = (str(ref.get("namespace") or route.namespace), str(ref.get("name")))
+                    if key not in pools:
+                        report.add(
+                            "POOL-003",
+                            route,
+                            ("spec", "rules", i, "backendRefs", j),
+                            f"no InferencePool {key[1]!r} in {key[0]}",
+                        )
+            timeouts = rule.get("timeouts") if isinstance(rule.get("timeouts"), dict) else {}
+            if to_pool and not timeouts.get("request"):
+                report.add(
+                    "ROUTE-002",
+                    route,
+                    ("spec", "rules", i),
+                    "no timeouts.request on a rule to an InferencePool",
+                )
+            for key in ("request", "backendRequest"):
+                value = crds.gateway_duration(timeouts.get(key, ""))
+                if value is not None and 0 < value < budget.longest_stream_s:
+                    report.add(
+                        "ROUTE-001",
+                        route,
+                        ("spec", "rules", i, "timeouts", key),
+                        f"timeouts.{key} {timeouts[key]} < longest stream {budget.longest_stream_s:g} s",
+                    )
+
+
+def check(inputs: Inputs, report: Report, budget: Budget) -> None:
+    """Every wiring rule over the classified inputs."""
+    check_rollouts(inputs, report)
+    check_disruption_budgets(inputs, report)
+    check_pool_wiring(inputs, report, budget)

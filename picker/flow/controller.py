@@ -1,0 +1,164 @@
+"""The flow controller: tickets for admission, released by capacity, time-to-live or shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from picker.contract import Outcome
+from picker.flow.queue import AdmissionQueue, QueuedItem
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class FlowLimits:
+    max_queued: int = 1000
+    max_queued_bytes: int = 256 * 1024 * 1024
+    ttl_s: float = 30.0
+
+
+class Ticket(Generic[T]):
+    """One request's place in admission. Done at once when it dispatched or was refused at the door."""
+
+    __slots__ = ("_future", "item", "outcome", "payload", "queued")
+
+    def __init__(self, payload: T) -> None:
+        self.payload = payload
+        self.outcome: Outcome | None = None
+        self.queued = False
+        self.item: QueuedItem | None = None
+        self._future: asyncio.Future[Outcome] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.outcome is not None
+
+    async def wait(self) -> Outcome:
+        """The outcome; cancelling the caller (the client went away) is the controller's `cancel`."""
+        if self.outcome is not None:
+            return self.outcome
+        assert self._future is not None
+        return await asyncio.shield(self._future)
+
+    def _resolve(self, outcome: Outcome) -> None:
+        if self.outcome is not None:
+            return
+        self.outcome = outcome
+        if self._future is not None and not self._future.done():
+            self._future.set_result(outcome)
+
+
+class FlowController(Generic[T]):
+    """Dispatch now when there is room and nobody waits ahead, else queue until `pump()` finds room.
+
+    `try_dispatch(payload)` is the pipeline's: it picks and takes the endpoint slot, or returns False
+    when no endpoint has room. `has_endpoints()` tells a TTL expiry with no ready endpoint (503)
+    from one where all were busy (429).
+    """
+
+    def __init__(
+        self,
+        try_dispatch: Callable[[T], bool],
+        has_endpoints: Callable[[], bool],
+        limits: FlowLimits,
+        on_outcome: Callable[[Outcome, float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._try_dispatch = try_dispatch
+        self._has_endpoints = has_endpoints
+        self.limits = limits
+        self._queue = AdmissionQueue(limits.max_queued, limits.max_queued_bytes)
+        self._on_outcome = on_outcome or (lambda outcome, waited: None)
+        self._clock = clock
+        self._timers: dict[int, asyncio.TimerHandle] = {}
+        self.closed = False
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queue.bytes
+
+    def submit(self, payload: T, *, flow: str = "", priority: int = 0, size: int = 0) -> Ticket[T]:
+        ticket: Ticket[T] = Ticket(payload)
+        if self.closed:
+            self._finish(ticket, Outcome.REJECTED_SHUTTING_DOWN, 0.0)
+        elif not len(self._queue) and self._try_dispatch(payload):
+            self._finish(ticket, Outcome.DISPATCHED, 0.0)
+        elif not self._queue.fits(size):
+            self._finish(ticket, Outcome.REJECTED_SATURATED, 0.0)
+        else:
+            self._enqueue(ticket, flow, priority, size)
+            self.pump()  # it may be first in line for room that is there already
+        return ticket
+
+    def refuse(self, payload: T, outcome: Outcome) -> Ticket[T]:
+        """A ticket refused at the door by the caller's own rule, counted like every other outcome."""
+        ticket: Ticket[T] = Ticket(payload)
+        self._finish(ticket, outcome, 0.0)
+        return ticket
+
+    def pump(self) -> int:
+        """Dispatch queued requests in order while there is room. Called whenever room may have freed."""
+        dispatched = 0
+        while len(self._queue):
+            item = self._queue.pop()
+            if item is None:
+                break
+            ticket: Ticket[T] = item.payload
+            if self._try_dispatch(ticket.payload):
+                self._finish(ticket, Outcome.DISPATCHED, self._clock() - item.enqueued_at)
+                dispatched += 1
+                continue
+            self._queue.unpop(item)  # no room: it keeps its turn
+            break
+        return dispatched
+
+    def cancel(self, ticket: Ticket[T]) -> None:
+        """The client went away while queued: free its place and count it."""
+        if ticket.done or ticket.item is None:
+            return
+        self._queue.remove(ticket.item)
+        self._finish(ticket, Outcome.REJECTED_CONTEXT_CANCELLED, self._clock() - ticket.item.enqueued_at)
+
+    def close(self) -> int:
+        """Shutdown: refuse new requests and evict every queued one, retryably."""
+        self.closed = True
+        evicted = 0
+        for item in self._queue.drain():
+            self._finish(item.payload, Outcome.REJECTED_SHUTTING_DOWN, self._clock() - item.enqueued_at)
+            evicted += 1
+        return evicted
+
+    def _enqueue(self, ticket: Ticket[T], flow: str, priority: int, size: int) -> None:
+        item = QueuedItem(flow=flow, priority=priority, size=size, enqueued_at=self._clock(), payload=ticket)
+        ticket.item = item
+        ticket.queued = True
+        loop = asyncio.get_running_loop()
+        ticket._future = loop.create_future()
+        self._queue.push(item)
+        self._timers[id(ticket)] = loop.call_later(self.limits.ttl_s, self._expire, ticket)
+
+    def _expire(self, ticket: Ticket[T]) -> None:
+        self._timers.pop(id(ticket), None)
+        if ticket.done or ticket.item is None:
+            return
+        self._queue.remove(ticket.item)
+        outcome = Outcome.REJECTED_TTL_EXPIRED if self._has_endpoints() else Outcome.REJECTED_NO_ENDPOINTS
+        self._finish(ticket, outcome, self._clock() - ticket.item.enqueued_at)
+
+    def _finish(self, ticket: Ticket[T], outcome: Outcome, waited: float) -> None:
+        timer = self._timers.pop(id(ticket), None)
+        if timer is not None:
+            timer.cancel()
+        ticket._resolve(outcome)
+        self._on_outcome(outcome, waited)

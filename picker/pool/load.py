@@ -1,0 +1,42 @@
+"""Load signals of one endpoint, as last scraped from its own /metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from picker.pool.endpoint import Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSample:
+    """One scrape of an engine's gauges, with the picker's own counters around it.
+
+    They let the picker estimate the engine between scrapes: every request it sent since the scrape
+    started may be queued there, every one that ended after the scrape finished freed a slot. The
+    engine's snapshot was taken somewhere in between, so both choices err on the busy side.
+    """
+
+    running: float
+    waiting: float
+    kv_usage: float  # 0-1
+    at: float  # clock time the scrape finished
+    arrivals_before: int  # the endpoint's arrivals counter when the scrape was sent
+    departures_after: int  # its departures counter when the answer was read
+
+
+def record_sample(endpoint: Endpoint, running: float, waiting: float, kv_usage: float, now: float,
+                  arrivals_before: int | None = None) -> None:
+    """A good scrape: remember it with the counters that bracket it (see `LoadSample`)."""
+    before = endpoint.arrivals if arrivals_before is None else arrivals_before
+    endpoint.load = LoadSample(running, waiting, kv_usage, now, before, endpoint.departures)
+    endpoint.scrape_failures = 0
+    if waiting > 0 and running > endpoint.learned_slots:
+        endpoint.learned_slots = int(running)
+
+
+def record_failure(endpoint: Endpoint) -> None:
+    """A failed scrape (down, slow, garbage): the endpoint's load is unknown, so it counts as saturated."""
+    endpoint.load = None
+    endpoint.scrape_failures += 1

@@ -1,0 +1,94 @@
+"""Load policy: how busy an endpoint is now, whether it can take one more request, and its score.
+
+Between two scrapes the picker's own in-flight count is the freshest signal: every request it
+dispatched since the scrape is on the engine, every one that ended left it. With the engine's slot
+count (configured, or learned from a scrape that showed a queue) that gives the engine queue at
+any moment, not only at scrape time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+from picker.pool.load import LoadSample
+
+
+class LoadView(Protocol):
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def arrivals(self) -> int: ...
+
+    @property
+    def departures(self) -> int: ...
+
+    @property
+    def load(self) -> LoadSample | None: ...
+
+    @property
+    def learned_slots(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPolicy:
+    use_metrics: bool = True
+    staleness_s: float = 2.0
+    waiting_threshold: float = 1.0  # saturated at this many (estimated) queued requests on the engine
+    kv_threshold: float = 0.9  # saturated at this KV-cache usage
+    engine_slots: int | None = None  # vLLM --max-num-seqs, if known
+    weight_load: float = 1.0  # per request the engine holds
+    weight_waiting: float = 2.0  # extra per request queued on the engine
+    weight_kv: float = 10.0  # per full KV cache
+
+
+def estimated_load(view: LoadView) -> float:
+    """Requests the engine holds now (running + waiting), from the last scrape and what changed since."""
+    sample = view.load
+    if sample is None:
+        return float(view.in_flight)
+    sent_since = view.arrivals - sample.arrivals_before
+    ended_since = view.departures - sample.departures_after
+    return max(0.0, sample.running + sample.waiting + sent_since - ended_since)
+
+
+def estimated_waiting(view: LoadView, policy: LoadPolicy) -> float:
+    sample = view.load
+    if sample is None:
+        return 0.0
+    slots = policy.engine_slots or view.learned_slots
+    if slots:
+        return max(0.0, estimated_load(view) - slots)
+    return sample.waiting  # slots unknown: only the scrape can tell
+
+
+def is_stale(view: LoadView, now: float, policy: LoadPolicy) -> bool:
+    sample = view.load
+    return sample is None or now - sample.at > policy.staleness_s
+
+
+def saturated(view: LoadView, now: float, policy: LoadPolicy) -> bool:
+    """No room for one more request. Stale or missing metrics count as saturated, never as idle."""
+    if not policy.use_metrics:
+        return False
+    if is_stale(view, now, policy):
+        return True
+    sample = view.load
+    assert sample is not None
+    return (
+        estimated_waiting(view, policy) >= policy.waiting_threshold or sample.kv_usage >= policy.kv_threshold
+    )
+
+
+def score(view: LoadView, policy: LoadPolicy) -> float:
+    """Lower is better."""
+    if not policy.use_metrics or view.load is None:
+        return float(view.in_flight)
+    kv = view.load.kv_usage if math.isfinite(view.load.kv_usage) else 1.0
+    return (
+        policy.weight_load * estimated_load(view)
+        + policy.weight_waiting * estimated_waiting(view, policy)
+        + policy.weight_kv * kv
+    )

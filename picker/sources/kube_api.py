@@ -1,0 +1,184 @@
+"""`SliceApi` over lightkube: its configuration, auth, HTTP client, paging and decoders; our watch loop.
+
+What lightkube 1.0.1 does (read in its source; tests/kube/test_lightkube_facts.py pins it):
+- `AsyncClient.watch` reads with no timeout (`Timeout.read = None`): a silently dead connection hangs
+  forever. It cannot ask for bookmarks (no `allowWatchBookmarks` parameter), and a BOOKMARK object
+  fails its EndpointSlice model decode (`addressType` is required).
+- On a 410 it raises by default; if its `on_error` handler asks to retry, it drops the version and
+  watches from "now" (no longer from the same expired version, as v0.21 did) but never relists, so
+  deletes missed meanwhile are never reported.
+So the list -> watch -> relist loop is ours (kube.py). This adapter uses lightkube for the kubeconfig
+or in-cluster service account (with token rotation), the authenticated httpx2 client, request
+building, list paging and model decoding, and streams one watch request itself. Library exceptions
+are mapped to the loop's errors here, in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import msgspec
+from lightkube.config.client_adapter import ConnectionParams
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.core import decoders
+from lightkube.core.generic_client import GenericAsyncClient
+from lightkube.resources.discovery_v1 import EndpointSlice
+
+from picker.config import ConfigError
+from picker.sources.kube import ApiFailure, BadData, Disconnected, Expired, SourceError, WatchEvent
+
+_MAX_ERROR_BODY = 64 * 1024
+
+
+class _Meta(msgspec.Struct):
+    resourceVersion: str = ""  # noqa: N815 (the API's field name)
+
+
+class _Bookmark(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
+def load_kubeconfig(path: Path | None) -> KubeConfig:
+    """The given kubeconfig, else the in-cluster service account, else $KUBECONFIG / ~/.kube/config."""
+    try:
+        return KubeConfig.from_file(path) if path is not None else KubeConfig.from_env()
+    except Exception as exc:  # lightkube raises ConfigError, KeyError, OSError, YAML errors
+        where = str(path) if path is not None else "service account / $KUBECONFIG / ~/.kube/config"
+        raise ConfigError(f"kube: cannot load the Kubernetes client configuration ({where}): {exc}") from exc
+
+
+def decode_event(line: str | bytes) -> WatchEvent:
+    """One line of a watch stream -> WatchEvent; BadData when it is not a well-formed event."""
+    raw = line.encode() if isinstance(line, str) else line
+    try:
+        event = decoders.decode_watch_event(raw)
+        match event.type:
+            case "ADDED" | "MODIFIED" | "DELETED":
+                obj = decoders.decode_object(event.object, EndpointSlice)
+                version = obj.metadata.resourceVersion if obj.metadata is not None else None
+                return WatchEvent(event.type, obj.to_dict(), version)
+            case "BOOKMARK":
+                mark = msgspec.json.decode(event.object, type=_Bookmark)
+                return WatchEvent("BOOKMARK", version=mark.metadata.resourceVersion or None)
+            case "ERROR":
+                status = decoders.decode_status(event.object)
+                return WatchEvent("ERROR", code=status.code, message=status.message or status.reason or "")
+            case other:
+                raise BadData(f"unknown watch event type {other!r}")
+    except msgspec.MsgspecError as exc:
+        raise BadData(f"undecodable watch event ({len(raw)} bytes): {exc}") from None
+
+
+def _status_error(code: int, body: bytes, what: str, namespace: str) -> SourceError:
+    try:
+        status = decoders.decode_status(body)
+        detail = status.message or status.reason or ""
+    except msgspec.MsgspecError:
+        detail = f"{len(body)}-byte non-Status body"
+    match code:
+        case 410:
+            return Expired(detail)
+        case 401:
+            return ApiFailure(f"{what}: 401 unauthorized ({detail}): check the token or kubeconfig")
+        case 403:
+            return ApiFailure(
+                f"{what}: 403 forbidden ({detail}): the picker needs get/list/watch on "
+                f"endpointslices (discovery.k8s.io) in namespace {namespace}"
+            )
+        case _:
+            return ApiFailure(f"{what}: HTTP {code} ({detail})")
+
+
+@contextlib.contextmanager
+def _mapped(what: str, namespace: str) -> Iterator[None]:
+    """lightkube / httpx2 / msgspec exceptions -> the loop's SourceError kinds."""
+    try:
+        yield
+    except SourceError:
+        raise
+    except httpx2.HTTPStatusError as exc:
+        raise _status_error(exc.response.status_code, exc.response.content, what, namespace) from None
+    except httpx2.HTTPError as exc:  # transport: refused, reset, timeout, broken chunked stream
+        raise Disconnected(f"{what}: {type(exc).__name__}: {exc}") from None
+    except msgspec.MsgspecError as exc:
+        raise BadData(f"{what}: undecodable answer: {exc}") from None
+
+
+class LightkubeSliceApi:
+    """The slices of one label selector in one namespace, listed and watched through lightkube."""
+
+    def __init__(
+        self,
+        config: KubeConfig,
+        *,
+        selector: str,
+        namespace: str | None,
+        request_timeout_s: float,
+        read_timeout_s: float,
+        page_size: int = 500,
+    ) -> None:
+        params = ConnectionParams(timeout=httpx2.Timeout(request_timeout_s))
+        self._client = GenericAsyncClient(params, config=config, namespace=namespace)
+        self.namespace: str = self._client.namespace
+        self.server: str = self._client.config.cluster.server
+        self._selector = selector
+        self._request_timeout_s = request_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._page_size = page_size
+
+    async def list_slices(self) -> tuple[list[Mapping[str, Any]], str]:
+        request = self._client.prepare_request(
+            "list",
+            res=EndpointSlice,
+            namespace=self.namespace,
+            params={"labelSelector": self._selector, "limit": self._page_size},
+        )
+        items: list[Mapping[str, Any]] = []
+        version: str | None = None
+        with _mapped("list", self.namespace):
+            async for page_version, page in self._client.list_chunks(request):
+                version = page_version
+                items.extend(item.to_dict() for item in page)
+        if not version:
+            raise BadData("list answer without metadata.resourceVersion")
+        return items, version
+
+    @contextlib.asynccontextmanager
+    async def watch_slices(self, version: str, timeout_s: int) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        request = self._client.prepare_request(
+            "list",
+            res=EndpointSlice,
+            namespace=self.namespace,
+            watch=True,
+            params={
+                "labelSelector": self._selector,
+                "resourceVersion": version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": timeout_s,
+            },
+        )
+        # A backstop only: the loop's inactivity deadline is meant to fire first.
+        request.timeout = httpx2.Timeout(self._request_timeout_s, read=self._read_timeout_s)
+        with _mapped("watch", self.namespace):
+            response = await self._client.send(self._client.build_adapter_request(request), stream=True)
+        try:
+            if response.status_code != 200:
+                with _mapped("watch", self.namespace):
+                    body = await anext(response.aiter_bytes(_MAX_ERROR_BODY), b"")
+                raise _status_error(response.status_code, body, "watch", self.namespace)
+            yield self._events(response)
+        finally:
+            await response.aclose()
+
+    async def _events(self, response: httpx2.Response) -> AsyncIterator[WatchEvent]:
+        with _mapped("watch", self.namespace):
+            async for line in response.aiter_lines():
+                if line.strip():
+                    yield decode_event(line)
+
+    async def aclose(self) -> None:
+        await self._client.close()
