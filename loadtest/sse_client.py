@@ -9,11 +9,13 @@ Generic over any OpenAI-compatible server (the simulator, a real vLLM, the picke
     result.events[i].at   # seconds since the request was sent
 
 `disconnect_after_events=N` closes the connection after N events (a client abort); `read_timeout`
-turns a hanging stream into `end == "timeout"` instead of a stuck test.
+turns a hanging stream into `end == "timeout"` instead of a stuck test; `first_event` (an asyncio.Event)
+tells a concurrent task that the stream is flowing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -44,20 +46,22 @@ class SseParser:
         self._buffer += chunk
         start = 0
         buffer = self._buffer
-        while True:
-            lf = buffer.find(b"\n", start)
-            cr = buffer.find(b"\r", start)
-            if lf < 0 and cr < 0:
-                break
+        # Each search resumes after the line just consumed: a feed stays linear in its size.
+        lf, cr = buffer.find(b"\n"), buffer.find(b"\r")
+        while lf >= 0 or cr >= 0:
             if cr < 0 or (0 <= lf < cr):
                 end, nxt = lf, lf + 1
             elif cr + 1 < len(buffer):
-                end, nxt = cr, cr + 2 if buffer[cr + 1 : cr + 2] == b"\n" else cr + 1
+                end, nxt = cr, cr + 2 if buffer[cr + 1] == 0x0A else cr + 1
             else:  # CR at the very end: the next chunk may start with its LF
                 end, nxt = cr, cr + 1
                 self._skip_lf = True
             self._line(bytes(buffer[start:end]).decode("utf-8", errors="replace"), events)
             start = nxt
+            if 0 <= lf < start:
+                lf = buffer.find(b"\n", start)
+            if 0 <= cr < start:
+                cr = buffer.find(b"\r", start)
         del buffer[:start]
         return events
 
@@ -171,8 +175,13 @@ async def stream_request(
     disconnect_after_events: int | None = None,
     read_timeout: float | None = 30.0,
     connect_timeout: float = 5.0,
+    first_event: asyncio.Event | None = None,
 ) -> StreamResult:
-    """POST `body` to `url` and read the response as it arrives; never raises for transport errors."""
+    """POST `body` to `url` and read the response as it arrives; never raises for transport errors.
+
+    `first_event` is set when the first SSE event arrives (or the request ends), so a caller can act while
+    the stream is known to be in flight.
+    """
     result = StreamResult()
     parser = SseParser()
     timeout = httpx.Timeout(
@@ -189,6 +198,8 @@ async def stream_request(
                 result.raw += chunk
                 for data in parser.feed(chunk):
                     result.events.append(SseEvent(data, now))
+                if first_event is not None and result.events:
+                    first_event.set()
                 if disconnect_after_events is not None and len(result.events) >= disconnect_after_events:
                     result.end = "disconnected"
                     break
@@ -201,4 +212,6 @@ async def stream_request(
     except httpx.TransportError as exc:
         result.end, result.error = "error", str(exc) or type(exc).__name__
     result.t_end = time.monotonic() - started
+    if first_event is not None:
+        first_event.set()
     return result

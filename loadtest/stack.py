@@ -26,6 +26,7 @@ class StackOptions:
     failure_mode_allow: bool = False
     extra_envoy_endpoints: Sequence[str] = ()  # members of Envoy's pool the picker does not know
     picker_endpoints: Sequence[str] | None = None  # default: the replicas
+    static_endpoints: bool = True  # False: no --endpoints; picker_args names the source (file, kube)
     envoy_concurrency: int = 1
     envoy: dict[str, object] = field(default_factory=dict)  # EnvoyParams overrides
 
@@ -108,8 +109,7 @@ class Stack:
             str(self.health_port),
             "--metrics-port",
             str(self.metrics_port),
-            "--endpoints",
-            ",".join(endpoints),
+            *(("--endpoints", ",".join(endpoints)) if self.options.static_endpoints else ()),
             # a quick end to the shutdown's propagation phase: tests and the demo stop stacks often
             "--quiet-interval",
             "0.2",
@@ -160,6 +160,22 @@ class Stack:
 
     def picker_value(self, name: str, **labels: str) -> float:
         return self.picker_metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def sim_requests(self, replica: str) -> list[dict[str, object]]:
+        """The replica's request log (GET /sim/requests), oldest first."""
+        return httpx.get(f"http://{replica}/sim/requests", timeout=5).json()  # type: ignore[no-any-return]
+
+    def sim_value(self, name: str) -> float:
+        """A simulator metric summed over every replica and label set."""
+        total = 0.0
+        for replica in self.replicas:
+            samples = parse_metrics(httpx.get(f"http://{replica}/metrics", timeout=5).text)
+            total += sum(v for (n, _), v in samples.items() if n == name)
+        return total
+
+    def set_fault(self, replica: str, **spec: object) -> None:
+        """A server-wide fault on one replica (POST /sim/faults), e.g. status=503 or reset_after=3."""
+        httpx.post(f"http://{replica}/sim/faults", json=spec, timeout=5).raise_for_status()
 
     def wait_no_leaks(self, timeout: float = 10.0) -> None:
         """Every request the picker admitted has ended: its in-flight count is back to exactly 0."""

@@ -16,6 +16,7 @@ import grpc
 from aiohttp import web
 
 from picker.config import PickerConfig, format_address
+from picker.extproc.access_log import AccessLogService
 from picker.extproc.server import HealthState, ext_proc_server, health_server
 from picker.extproc.service import ExtProcService
 from picker.flow import FlowLimits
@@ -24,6 +25,7 @@ from picker.pipeline import RequestPath
 from picker.pool import Pool
 from picker.scheduling import LoadPolicy
 from picker.shutdown import Shutdown, ShutdownSummary
+from picker.sources.endpoints import EndpointSources
 from picker.sources.scraper import Scraper
 from picker.telemetry import Metrics
 
@@ -43,9 +45,9 @@ class PickerApp:
     def __init__(self, config: PickerConfig) -> None:
         self.config = config
         self.pool = Pool()
-        self.pool.apply(ready=config.pool.endpoints)
         self.metrics = Metrics()
         self.metrics.register_pool(self.pool)
+        self.sources = EndpointSources(config, self.pool, self.metrics)
         load = config.load
         policy = LoadPolicy(
             use_metrics=load.scrape,
@@ -67,7 +69,11 @@ class PickerApp:
                 max_queued=flow.max_queued, max_queued_bytes=flow.max_queued_bytes, ttl_s=flow.ttl_s
             ),
             reject_without_endpoints=flow.reject_without_endpoints,
+            access_log_grace_s=config.streams.access_log_grace_s,
+            stall_after_s=config.streams.stall_after_s,
         )
+        self.access_log = AccessLogService(self.path)
+        self.pool.on_change(self.path.capacity_changed)
         # Envoy is asked to wait a little longer than the TTL, so the picker's 429/503 always wins.
         queue_wait_s = min(flow.envoy_max_message_timeout_s, flow.ttl_s + 1.0)
         self.service = ExtProcService(
@@ -95,17 +101,23 @@ class PickerApp:
     async def start(self) -> BoundPorts:
         server = self.config.server
         bind = server.bind_address
-        self._grpc, grpc_port = ext_proc_server(self.service, format_address(bind, server.grpc_port))
+        await self.sources.start()  # the first view, before Envoy can reach the picker
+        self._grpc, grpc_port = ext_proc_server(
+            self.service, self.access_log, format_address(bind, server.grpc_port)
+        )
         self._health, health_port = health_server(self.health, format_address(bind, server.health_port))
         await self._grpc.start()
         await self._health.start()
-        self._http = web.AppRunner(admin_app(self.pool, self.metrics), access_log=None)
+        token = self.config.admin.token
+        admin = admin_app(self.pool, self.metrics, token=token.get_secret_value() if token else None)
+        self._http = web.AppRunner(admin, access_log=None)
         await self._http.setup()
         site = web.TCPSite(self._http, bind, server.metrics_port)
         await site.start()
         metrics_port = self._http.addresses[0][1]
         if self.scraper is not None:
             self._spawn(self.scraper.run(), "scraper")
+        self._spawn(self._sweep_stalls(), "stall-sweep")
         await self.health.serving()
         ports = BoundPorts(grpc_port, health_port, metrics_port)
         log.info(
@@ -116,6 +128,12 @@ class PickerApp:
             len(self.pool),
         )
         return ports
+
+    async def _sweep_stalls(self) -> None:
+        interval = max(0.05, self.config.streams.stall_after_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            self.path.sweep_stalls()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -143,6 +161,7 @@ class PickerApp:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.scraper is not None:
             await self.scraper.close()
+        await self.sources.aclose()
         if self._grpc is not None:
             await self._grpc.stop(0.5)
         self.service.cancel_timers()

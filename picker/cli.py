@@ -17,6 +17,13 @@ from picker.telemetry import configure_logging
 # flag dest -> (config group, field)
 _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "endpoints": ("pool", "endpoints"),
+    "endpoints_file": ("pool", "endpoints_file"),
+    "kube_service": ("kube", "service"),
+    "kube_namespace": ("kube", "namespace"),
+    "kube_label_selector": ("kube", "label_selector"),
+    "kube_target_port": ("kube", "target_port"),
+    "kubeconfig": ("kube", "kubeconfig"),
+    "admin_token": ("admin", "token"),
     "bind_address": ("server", "bind_address"),
     "grpc_port": ("server", "grpc_port"),
     "health_port": ("server", "health_port"),
@@ -30,6 +37,7 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "scrape_interval": ("load", "scrape_interval_s"),
     "engine_slots": ("load", "engine_slots"),
     "waiting_threshold": ("load", "waiting_threshold"),
+    "stall_after": ("streams", "stall_after_s"),
     "queue_ttl": ("flow", "ttl_s"),
     "max_queued": ("flow", "max_queued"),
     "reject_without_endpoints": ("flow", "reject_without_endpoints"),
@@ -53,6 +61,17 @@ def _overrides(args: argparse.Namespace, flags: dict[str, tuple[str, ...]]) -> d
 def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML file (same shape as `picker config`)")
     parser.add_argument("--endpoints", help="static endpoints, host:port,host:port")
+    parser.add_argument(
+        "--endpoints-file", type=Path, help="YAML endpoints list (draining: true allowed), reloaded on change"
+    )
+    parser.add_argument("--kube-service", help="endpoints from this Service's EndpointSlices")
+    parser.add_argument("--kube-namespace", help="its namespace (default: the service account's)")
+    parser.add_argument("--kube-label-selector", help="or: EndpointSlices matching this label selector")
+    parser.add_argument("--kube-target-port", help="model-server port, name or number")
+    parser.add_argument("--kubeconfig", type=Path, help="default: in-cluster, else $KUBECONFIG")
+    parser.add_argument(
+        "--admin-token", help="bearer token allowing admin drain/undrain from non-loopback peers"
+    )
     parser.add_argument("--bind-address")
     parser.add_argument("--grpc-port", type=int, help="ext_proc gRPC port (default 9002)")
     parser.add_argument("--health-port", type=int, help="gRPC health port (default 9003)")
@@ -80,6 +99,9 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--engine-slots", type=int, help="the model servers' --max-num-seqs, if known")
     parser.add_argument("--waiting-threshold", type=float, help="engine queue depth counted as saturated (1)")
+    parser.add_argument(
+        "--stall-after", type=float, help="seconds of silence that make a stream stalled (30)"
+    )
     parser.add_argument("--queue-ttl", type=float, help="longest wait in the picker's queue (default 30)")
     parser.add_argument("--max-queued", type=int, help="admission queue bound (default 1000)")
     parser.add_argument(
@@ -125,7 +147,11 @@ def main(argv: list[str] | None = None) -> None:
             configure_logging(config.log_level)
             from picker.app import serve as run
 
-            uvloop.run(run(config))
+            try:
+                uvloop.run(run(config))
+            except ConfigError as exc:  # a source that cannot start (unreadable file, kubeconfig)
+                print(f"picker: {exc}", file=sys.stderr)
+                raise SystemExit(2) from exc
         case "config":
             import yaml
 

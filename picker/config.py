@@ -53,7 +53,13 @@ def format_address(host: str, port: int) -> str:
 
 
 def canonical_address(value: str) -> str:
-    return format_address(*parse_address(value))
+    """One spelling per endpoint, whichever source names it (IP addresses in their compressed form)."""
+    host, port = parse_address(value)
+    try:
+        host = ipaddress.ip_address(host).compressed
+    except ValueError:
+        pass  # a host name
+    return format_address(host, port)
 
 
 class _Group(BaseModel):
@@ -232,6 +238,10 @@ class StreamsConfig(_Group):
     # dispatched request whose observer has not shown up by the time routing ends within this grace
     # was never going to be observed (observer filter missing): release its slot instead of leaking it.
     observer_attach_grace_s: float = Field(2.0, gt=0)
+    # When a stream ends short of its response, Envoy's access log (sent a moment later) says who
+    # cut it; this is how long to wait for it before calling the ending unobserved.
+    access_log_grace_s: float = Field(1.0, gt=0)
+    stall_after_s: float = Field(30.0, gt=0, description="silence after which a stream counts as stalled")
 
 
 class ShutdownConfig(_Group):

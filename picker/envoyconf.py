@@ -28,6 +28,7 @@ class EnvoyParams:
     message_timeout: str = "2s"
     max_message_timeout: str = "60s"
     observer_close_timeout: str = "0.1s"
+    access_log_flush_interval: str = "0.1s"
     num_retries: int = 2
 
 
@@ -59,6 +60,7 @@ def render(params: EnvoyParams, template: Path = TEMPLATE) -> str:
         "MESSAGE_TIMEOUT": params.message_timeout,
         "MAX_MESSAGE_TIMEOUT": params.max_message_timeout,
         "OBSERVER_CLOSE_TIMEOUT": params.observer_close_timeout,
+        "ACCESS_LOG_FLUSH_INTERVAL": params.access_log_flush_interval,
         "NUM_RETRIES": params.num_retries,
         "POOL_ENDPOINTS": _endpoint_lines(params.endpoints),
     }

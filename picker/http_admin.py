@@ -1,29 +1,145 @@
-"""The metrics port: Prometheus /metrics and the read-only admin view of the pool."""
+"""The metrics port: Prometheus /metrics and the admin API over the pool.
+
+- GET  /admin/endpoints                  every endpoint (state, in flight, since, drain record) and
+                                         the recently closed drain records
+- GET  /admin/endpoints/<addr>           one endpoint
+- POST /admin/endpoints/<addr>/drain     no new work for it until undrain (a preStop hook, an operator)
+- POST /admin/endpoints/<addr>/undrain   lift an admin drain
+
+The port binds the configured address (0.0.0.0 in a pod, so Prometheus can scrape it), so the two
+POSTs are refused unless the peer is loopback or presents the configured bearer token (compared in
+constant time). Every answer, errors included, is JSON: bad address 400, unknown endpoint 404,
+state conflict 409, not allowed 401/403.
+"""
 
 from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from picker.pool import Pool
+from picker.config import canonical_address
+from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
 from picker.telemetry import Metrics
 
+log = logging.getLogger(__name__)
 
-def admin_app(pool: Pool, metrics: Metrics) -> web.Application:
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status, headers=headers)
+
+
+def _is_loopback(peer: str | None) -> bool:
+    if not peer:
+        return False
+    try:
+        ip = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def describe(pool: Pool, endpoint: Endpoint) -> dict[str, Any]:
+    """One endpoint as the admin API shows it (times: wall clock, seconds since the epoch)."""
+    now = pool.now()
+    return {
+        "address": endpoint.address,
+        "state": endpoint.state.value,
+        "in_flight": endpoint.in_flight,
+        "picks": endpoint.picks,
+        "since": round(pool.wall_time(endpoint.since), 3),
+        "for_s": round(now - endpoint.since, 3),
+        "admin_drained": pool.admin_drained(endpoint.address),
+        "drain": None if endpoint.drain is None else endpoint.drain.summary(now),
+    }
+
+
+def admin_app(pool: Pool, metrics: Metrics, *, token: str | None = None) -> web.Application:
+    """The metrics port's application; `token` allows admin changes from non-loopback peers."""
+
+    def refusal(request: web.Request) -> web.Response | None:
+        if token is not None:
+            scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
+                return None
+        if _is_loopback(request.remote):
+            return None
+        if token is None:
+            return _error(
+                403, "admin changes are accepted from loopback only; set admin.token to allow others"
+            )
+        return _error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+    def address_of(request: web.Request) -> str:
+        try:
+            return canonical_address(request.match_info["address"])
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+
     async def metrics_page(_: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"content-type": CONTENT_TYPE_LATEST})
 
     async def endpoints(_: web.Request) -> web.Response:
+        now = pool.now()
         return web.json_response(
             {
-                "endpoints": [
-                    {"address": e.address, "state": e.state.value, "in_flight": e.in_flight, "picks": e.picks}
-                    for e in pool.endpoints()
-                ]
+                "source": pool.source,
+                "endpoints": [describe(pool, e) for e in pool.endpoints()],
+                "recent_drains": [r.summary(now) for r in pool.recent_drains()],
             }
         )
 
-    app = web.Application()
+    async def one_endpoint(request: web.Request) -> web.Response:
+        address = address_of(request)
+        endpoint = pool.get(address)
+        if endpoint is None:
+            return _error(404, f"no endpoint {address}")
+        return web.json_response({"endpoint": describe(pool, endpoint)})
+
+    def change(action: Callable[[str], Endpoint], verb: str) -> Handler:
+        async def handler(request: web.Request) -> web.Response:
+            refused = refusal(request)
+            if refused is not None:
+                log.warning("admin %s refused peer=%s status=%d", verb, request.remote, refused.status)
+                return refused
+            address = address_of(request)
+            try:
+                endpoint = action(address)
+            except UnknownEndpoint:
+                return _error(404, f"no endpoint {address}")
+            except EndpointConflict as exc:
+                return _error(409, str(exc))
+            log.info(
+                "admin %s address=%s peer=%s state=%s", verb, address, request.remote, endpoint.state.value
+            )
+            return web.json_response({"endpoint": describe(pool, endpoint)})
+
+        return handler
+
+    @web.middleware
+    async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return _error(exc.status, exc.text if exc.status == 400 else exc.reason)
+        except Exception:
+            log.exception("admin request failed path=%s", request.path)
+            return _error(500, "internal error")
+
+    app = web.Application(middlewares=[json_errors])
     app.router.add_get("/metrics", metrics_page)
     app.router.add_get("/admin/endpoints", endpoints)
+    app.router.add_get("/admin/endpoints/{address}", one_endpoint)
+    app.router.add_post("/admin/endpoints/{address}/drain", change(pool.drain, "drain"))
+    app.router.add_post("/admin/endpoints/{address}/undrain", change(pool.undrain, "undrain"))
     return app

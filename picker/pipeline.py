@@ -9,16 +9,46 @@ import logging
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import assert_never
 
 from picker.contract import Outcome, Reply, reply_for
 from picker.flow import FlowController, FlowLimits, Ticket
 from picker.inference import InferenceRequest
-from picker.pool import Pool
+from picker.pool import DrainEnd, EndpointState, Pool
 from picker.scheduling import LoadPolicy, pick
-from picker.streams import EndReason, RequestRecord
+from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
 from picker.telemetry import Metrics
+
+_RECENT_KEPT = 4096  # ended records kept for late access-log entries (a few seconds of traffic)
+
+Schedule = Callable[[float, Callable[[], None]], Callable[[], None]]  # (delay, fn) -> cancel
+
+
+def _call_later(delay: float, fn: Callable[[], None]) -> Callable[[], None]:
+    import asyncio
+
+    return asyncio.get_running_loop().call_later(delay, fn).cancel
+
+
+def drain_end(reason: EndReason) -> DrainEnd:
+    """The pool's words for how a request ended (drain records count these)."""
+    match reason:
+        case EndReason.COMPLETED:
+            return DrainEnd.COMPLETED
+        case EndReason.CLIENT_DISCONNECT:
+            return DrainEnd.CLIENT_DISCONNECT
+        case EndReason.UPSTREAM_ERROR_EVENT | EndReason.UPSTREAM_ERROR_STATUS:
+            return DrainEnd.UPSTREAM_ERROR
+        case EndReason.UPSTREAM_TRUNCATED | EndReason.STALLED:
+            return DrainEnd.CUT
+        case EndReason.REJECTED | EndReason.UNOBSERVED:
+            return DrainEnd.UNKNOWN
+        case _:
+            assert_never(reason)
+
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +76,9 @@ class RequestPath:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        schedule: Schedule = _call_later,
+        access_log_grace_s: float = 1.0,
+        stall_after_s: float = 30.0,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
@@ -55,7 +88,11 @@ class RequestPath:
         self._clock = clock
         self._rng = rng or random.Random()
         self._new_id = new_id
+        self._schedule = schedule
+        self._access_log_grace_s = access_log_grace_s
+        self._stall_after_s = stall_after_s
         self._live: dict[str, RequestRecord] = {}
+        self._recent: OrderedDict[str, RequestRecord] = OrderedDict()
         self.flow: FlowController[RequestRecord] = FlowController(
             self._try_dispatch,
             lambda: bool(self._pool.ready()),
@@ -133,7 +170,9 @@ class RequestPath:
         self._metrics.count_pick(destinations[0], self._clock() - started)
         return True
 
-    def response_started(self, record: RequestRecord, status: int, served: str | None) -> None:
+    def response_started(
+        self, record: RequestRecord, status: int, served: str | None, streaming: bool | None = None
+    ) -> None:
         """Response headers left the model server: attribute the request to who really served it.
 
         Both ext_proc streams of a request report the headers, in either order: the first one counts.
@@ -142,6 +181,7 @@ class RequestPath:
             return
         record.status = status
         record.response_started_at = self._clock()
+        record.tracker = ResponseTracker(streaming=record.stream if streaming is None else streaming)
         if served:
             record.served = served
             if record.picked and served != record.picked[0]:
@@ -158,16 +198,103 @@ class RequestPath:
         record.observed = True
         return record
 
+    def body_chunk(self, record: RequestRecord, chunk: bytes) -> None:
+        """One response body chunk went past (hot path: once per token chunk of every stream)."""
+        tracker = record.tracker
+        if tracker is None or record.ended:
+            return
+        first = tracker.first_byte_at is None
+        now = self._clock()
+        gap = tracker.feed(chunk, now)
+        if first and tracker.first_byte_at is not None:
+            self._metrics.observe_ttft(record.model, now - record.admitted_at)
+        elif gap is not None:
+            self._metrics.observe_itl(record.model, gap)
+
+    def observer_ended(self, record: RequestRecord, end_of_stream: bool) -> None:
+        """The observer stream is over: with the response's end of stream, or cut short."""
+        if record.ended:
+            return
+        record.response_ended = end_of_stream
+        record.observer_done = True
+        if record.tracker is not None:
+            record.tracker.end()
+        reason = from_body(record)
+        if reason is not None:
+            self.finish(record, reason)
+        elif record.access_log is not None:
+            self.finish(record, from_access_log(record, record.access_log))
+        else:  # only Envoy's access log can say who cut it: give it a moment
+            self._schedule(self._access_log_grace_s, lambda: self._settle_without_log(record))
+
+    def access_logged(self, request_id: str, attempts: Attempts) -> None:
+        """Envoy's access log entry for a request: retries, response flags, final status."""
+        record = self._live.get(request_id) or self._recent.get(request_id)
+        if record is None or record.access_log is not None:
+            return
+        record.access_log = attempts
+        if attempts.count > 1:
+            self._metrics.count_upstream_retry(record.endpoint or "", attempts.count - 1)
+        if record.ended:  # the body had already settled it; the log only adds the retries
+            return
+        if record.observed and not record.observer_done:
+            # the observer's own end is on its way; if it never comes, the log settles it
+            self._schedule(self._access_log_grace_s, lambda: self._settle_from_log(record))
+            return
+        self._settle_from_log(record)
+
+    def _settle_from_log(self, record: RequestRecord) -> None:
+        if not record.ended and record.access_log is not None:
+            self.finish(record, from_access_log(record, record.access_log))
+
+    def _settle_without_log(self, record: RequestRecord) -> None:
+        if not record.ended:
+            self.finish(record, EndReason.UNOBSERVED)
+
+    def sweep_stalls(self) -> int:
+        """Mark streams silent for longer than the stall bound; end those whose endpoint is gone."""
+        now = self._clock()
+        found = 0
+        for record in list(self._live.values()):
+            tracker = record.tracker
+            if tracker is None or not tracker.streaming or record.stalled:
+                continue
+            last = tracker.last_chunk_at or record.response_started_at
+            if last is None or now - last < self._stall_after_s:
+                continue
+            record.stalled = True
+            found += 1
+            endpoint = record.endpoint or ""
+            self._metrics.count_stall(endpoint)
+            known = self._pool.get(endpoint)
+            log.warning(
+                "stream stalled request_id=%s endpoint=%s silent_s=%.1f endpoint_state=%s",
+                record.request_id,
+                endpoint,
+                now - last,
+                known.state.value if known else "forgotten",
+            )
+            if known is None or known.state is EndpointState.GONE:
+                # Its engine is gone: it will never send again. Stop counting it against anyone.
+                self.finish(record, EndReason.STALLED)
+        return found
+
     def finish(self, record: RequestRecord, reason: EndReason) -> None:
         """End a request: release its endpoint slot and count why. Safe to call more than once."""
         if record.ended:
             return
         record.end_reason = reason
         record.ended_at = self._clock()
+        endpoint = record.endpoint
         if record.lease is not None:
-            record.lease.release()
+            record.lease.release(drain_end(reason))
         self._live.pop(record.request_id, None)
-        self._metrics.count_end(reason)
+        self._recent[record.request_id] = record  # Envoy's access-log entry may still be on its way
+        if len(self._recent) > _RECENT_KEPT:
+            self._recent.popitem(last=False)
+        self._metrics.count_end(
+            reason, endpoint, record.model, record.tracker.tokens if record.tracker else 0
+        )
         self.flow.pump()  # its slot may be the one a queued request waits for
         if not self._live:
             for listener in list(self._idle_listeners):

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from picker.contract import Outcome
-from picker.pool import EndpointState, Pool
+from picker.pool import DrainEnd, DrainExit, DrainRecord, EndpointState, Pool
 from picker.streams import EndReason
 
 # `_created` samples double every counter's page size and nobody reads them.
@@ -23,6 +23,7 @@ disable_created_metrics()
 
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _PICK_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05)
+_DRAIN_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
 class _PoolCollector(Collector):
@@ -62,6 +63,63 @@ class _PoolCollector(Collector):
         total = GaugeMetricFamily("picker_in_flight", "Requests in flight on all endpoints")
         total.add_metric([], sum(e.in_flight for e in endpoints))
         yield from (in_flight, state, ready, total, *engine.values())
+
+
+class _DrainCollector(Collector):
+    """Drain totals, read from the pool at scrape time (the pool counts; nothing on the request path)."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        totals = self._pool.totals
+        yield CounterMetricFamily("picker_drains_opened", "Drain records opened", value=totals.opened)
+        closed = CounterMetricFamily("picker_drains_closed", "Drain records closed, by exit", labels=["exit"])
+        for exit_state in DrainExit:
+            closed.add_metric([exit_state.value], totals.closed[exit_state])
+        ends = CounterMetricFamily(
+            "picker_drain_request_ends", "How requests on draining endpoints ended", labels=["end"]
+        )
+        for end in DrainEnd:
+            ends.add_metric([end.value], totals.ends[end])
+        yield closed
+        yield ends
+        yield CounterMetricFamily(
+            "picker_drain_picks_after_start",
+            "New requests on an endpoint after its drain started (must stay 0)",
+            value=totals.picks_after_start,
+        )
+        yield CounterMetricFamily(
+            "picker_picks_not_ready",
+            "Requests picked for, or served by, an endpoint that was not READY",
+            value=totals.picks_not_ready,
+        )
+        yield GaugeMetricFamily(
+            "picker_drains_open",
+            "Endpoints with an open drain record",
+            value=sum(1 for e in self._pool.endpoints() if e.drain is not None),
+        )
+
+
+_MAX_MODELS = 32
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class _CappedLabels:
+    """Label values taken from requests (model names): the first N as themselves, the rest as "other"."""
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._seen: set[str] = set()
+
+    def label(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) < self._cap and value:
+            self._seen.add(value)
+            return value
+        return "other"
 
 
 class FlowView(Protocol):
@@ -114,11 +172,63 @@ class Metrics:
             buckets=_WAIT_BUCKETS,
             registry=r,
         )
+        self._models = _CappedLabels(_MAX_MODELS)
+        self._ttft = Histogram(
+            "picker_time_to_first_token_seconds",
+            "Admission to first response byte, by model",
+            ["model"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self._itl = Histogram(
+            "picker_inter_token_latency_seconds",
+            "Gap between stream chunks, by model",
+            ["model"],
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self._output_tokens = Counter(
+            "picker_output_tokens", "Tokens streamed to clients, by model", ["model"], registry=r
+        )
+        self._truncations = Counter(
+            "picker_endpoint_truncations",
+            "Streams cut after their first byte, per endpoint",
+            ["endpoint"],
+            registry=r,
+        )
+        self._stalls = Counter(
+            "picker_endpoint_stalls", "Streams that went silent, per endpoint", ["endpoint"], registry=r
+        )
+        self._retries = Counter(
+            "picker_upstream_retries",
+            "Upstream attempts Envoy retried before the first byte, per serving endpoint",
+            ["endpoint"],
+            registry=r,
+        )
         self._scrape_failures = Counter(
             "picker_scrape_failures", "Failed /metrics scrapes per endpoint", ["endpoint", "kind"], registry=r
         )
         self._unmatched = Counter(
             "picker_observer_unmatched", "Observer streams for requests this picker did not route", registry=r
+        )
+        self._drain_seconds = Histogram(
+            "picker_drain_duration_seconds",
+            "From a drain's start to its exit, by exit",
+            ["exit"],
+            buckets=_DRAIN_BUCKETS,
+            registry=r,
+        )
+        self._drain_to_zero = Histogram(
+            "picker_drain_time_to_zero_seconds",
+            "From a drain's start until its last in-flight request ended",
+            buckets=_DRAIN_BUCKETS,
+            registry=r,
+        )
+        self._source_events = Counter(
+            "picker_endpoint_source_events",
+            "Endpoint source activity: lists, watch ends and failures by kind, file loads and rejections",
+            ["source", "event"],
+            registry=r,
         )
         for outcome in Outcome:
             self._requests.labels(outcome.value)
@@ -127,6 +237,19 @@ class Metrics:
 
     def register_pool(self, pool: Pool) -> None:
         self.registry.register(_PoolCollector(pool))
+        self.registry.register(_DrainCollector(pool))
+        pool.on_drain_closed(self.observe_drain)
+
+    def observe_drain(self, record: DrainRecord) -> None:
+        """A drain record closed: its duration and time to zero in flight."""
+        if record.exit is not None and record.closed_at is not None:
+            self._drain_seconds.labels(record.exit.value).observe(record.closed_at - record.started_at)
+        if record.time_to_zero_s is not None:
+            self._drain_to_zero.observe(record.time_to_zero_s)
+
+    def count_source_event(self, source: str, event: str) -> None:
+        """`source` and `event` come from code (closed sets in picker/sources), never from requests."""
+        self._source_events.labels(source, event).inc()
 
     def count_admission(self, outcome: Outcome, waited_s: float) -> None:
         """Every request's admission outcome, with the time it spent queued (0 when not queued)."""
@@ -136,8 +259,27 @@ class Metrics:
     def register_flow(self, flow: FlowView) -> None:
         self.registry.register(_FlowCollector(flow))
 
-    def count_end(self, reason: EndReason) -> None:
+    def count_end(
+        self, reason: EndReason, endpoint: str | None = None, model: str = "", tokens: int = 0
+    ) -> None:
+        """A request's one end reason, and what it produced."""
         self._ends.labels(reason.value).inc()
+        if tokens:
+            self._output_tokens.labels(self._models.label(model)).inc(tokens)
+        if endpoint and reason is EndReason.UPSTREAM_TRUNCATED:
+            self._truncations.labels(endpoint).inc()
+
+    def observe_ttft(self, model: str, seconds: float) -> None:
+        self._ttft.labels(self._models.label(model)).observe(seconds)
+
+    def observe_itl(self, model: str, seconds: float) -> None:
+        self._itl.labels(self._models.label(model)).observe(seconds)
+
+    def count_stall(self, endpoint: str) -> None:
+        self._stalls.labels(endpoint).inc()
+
+    def count_upstream_retry(self, endpoint: str, retries: int) -> None:
+        self._retries.labels(endpoint).inc(retries)
 
     def count_pick(self, endpoint: str, seconds: float) -> None:
         self._picks.labels(endpoint).inc()
@@ -159,3 +301,5 @@ class Metrics:
 def configure_logging(level: str) -> None:
     """key=value lines on stderr; never prompt or completion text."""
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # httpx2 (lightkube's client) logs every request at INFO: each watch reconnect would add a line.
+    logging.getLogger("httpx2").setLevel(max(logging.WARNING, logging.getLevelName(level)))

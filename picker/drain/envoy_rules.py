@@ -61,13 +61,13 @@ def connection_managers(doc: Document) -> Iterator[Located]:
                     yield Located(path, config)
 
 
-def _routes(hcm: Located) -> Iterator[tuple[FieldPath, dict[str, Any], dict[str, Any]]]:
-    """(path, route action, virtual host) of every forwarding route."""
+def _routes(hcm: Located) -> Iterator[tuple[FieldPath, dict[str, Any]]]:
+    """(path, route action) of every forwarding route."""
     for vi, vhost in enumerate(get(hcm.data, ("route_config", "virtual_hosts"), []) or []):
         for ri, route in enumerate(get(vhost, ("routes",), []) or []):
             action = get(route, ("route",))
             if isinstance(action, dict):
-                yield (*hcm.path, "route_config", "virtual_hosts", vi, "routes", ri, "route"), action, vhost
+                yield (*hcm.path, "route_config", "virtual_hosts", vi, "routes", ri, "route"), action
 
 
 def _check_timeouts(doc: Document, hcm: Located, report: Report, budget: Budget) -> None:
@@ -94,7 +94,7 @@ def _check_timeouts(doc: Document, hcm: Located, report: Report, budget: Budget)
         )
     if "route_config" not in hcm.data:
         report.skip("ENVOY-001", doc, "routes come from RDS, not from this file")
-    for path, action, _vhost in _routes(hcm):
+    for path, action in _routes(hcm):
         timeout = duration_s(action.get("timeout"))
         if isinstance(timeout, Unknown):
             report.skip("ENVOY-001", doc, f"route timeout is a {timeout.why}")
@@ -190,6 +190,8 @@ def _check_routing_filter(doc: Document, ext: Located, pool_modes: set[str], rep
             f"request_body_mode {request_body}",
         )
     allow = ext.data.get("failure_mode_allow", False)
+    if not pool_modes:
+        return  # no InferencePool among the inputs to compare with
     if is_placeholder(allow):
         report.skip("ENVOY-010", doc, f"failure_mode_allow is placeholder {placeholder_name(allow)}")
     elif len(pool_modes) == 1 and isinstance(allow, bool):
@@ -206,7 +208,7 @@ def _check_routing_filter(doc: Document, ext: Located, pool_modes: set[str], rep
 def _routed_clusters(doc: Document) -> set[str]:
     names: set[str] = set()
     for hcm in connection_managers(doc):
-        for _, action, _vhost in _routes(hcm):
+        for _, action in _routes(hcm):
             if isinstance(action.get("cluster"), str):
                 names.add(action["cluster"])
             for weighted in get(action, ("weighted_clusters", "clusters"), []) or []:

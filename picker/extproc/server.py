@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import grpc
+from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from picker.extproc.access_log import AccessLogService
 from picker.extproc.service import ExtProcService
 
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -31,9 +33,13 @@ class HealthState:
             await self.servicer.set(name, _NOT_SERVING)
 
 
-def ext_proc_server(service: ExtProcService, address: str) -> tuple[grpc.aio.Server, int]:
+def ext_proc_server(
+    service: ExtProcService, access_log: AccessLogService, address: str
+) -> tuple[grpc.aio.Server, int]:
+    """ext_proc and the access-log service share the port Envoy's `picker` cluster points at."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     ep_grpc.add_ExternalProcessorServicer_to_server(service, server)
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     port = server.add_insecure_port(address)
     return server, port
 

@@ -70,9 +70,10 @@ class _RoutingSession:
                 if self.record is not None:
                     response = translate.header_map(request.response_headers)
                     status = int(response.get(headers.STATUS, "0") or 0)
-                    self._path.response_started(self.record, status, translate.served_endpoint(request))
-                    if request.response_headers.end_of_stream and not self.record.observed:
-                        self._path.finish(self.record, EndReason.COMPLETED)
+                    streaming = response.get(headers.CONTENT_TYPE, "").startswith("text/event-stream")
+                    self._path.response_started(
+                        self.record, status, translate.served_endpoint(request), streaming
+                    )
                 return translate.continue_response("response_headers")
             case "response_body":
                 return translate.continue_response("response_body")
@@ -128,12 +129,12 @@ class _RoutingSession:
 
 
 class _ObserverSession:
-    """The observability-mode stream: sees the response body go by and its end."""
+    """The observability-mode stream: sees the response body go by, and its end."""
 
     def __init__(self, service: ExtProcService) -> None:
         self._path = service.path
         self.record: RequestRecord | None = None
-        self._done = False
+        self._ended = False
 
     def handle(self, request: ep.ProcessingRequest) -> None:
         kind = request.WhichOneof("request")
@@ -142,31 +143,34 @@ class _ObserverSession:
             self.record = self._path.attach_observer(request_id) if request_id else None
             return
         record = self.record
-        if record is None:
+        if record is None or self._ended:
             return
         match kind:
+            case "response_body":
+                body = request.response_body
+                self._path.body_chunk(record, body.body)
+                if body.end_of_stream:
+                    self._end(True)
             case "response_headers":
                 response = translate.header_map(request.response_headers)
                 status = int(response.get(headers.STATUS, "0") or 0)
-                self._path.response_started(record, status, translate.served_endpoint(request))
+                streaming = response.get(headers.CONTENT_TYPE, "").startswith("text/event-stream")
+                self._path.response_started(record, status, translate.served_endpoint(request), streaming)
                 if request.response_headers.end_of_stream:
-                    self._end(EndReason.COMPLETED)
-            case "response_body":
-                if request.response_body.end_of_stream:
-                    self._end(EndReason.COMPLETED)
+                    self._end(True)
             case "response_trailers":
-                self._end(EndReason.COMPLETED)
+                self._end(True)
             case _:
                 pass
 
-    def _end(self, reason: EndReason) -> None:
-        if self.record is not None and not self._done:
-            self._done = True
-            self._path.finish(self.record, reason)
+    def _end(self, end_of_stream: bool) -> None:
+        if self.record is not None and not self._ended:
+            self._ended = True
+            self._path.observer_ended(self.record, end_of_stream)
 
     def close(self) -> None:
-        # A stream that stops without the response's end of stream: someone went away mid-response.
-        self._end(EndReason.ABORTED)
+        # Stopping without the response's end of stream: the client or the model server went away.
+        self._end(False)
 
 
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
@@ -210,6 +214,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                     response = await session.wait(response)  # type: ignore[union-attr]
                 if response is not None:
                     yield response
+                if request.HasField("response_headers") and isinstance(session, _RoutingSession):
+                    # Nothing more to decide for this request: end the RPC ourselves. Envoy then
+                    # carries on without the picker, so a picker crash or restart cannot reset
+                    # this stream (an open ext_proc stream that errors takes the request with it).
+                    return
         finally:
             self.open_streams -= 1
             if session is not None:

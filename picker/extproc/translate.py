@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from envoy.config.core.v3 import base_pb2
+from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2, struct_pb2
 
 from picker import headers
 from picker.contract import Reply
+from picker.streams import Attempts
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
@@ -31,6 +33,21 @@ def served_endpoint(request: ep.ProcessingRequest) -> str | None:
         return None
     value = namespace.fields.get(headers.DESTINATION_SERVED)
     return value.string_value or None if value is not None else None
+
+
+def access_log_entry(entry: accesslog_pb2.HTTPAccessLogEntry) -> tuple[str | None, Attempts]:
+    """The picker's request id and what Envoy says of the upstream side, from one access-log entry."""
+    common = entry.common_properties
+    flags = frozenset(field.name for field, value in common.response_flags.ListFields() if value is True)
+    address = common.upstream_remote_address.socket_address
+    upstream = f"{address.address}:{address.port_value}" if address.address else ""
+    attempts = Attempts(
+        count=max(1, common.upstream_request_attempt_count),
+        flags=flags,
+        status=entry.response.response_code.value,
+        upstream=upstream,
+    )
+    return entry.request.request_headers.get(headers.PICKER_REQUEST_ID) or None, attempts
 
 
 def _set(name: str, value: str) -> base_pb2.HeaderValueOption:

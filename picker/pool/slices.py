@@ -41,7 +41,7 @@ class TargetPort:
 
     @classmethod
     def parse(cls, value: str | int | None) -> TargetPort:
-        """"8000" or 8000 -> by number; "http" -> by name; None or "" -> the slice's only port."""
+        """ "8000" or 8000 -> by number; "http" -> by name; None or "" -> the slice's only port."""
         if value is None or value == "":
             return cls()
         text = str(value).strip()
@@ -76,7 +76,7 @@ def _mapping(value: Any) -> Mapping[str, Any]:
 
 
 def slice_key(obj: Mapping[str, Any]) -> str | None:
-    """"namespace/name" of a slice, or None when it has no usable name."""
+    """ "namespace/name" of a slice, or None when it has no usable name."""
     meta = _mapping(obj.get("metadata"))
     name = meta.get("name")
     if not isinstance(name, str) or not name:

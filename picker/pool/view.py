@@ -170,7 +170,9 @@ class Pool:
                     f"{address} drains because its source ({self.source}) says so; "
                     "undrain only lifts an admin drain"
                 )
-            raise EndpointConflict(f"{address} is not drained by the admin API (state {endpoint.state.value})")
+            raise EndpointConflict(
+                f"{address} is not drained by the admin API (state {endpoint.state.value})"
+            )
         self._admin_drained.discard(address)
         if self._refresh(address):
             self._changed()

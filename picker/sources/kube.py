@@ -181,7 +181,7 @@ class SliceWatcher:
             retrying = AsyncRetrying(
                 retry=retry_if_exception_type(Exception),
                 wait=wait_exponential_jitter(
-                    initial=settings.backoff_initial_s,
+                    multiplier=settings.backoff_initial_s,
                     max=settings.backoff_max_s,
                     jitter=settings.backoff_initial_s,
                 ),

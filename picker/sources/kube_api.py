@@ -35,7 +35,7 @@ _MAX_ERROR_BODY = 64 * 1024
 
 
 class _Meta(msgspec.Struct):
-    resourceVersion: str = ""  # noqa: N815 (the API's field name)
+    resourceVersion: str = ""  # the API's field name
 
 
 class _Bookmark(msgspec.Struct):
@@ -122,7 +122,10 @@ class LightkubeSliceApi:
         page_size: int = 500,
     ) -> None:
         params = ConnectionParams(timeout=httpx2.Timeout(request_timeout_s))
-        self._client = GenericAsyncClient(params, config=config, namespace=namespace)
+        try:
+            self._client = GenericAsyncClient(params, config=config, namespace=namespace)
+        except Exception as exc:  # no current context, unreadable CA or client certificate, ...
+            raise ConfigError(f"kube: cannot build the Kubernetes client: {exc}") from exc
         self.namespace: str = self._client.namespace
         self.server: str = self._client.config.cluster.server
         self._selector = selector

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from picker.pool import Lease
+from picker.streams.tracker import ResponseTracker
 
 
 class EndReason(enum.Enum):
-    """How a request ended, as far as the picker can tell (closed set)."""
+    """How a request ended (closed set; each request gets exactly one)."""
 
-    COMPLETED = "completed"  # the response reached its end of stream
-    ABORTED = "aborted"  # the stream ended before the response did (client or upstream went away)
+    COMPLETED = "completed"  # the response reached its end: finish_reason / [DONE] / end of body
+    CLIENT_DISCONNECT = "client-disconnect"  # the client went away first (the engine was told to abort)
+    UPSTREAM_TRUNCATED = "upstream-truncated"  # ended after the commit point without completing
+    UPSTREAM_ERROR_EVENT = "upstream-error-event"  # an SSE error event inside a 200 stream
+    UPSTREAM_ERROR_STATUS = "upstream-error-status"  # the model server answered 5xx before any token
+    STALLED = "stalled"  # the model server stopped sending without closing
     REJECTED = "rejected"  # answered by the picker itself (status contract), never dispatched
-    UNOBSERVED = "unobserved"  # dispatched, but no observer stream ever reported its end
+    UNOBSERVED = "unobserved"  # dispatched, but nothing ever reported how it ended
+
+
+@dataclass(slots=True)
+class Attempts:
+    """What Envoy's access log said about the upstream side of one request."""
+
+    count: int = 1
+    flags: frozenset[str] = frozenset()
+    status: int = 0
+    upstream: str = ""
 
 
 @dataclass(slots=True)
@@ -28,12 +43,21 @@ class RequestRecord:
     lease: Lease | None = None
     status: int | None = None
     served: str | None = None
-    response_started_at: float | None = None
-    observed: bool = False
+    response_started_at: float | None = None  # the commit point: nothing may retry after it
+    observed: bool = False  # an observer stream joined this request
+    observer_done: bool = False  # ... and has ended
+    tracker: ResponseTracker | None = None
+    response_ended: bool = False  # the observer saw the response's end of stream
+    access_log: Attempts | None = None
+    stalled: bool = False
     ended_at: float | None = None
     end_reason: EndReason | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def ended(self) -> bool:
         return self.end_reason is not None
+
+    @property
+    def endpoint(self) -> str | None:
+        """Where the request is attributed now (served, else the primary pick)."""
+        return self.lease.address if self.lease is not None else (self.served or None)

@@ -38,7 +38,7 @@ _BODIES = {
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer  # type: ignore[assignment]
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (stdlib signature)
+    def log_message(self, format: str, *args: object) -> None:
         return
 
     def do_GET(self) -> None:
@@ -55,12 +55,28 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "huge":
             self._send_huge()
             return
+        if mode == "trickle":
+            self._send_trickle()
+            return
         body = _BODIES[mode]
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def _send_trickle(self) -> None:
+        """A valid page, one byte every 50 ms (a slowloris): never complete within a short budget."""
+        body = vllm_page()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            for index in range(len(body)):
+                if self.server.release.wait(0.05):
+                    return
+                self.wfile.write(body[index : index + 1])
+                self.wfile.flush()
 
     def _send_huge(self) -> None:
         """A valid-looking page, streamed without a length, 4x past the cap (bounded)."""

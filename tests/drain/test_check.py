@@ -66,7 +66,9 @@ class Manifests:
 
     @property
     def hcm(self) -> dict[str, Any]:
-        return self.envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        return self.envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+            "typed_config"
+        ]
 
     @property
     def route(self) -> dict[str, Any]:
@@ -150,24 +152,28 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
      lambda m: _set(m.model_server["spec"]["template"]["spec"], "terminationGracePeriodSeconds", 120)),
     ("GRACE-002", "picker grace below the model servers'",
      lambda m: _set(m.picker_deployment["spec"]["template"]["spec"], "terminationGracePeriodSeconds", 300)),
-    ("GRACE-003", "picker drain shorter than the engines'", lambda m: m.set_arg(m.picker, "--drain-timeout", "100")),
+    ("GRACE-003", "picker drain shorter than the engines'",
+     lambda m: m.set_arg(m.picker, "--drain-timeout", "100")),
     ("GRACE-004", "picker grace below its own drain",
      lambda m: _set(m.picker_deployment["spec"]["template"]["spec"], "terminationGracePeriodSeconds", 385)),
     ("VLLM-001", "no --shutdown-timeout", lambda m: m.set_arg(m.vllm, "--shutdown-timeout", None)),
     ("VLLM-002", "short --shutdown-timeout", lambda m: m.set_arg(m.vllm, "--shutdown-timeout", "60")),
     ("PRESTOP-001", "no preStop", lambda m: _drop(m.vllm, "lifecycle")),
     ("PRESTOP-002", "drain-wait flag typo", lambda m: m.set_prestop_arg("--deadline", "soon")),
-    ("PRESTOP-003", "allowance past the deadline", lambda m: m.set_prestop_arg("--propagation-allowance", "90")),
+    ("PRESTOP-003", "allowance past the deadline",
+     lambda m: m.set_prestop_arg("--propagation-allowance", "90")),
     ("PRESTOP-004", "metrics on another port",
      lambda m: m.set_prestop_arg("--metrics-url", "http://127.0.0.1:8080/metrics")),
     ("PICKER-001", "one picker", lambda m: _set(m.picker_deployment["spec"], "replicas", 1)),
     ("PICKER-002", "readiness on the overall service",
      lambda m: _set(m.picker["readinessProbe"]["grpc"], "service", "")),
-    ("PICKER-003", "liveness on readiness", lambda m: _set(m.picker["livenessProbe"]["grpc"], "service", "readiness")),
+    ("PICKER-003", "liveness on readiness",
+     lambda m: _set(m.picker["livenessProbe"]["grpc"], "service", "readiness")),
     ("ROLLOUT-001", "half the replicas at once",
      lambda m: _set(m.model_server["spec"]["strategy"]["rollingUpdate"], "maxUnavailable", 2)),
     ("ROLLOUT-002", "a rollout that cannot move",
-     lambda m: _set(m.model_server["spec"]["strategy"], "rollingUpdate", {"maxSurge": 0, "maxUnavailable": 0})),
+     lambda m: _set(m.model_server["spec"]["strategy"], "rollingUpdate",
+                    {"maxSurge": 0, "maxUnavailable": 0})),
     ("ROLLOUT-003", "Recreate", lambda m: _set(m.model_server["spec"], "strategy", {"type": "Recreate"})),
     ("PDB-001", "no model-server PDB", lambda m: m.remove("PodDisruptionBudget", "vllm-llama")),
     ("PDB-002", "no picker PDB", lambda m: m.remove("PodDisruptionBudget", "vllm-llama-picker")),
@@ -186,16 +192,20 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
      lambda m: _set(m.obj("InferencePool")["spec"], "targetPorts", [{"number": 8001}])),
     ("ROUTE-001", "route timeout 30s",
      lambda m: _set(m.obj("HTTPRoute")["spec"]["rules"][0], "timeouts", {"request": "30s"})),
-    ("ROUTE-002", "route timeout left out", lambda m: _drop(m.obj("HTTPRoute")["spec"]["rules"][0], "timeouts")),
+    ("ROUTE-002", "route timeout left out",
+     lambda m: _drop(m.obj("HTTPRoute")["spec"]["rules"][0], "timeouts")),
     ("ENVOY-001", "Envoy's default route timeout", lambda m: _drop(m.route, "timeout")),
     ("ENVOY-002", "short stream_idle_timeout", lambda m: _set(m.hcm, "stream_idle_timeout", "30s")),
     ("ENVOY-003", "default circuit breakers", lambda m: _drop(m.pool_cluster, "circuit_breakers")),
-    ("ENVOY-004", "retries on 5xx", lambda m: _set(m.route["retry_policy"], "retry_on", "5xx,connect-failure")),
-    ("ENVOY-005", "no receiving namespace", lambda m: _drop(m.routing_filter["metadata_options"], "receiving_namespaces")),
+    ("ENVOY-004", "retries on 5xx",
+     lambda m: _set(m.route["retry_policy"], "retry_on", "5xx,connect-failure")),
+    ("ENVOY-005", "no receiving namespace",
+     lambda m: _drop(m.routing_filter["metadata_options"], "receiving_namespaces")),
     ("ENVOY-006", "forged header kept", lambda m: _drop(m.hcm, "early_header_mutation_extensions")),
     ("ENVOY-007", "FULL_DUPLEX_STREAMED",
      lambda m: _set(m.routing_filter["processing_mode"], "response_body_mode", "FULL_DUPLEX_STREAMED")),
-    ("ENVOY-008", "STREAMED", lambda m: _set(m.routing_filter["processing_mode"], "response_body_mode", "STREAMED")),
+    ("ENVOY-008", "STREAMED",
+     lambda m: _set(m.routing_filter["processing_mode"], "response_body_mode", "STREAMED")),
     ("ENVOY-009", "EDS with health checks", _eds_with_health_checks),
     ("ENVOY-010", "pool fails open, Envoy closed",
      lambda m: _set(m.obj("InferencePool")["spec"]["endpointPickerRef"], "failureMode", "FailOpen")),
@@ -212,7 +222,9 @@ def test_every_rule_has_a_broken_variant() -> None:
     assert {rule_id for rule_id, _, _ in VARIANTS} == set(RULES)
 
 
-@pytest.mark.parametrize(("rule_id", "mutate"), [(v[0], v[2]) for v in VARIANTS], ids=[v[1] for v in VARIANTS])
+@pytest.mark.parametrize(
+    ("rule_id", "mutate"), [(v[0], v[2]) for v in VARIANTS], ids=[v[1] for v in VARIANTS]
+)
 def test_broken_variant_is_reported(tmp_path: Path, rule_id: str, mutate: Mutation) -> None:
     manifests = Manifests()
     mutate(manifests)

@@ -62,7 +62,11 @@ def _pool() -> dict[str, Any]:
         (lambda s: s.update(targetPorts=[{"number": 70000}]), "spec.targetPorts[0].number", "not a port"),
         (lambda s: s["selector"].update(matchLabels={}), "spec.selector.matchLabels", "every pod"),
         (lambda s: s["endpointPickerRef"].pop("port"), "spec.endpointPickerRef.port", "required"),
-        (lambda s: s["endpointPickerRef"].update(failureMode="Open"), "spec.endpointPickerRef.failureMode", "one of"),
+        (
+            lambda s: s["endpointPickerRef"].update(failureMode="Open"),
+            "spec.endpointPickerRef.failureMode",
+            "one of",
+        ),
         (lambda s: s.update(extensionRef={"name": "x"}), "spec", "v1alpha2"),
     ],
 )
@@ -123,7 +127,11 @@ def _container(lifecycle: dict[str, Any], args: list[str] | None = None) -> Cont
         ({"preStop": {"exec": {"command": ["picker", "drain-wait", "--deadline", "45"]}}}, "drain-wait", 45),
         ({"preStop": {"exec": {"command": ["python3", "/d/wait.py", "--deadline=30"]}}}, "drain-wait", 30),
         ({"preStop": {"exec": {"command": ["python3", "/d/wait.py"]}}}, "drain-wait", 60),  # its default
-        ({"preStop": {"exec": {"command": ["sh", "-c", "sleep 5 && picker drain-wait --deadline 20"]}}}, "drain-wait", 25),
+        (
+            {"preStop": {"exec": {"command": ["sh", "-c", "sleep 5 && picker drain-wait --deadline 20"]}}},
+            "drain-wait",
+            25,
+        ),
         ({"preStop": {"exec": {"command": ["/bin/sh", "-c", "sleep 1m; echo done"]}}}, "sleep", 60),
         ({"preStop": {"sleep": {"seconds": 15}}}, "sleep", 15),
         ({"preStop": {"httpGet": {"path": "/drain", "port": 8000}}}, "http", None),
@@ -137,7 +145,9 @@ def test_prestop_allowance(hook: dict[str, Any], kind: str, seconds: float | Non
 
 
 def test_prestop_with_bad_drain_wait_flags() -> None:
-    prestop = prestop_of(_container({"preStop": {"exec": {"command": ["picker", "drain-wait", "--deadlin", "9"]}}}))
+    prestop = prestop_of(
+        _container({"preStop": {"exec": {"command": ["picker", "drain-wait", "--deadlin", "9"]}}})
+    )
     assert prestop.kind == "drain-wait" and prestop.seconds is None
     assert prestop.wait_error is not None and "--deadlin" in prestop.wait_error
 

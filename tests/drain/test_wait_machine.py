@@ -187,7 +187,9 @@ def test_run_loop_with_polls_that_use_their_whole_budget_ends_at_the_deadline() 
         fake.now += budget  # a server that never answers
         return TIMEOUT
 
-    summary = run(Settings(deadline_s=4.0, request_timeout_s=1.5, poll_interval_s=0.5), fetch, fake.clock, fake.sleep)
+    summary = run(
+        Settings(deadline_s=4.0, request_timeout_s=1.5, poll_interval_s=0.5), fetch, fake.clock, fake.sleep
+    )
     assert summary["outcome"] == "deadline"
     assert fake.now - start == pytest.approx(4.0)
 
@@ -247,6 +249,8 @@ def test_parse_sample_rejects_unusable_pages(text: str) -> None:
         ["--deadline", "-1"],
         ["--quiet-interval", "0"],
         ["--metrics-url", "ftp://x/metrics"],
+        ["--metrics-url", "https://127.0.0.1:8000/metrics"],
+        ["--metrics-url", "http://127.0.0.1:99999/metrics"],
         ["--metrics-url", "not a url"],
         ["--unknown-flag"],
     ],
@@ -261,7 +265,11 @@ def test_settings_from_arguments() -> None:
         ["--url", "http://127.0.0.1:8001/metrics", "--quiet-interval=3", "--propagation-allowance", "15"]
     )
     assert settings.metrics_url == "http://127.0.0.1:8001/metrics"
-    assert (settings.quiet_interval_s, settings.propagation_allowance_s, settings.deadline_s) == (3.0, 15.0, 60.0)
+    assert (settings.quiet_interval_s, settings.propagation_allowance_s, settings.deadline_s) == (
+        3.0,
+        15.0,
+        60.0,
+    )
 
 
 def test_main_exits_zero_and_says_why_on_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

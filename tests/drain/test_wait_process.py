@@ -2,8 +2,9 @@
 
 Each drain-wait process is stopped by its PID in a finally. Time bounds are behavioural: "returns
 within 1 s of the engine reaching idle" is measured from the client seeing its last stream end; a
-process run is allowed 1.0 s more than its own deadline for interpreter start-up and exit on a
-shared machine (the deadline itself is checked from the hook's own summary, to 0.3 s).
+process run is allowed 2.0 s more than its own deadline for interpreter start-up and exit on a
+shared 2-core machine (the deadline itself is checked from the hook's own summary, to 0.5 s); the
+exact timing logic is covered on a fake clock in test_wait_machine.py.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from loadtest.stack import health_ok, sim_argv
 from loadtest.traffic import completion_body
 from tests.drain.servers import metrics_server
 
-START_AND_EXIT_S = 1.0  # interpreter start-up + exit, beyond the hook's own deadline
+START_AND_EXIT_S = 2.0  # interpreter start-up + exit, beyond the hook's own deadline
 ITL_MS = 20
 FAST = ["--quiet-interval", "0.2", "--poll-interval", "0.05", "--request-timeout", "0.3"]
 
@@ -105,7 +106,7 @@ def test_returns_within_a_second_of_the_engine_going_idle(sim_port: int, tmp_pat
     try:
         streams.join(15)
         idle_at = max(streams.ended)
-        exited_at = exit_time(proc, 10)
+        exited_at = exit_time(proc, 30)
         assert proc.popen.returncode == 0
         summary = summary_of(proc)
     finally:
@@ -120,7 +121,13 @@ def test_returns_within_a_second_of_the_engine_going_idle(sim_port: int, tmp_pat
 def test_new_arrivals_hold_the_propagation_phase_until_the_allowance(sim_port: int, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{sim_port}/v1/completions"
     proc = start_wait(
-        tmp_path, f"http://127.0.0.1:{sim_port}/metrics", *FAST, "--propagation-allowance", "1.5", "--deadline", "10"
+        tmp_path,
+        f"http://127.0.0.1:{sim_port}/metrics",
+        *FAST,
+        "--propagation-allowance",
+        "1.5",
+        "--deadline",
+        "10",
     )
     try:
         # Requests back to back (~120 ms each): one arrives in every quiet interval, until the
@@ -131,7 +138,7 @@ def test_new_arrivals_hold_the_propagation_phase_until_the_allowance(sim_port: i
                 if not proc.alive() or time.monotonic() > stop_at:
                     break
                 client.post(url, json=completion_body(5, stream=False))
-        exit_time(proc, 10)
+        exit_time(proc, 30)
         summary = summary_of(proc)
     finally:
         proc.stop()
@@ -153,11 +160,13 @@ def test_never_later_than_its_deadline(sim_port: int, tmp_path: Path) -> None:
         proc.stop()
         streams.join(15)
     assert summary["outcome"] == "deadline", summary
-    assert summary["total_s"] <= 1.5 + 0.3
+    assert summary["total_s"] <= 1.5 + 0.5
     assert exited_at - started <= 1.5 + START_AND_EXIT_S
 
 
-@pytest.mark.parametrize(("mode", "outcome"), [("hang", "deadline"), ("garbage", "unobservable"), ("html", "unobservable")])
+@pytest.mark.parametrize(
+    ("mode", "outcome"), [("hang", "deadline"), ("garbage", "unobservable"), ("html", "unobservable")]
+)
 def test_exits_zero_when_metrics_are_slow_or_garbage(tmp_path: Path, mode: str, outcome: str) -> None:
     with metrics_server(mode) as server:
         started = time.monotonic()
@@ -176,9 +185,11 @@ def test_exits_zero_when_metrics_are_slow_or_garbage(tmp_path: Path, mode: str, 
 
 def test_exits_zero_when_the_engine_is_down(tmp_path: Path) -> None:
     started = time.monotonic()
-    proc = start_wait(tmp_path, f"http://127.0.0.1:{free_port()}/metrics", *FAST, "--propagation-allowance", "0.5")
+    proc = start_wait(
+        tmp_path, f"http://127.0.0.1:{free_port()}/metrics", *FAST, "--propagation-allowance", "0.5"
+    )
     try:
-        exited_at = exit_time(proc, 5)
+        exited_at = exit_time(proc, 0.9 + START_AND_EXIT_S + 2)
         assert proc.popen.returncode == 0
         summary = summary_of(proc)
     finally:
@@ -208,9 +219,11 @@ def test_runs_as_a_lone_file_without_site_packages(tmp_path: Path, sim_port: int
     log = tmp_path / "summary.log"
     # -I -S: no site-packages, no script directory on the path: the standard library only.
     argv = [sys.executable, "-I", "-S", str(alone)]
-    proc = start_wait(tmp_path, f"http://127.0.0.1:{sim_port}/metrics", *FAST, "--log-file", str(log), argv=argv)
+    proc = start_wait(
+        tmp_path, f"http://127.0.0.1:{sim_port}/metrics", *FAST, "--log-file", str(log), argv=argv
+    )
     try:
-        exit_time(proc, 10)
+        exit_time(proc, 30)
         assert proc.popen.returncode == 0
     finally:
         proc.stop()
@@ -219,9 +232,11 @@ def test_runs_as_a_lone_file_without_site_packages(tmp_path: Path, sim_port: int
 
 
 def test_picker_cli_exits_zero_on_bad_flags(tmp_path: Path) -> None:
-    proc = Proc("drain-wait", [sys.executable, "-m", "picker", "drain-wait", "--deadline", "soon"], tmp_path / "w.log")
+    proc = Proc(
+        "drain-wait", [sys.executable, "-m", "picker", "drain-wait", "--deadline", "soon"], tmp_path / "w.log"
+    )
     try:
-        exit_time(proc, 10)
+        exit_time(proc, 30)
         assert proc.popen.returncode == 0
         assert summary_of(proc)["outcome"] == "bad-arguments"
     finally:

@@ -11,19 +11,10 @@ import httpx
 import pytest
 
 from loadtest.procs import wait_until
-from loadtest.stack import Stack, StackOptions, parse_metrics
+from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import Result, completion_body, stream_one
 
 pytestmark = pytest.mark.envoy
-
-
-def sim_total(stack: Stack, name: str) -> float:
-    """A simulator counter summed over every replica and label set."""
-    total = 0.0
-    for replica in stack.replicas:
-        samples = parse_metrics(httpx.get(f"http://{replica}/metrics", timeout=5).text)
-        total += sum(v for (n, _), v in samples.items() if n == name)
-    return total
 
 
 def busy_stack(
@@ -84,7 +75,7 @@ async def test_saturation_queues_in_the_picker_not_on_the_engines(saturated_stac
     not_waiting = stack.picker_value("picker_flow_wait_seconds_bucket", outcome="dispatched", le="0.001")
     assert waited == 24 and waited - not_waiting >= 10
     # ... and no engine ever refused a request for a full queue
-    assert sim_total(stack, "sim_requests_rejected_total") == 0
+    assert stack.sim_value("sim_requests_rejected_total") == 0
     stack.wait_no_leaks()
 
 

@@ -96,7 +96,11 @@ def test_rolling_drain_record(pool: Pool, clock: FakeClock, caplog: pytest.LogCa
         pool.reconcile({"b:1": READY}, source="kube")
     assert pool.get("a:1") is None
     assert not record.open and record.exit is DrainExit.GONE and record.duration_s(999) == 10.0
-    assert dict(record.ends) == {DrainEnd.COMPLETED: 2, DrainEnd.CLIENT_DISCONNECT: 1, DrainEnd.UPSTREAM_ERROR: 1}
+    assert dict(record.ends) == {
+        DrainEnd.COMPLETED: 2,
+        DrainEnd.CLIENT_DISCONNECT: 1,
+        DrainEnd.UPSTREAM_ERROR: 1,
+    }
     assert record.picks_after_start == 0
     assert pool.recent_drains() == [record]
     closed_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("drain closed")]

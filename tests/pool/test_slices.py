@@ -55,7 +55,9 @@ CONDITIONS = [
 def test_conditions_to_state(flags: tuple[bool | None, ...], expected: EndpointState) -> None:
     ready, serving, terminating = flags
     conditions = {
-        k: v for k, v in {"ready": ready, "serving": serving, "terminating": terminating}.items() if v is not None
+        k: v
+        for k, v in {"ready": ready, "serving": serving, "terminating": terminating}.items()
+        if v is not None
     }
     assert state_of(conditions) is expected
 
@@ -84,7 +86,11 @@ def test_fqdn_slices_are_ignored_with_a_problem() -> None:
     assert view is not None and view.endpoints == {} and "FQDN" in view.problems[0]
 
 
-PORTS = [{"name": "metrics", "port": 9100}, {"name": "http", "port": 8000}, {"name": "dns", "port": 53, "protocol": "UDP"}]
+PORTS = [
+    {"name": "metrics", "port": 9100},
+    {"name": "http", "port": 8000},
+    {"name": "dns", "port": 53, "protocol": "UDP"},
+]
 
 
 @pytest.mark.parametrize(
@@ -129,13 +135,19 @@ def test_only_the_first_address_of_an_endpoint_counts() -> None:
 
 def test_merge_takes_the_most_cautious_state_for_an_address_in_several_slices() -> None:
     target = TargetPort()
-    one = read_slice(a_slice("a", [endpoint("10.0.0.1"), endpoint("10.0.0.2", ready=False, serving=False)]), target)
+    one = read_slice(
+        a_slice("a", [endpoint("10.0.0.1"), endpoint("10.0.0.2", ready=False, serving=False)]), target
+    )
     two = read_slice(
         a_slice("b", [endpoint("10.0.0.1", ready=False, terminating=True), endpoint("10.0.0.2")]), target
     )
     three = read_slice(a_slice("c", [endpoint("10.0.0.3")]), target)
     assert one and two and three
-    assert merge([one, two, three]) == {"10.0.0.1:8000": DRAINING, "10.0.0.2:8000": NOT_READY, "10.0.0.3:8000": READY}
+    assert merge([one, two, three]) == {
+        "10.0.0.1:8000": DRAINING,
+        "10.0.0.2:8000": NOT_READY,
+        "10.0.0.3:8000": READY,
+    }
     assert merge([two, one, three]) == merge([one, two, three])
 
 
@@ -145,8 +157,18 @@ GARBAGE: list[Any] = [
     {"metadata": {"name": "x"}, "addressType": "IPv4", "ports": "http"},
     {"metadata": {"name": "x"}, "addressType": "IPv4", "ports": [{"port": 8000}], "endpoints": "nope"},
     {"metadata": {"name": "x"}, "addressType": "IPv4", "ports": [{"port": 8000}], "endpoints": [None, 1, {}]},
-    {"metadata": {"name": "x"}, "addressType": "IPv4", "ports": [{"port": 8000}], "endpoints": [{"addresses": [7]}]},
-    {"metadata": {"name": "x"}, "addressType": "IPv4", "ports": [7], "endpoints": [{"addresses": ["10.0.0.1"]}]},
+    {
+        "metadata": {"name": "x"},
+        "addressType": "IPv4",
+        "ports": [{"port": 8000}],
+        "endpoints": [{"addresses": [7]}],
+    },
+    {
+        "metadata": {"name": "x"},
+        "addressType": "IPv4",
+        "ports": [7],
+        "endpoints": [{"addresses": ["10.0.0.1"]}],
+    },
     {"metadata": {"name": "x"}, "addressType": 4, "endpoints": [{"addresses": ["999.0.0.1"]}]},
     {"metadata": "x"},
 ]

@@ -6,6 +6,7 @@ class-scoped server and only the drain check starts its own; the two never run a
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,11 @@ import pytest
 from loadtest.realvllm import launcher
 
 TIER_DIR = Path(__file__).resolve().parent
+
+# test_parity imports tests.sim.parity_checks: make the project root importable even when pytest is not
+# started from it (`python -m pytest` from the root already has it on sys.path).
+if str(launcher.PROJECT_ROOT) not in sys.path:
+    sys.path.insert(0, str(launcher.PROJECT_ROOT))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -296,7 +296,7 @@ async def _idle(client: httpx.AsyncClient, target: Target) -> bool:
 
 
 async def check_non_streaming_disconnect_aborts(
-    target: Target, long_tokens: int, deadline_s: float = 10.0
+    target: Target, long_tokens: int, deadline_s: float = 10.0, start_deadline_s: float = 30.0
 ) -> float:
     async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as probe:
         before = await scrape(probe)
@@ -304,8 +304,8 @@ async def check_non_streaming_disconnect_aborts(
             request = asyncio.create_task(
                 client.post("/v1/completions", json=completion_body(target, long_tokens, False))
             )
-            assert await wait_until(lambda: running_is(probe, target, 1), 10), "request never ran"
-            assert not request.done()
+            ran = await wait_until(lambda: _running_at_least(probe, target, 1), start_deadline_s, 0.05)
+            assert ran and not request.done(), "request never seen running"
             request.cancel()  # drops the connection while the server is generating
             await asyncio.gather(request, return_exceptions=True)
         closed = time.monotonic()
@@ -315,19 +315,38 @@ async def check_non_streaming_disconnect_aborts(
     return took
 
 
+async def _running_at_least(client: httpx.AsyncClient, target: Target, count: int) -> bool:
+    return await running(client, target) >= count
+
+
 async def running_is(client: httpx.AsyncClient, target: Target, count: int) -> bool:
     return await running(client, target) == count
 
 
-async def _start_streams(
-    target: Target, count: int, tokens: int, read_timeout: float
+async def _flowing_streams(
+    target: Target, count: int, tokens: int, read_timeout: float, within_s: float = 30.0
 ) -> list[asyncio.Task[StreamResult]]:
-    async def one() -> StreamResult:
+    """Start `count` streams and return once each has received its first event (client-side proof that
+    they are in flight, independent of how fast the server's /metrics answers under load)."""
+    flowing = [asyncio.Event() for _ in range(count)]
+
+    async def one(first_event: asyncio.Event) -> StreamResult:
         async with httpx.AsyncClient(base_url=target.base_url) as client:
             body = completion_body(target, tokens, True)
-            return await stream_request(client, "/v1/completions", body, read_timeout=read_timeout)
+            return await stream_request(
+                client, "/v1/completions", body, read_timeout=read_timeout, first_event=first_event
+            )
 
-    return [asyncio.create_task(one()) for _ in range(count)]
+    tasks = [asyncio.create_task(one(event)) for event in flowing]
+    try:
+        async with asyncio.timeout(within_s):
+            await asyncio.gather(*(event.wait() for event in flowing))
+    except TimeoutError:
+        for task in tasks:
+            task.cancel()
+        raise AssertionError("streams never started") from None
+    assert not any(task.done() for task in tasks), [task.result().end for task in tasks if task.done()]
+    return tasks
 
 
 async def _first_refusal(client: httpx.AsyncClient, target: Target, within_s: float = 20.0) -> httpx.Response:
@@ -343,26 +362,30 @@ async def _first_refusal(client: httpx.AsyncClient, target: Target, within_s: fl
 async def check_drain_on_sigterm(
     target: Target, stream_tokens: int, streams: int = 2, close_deadline_s: float = 30.0
 ) -> None:
-    """Server started with a shutdown timeout longer than the streams: SIGTERM lets them finish, refuses
-    new work with vLLM's 500 while /health stays 200, then closes the listener."""
+    """Server started with a shutdown timeout longer than the streams: SIGTERM lets in-flight streams
+    finish, refuses new work with vLLM's 500 while /health, /v1/models and /metrics answer 200, then closes
+    the listener. Size `stream_tokens` so the streams outlast these probes (a few seconds)."""
     assert target.sigterm is not None, "the drain check needs a way to send SIGTERM"
-    tasks = await _start_streams(target, streams, stream_tokens, read_timeout=60)
+    tasks = await _flowing_streams(target, streams, stream_tokens, read_timeout=60)
     try:
         async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as probe:
-            assert await wait_until(lambda: running_is(probe, target, streams), 30), "streams never ran"
             target.sigterm()
             check_error(await _first_refusal(probe, target), 500, "InternalServerError", DRAIN_REFUSAL)
             chat = await probe.post("/v1/chat/completions", json=chat_body(target, 1))
             check_error(chat, 500, "InternalServerError", DRAIN_REFUSAL)
             assert (await probe.get("/health")).status_code == 200, "health flips during the drain"
             assert (await probe.get("/v1/models")).status_code == 200
-            assert await running(probe, target) == streams, "streams cut by the drain"
+            assert (await probe.get("/metrics")).status_code == 200
+            in_flight = sum(not task.done() for task in tasks)
         results = await asyncio.gather(*tasks)
     finally:
         for task in tasks:
             task.cancel()
     for result in results:
         check_finished_stream(result, "text_completion", target, stream_tokens)
+    assert in_flight == streams, (
+        f"only {in_flight} of {streams} streams outlasted the probes: make them longer"
+    )
     assert await wait_until(lambda: port_refuses(target.base_url), close_deadline_s), "listener still open"
 
 
@@ -393,16 +416,13 @@ async def check_abort_on_sigterm(
     hang_timeout_s: float = 5.0,
 ) -> list[str]:
     """Server without a shutdown timeout: SIGTERM closes the listener at once; in-flight streams end in one
-    of vLLM's three ways. Returns the endings seen."""
+    of vLLM's three ways (abort + [DONE], error event + [DONE], hang). Returns the endings seen."""
     assert target.sigterm is not None, "the abort check needs a way to send SIGTERM"
-    tasks = await _start_streams(target, streams, stream_tokens, read_timeout=hang_timeout_s)
+    tasks = await _flowing_streams(target, streams, stream_tokens, read_timeout=hang_timeout_s)
     try:
-        async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as probe:
-            assert await wait_until(lambda: running_is(probe, target, streams), 30), "streams never ran"
         target.sigterm()
-        assert await wait_until(lambda: port_refuses(target.base_url), refuse_deadline_s), (
-            "listener still open"
-        )
+        refused = await wait_until(lambda: port_refuses(target.base_url), refuse_deadline_s)
+        assert refused, "listener still open"
         results = await asyncio.gather(*tasks)
     finally:
         for task in tasks:

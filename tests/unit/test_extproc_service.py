@@ -19,7 +19,7 @@ from picker.pipeline import RequestPath
 from picker.pool.load import record_sample
 from picker.scheduling import LoadPolicy
 from picker.pool import Pool
-from picker.streams import EndReason
+from picker.streams import Attempts, EndReason
 from picker.telemetry import Metrics
 
 
@@ -150,10 +150,27 @@ async def test_in_flight_follows_the_served_endpoint_while_streaming() -> None:
     _, request_id = routed(route[:2])
     pool = h.pool
     assert pool.get("10.0.0.3:8000").in_flight == 1  # type: ignore[union-attr]
-    await run(h.service, [request_headers({headers.PICKER_REQUEST_ID: request_id}, observer=True)])
-    # observer stream ended without the response's end of stream: aborted, released
+    await run(
+        h.service,
+        [request_headers({headers.PICKER_REQUEST_ID: request_id}, observer=True), response_body(False)],
+    )
+    # cut short: only Envoy's access log can say by whom, so the request stays counted until it does
+    assert pool.in_flight() == 1
+    h.path.access_logged(request_id, Attempts(flags=frozenset({"downstream_remote_reset"}), status=200))
     assert pool.in_flight() == 0
-    assert h.value("picker_request_ends_total", reason=EndReason.ABORTED.value) == 1
+    assert h.value("picker_request_ends_total", reason=EndReason.CLIENT_DISCONNECT.value) == 1
+
+
+async def test_access_log_alone_ends_a_request_without_observer() -> None:
+    h = make(grace=30)
+    route = await run(h.service, [request_headers(), body(BODY), response_headers(503, "10.0.0.1:8000")])
+    _, request_id = routed(route[:2])
+    h.path.access_logged(
+        request_id, Attempts(count=3, status=503, flags=frozenset({"upstream_remote_reset"}))
+    )
+    assert h.pool.in_flight() == 0
+    assert h.value("picker_request_ends_total", reason=EndReason.UPSTREAM_ERROR_STATUS.value) == 1
+    assert h.value("picker_upstream_retries_total", endpoint="10.0.0.1:8000") == 2
 
 
 async def test_unobserved_request_is_released_after_the_grace() -> None:

@@ -1,0 +1,59 @@
+"""One end reason per request, from what the observer saw and what Envoy's access log said."""
+
+from __future__ import annotations
+
+from picker.streams.record import Attempts, EndReason, RequestRecord
+
+# Envoy response flags (access-log names) that say who ended a stream early.
+DOWNSTREAM_FLAGS = frozenset({"downstream_connection_termination", "downstream_remote_reset"})
+UPSTREAM_FLAGS = frozenset(
+    {
+        "upstream_remote_reset",
+        "upstream_connection_termination",
+        "upstream_protocol_error",
+        "upstream_connection_failure",
+        "upstream_request_timeout",
+        "local_reset",
+    }
+)
+IDLE_FLAGS = frozenset({"stream_idle_timeout"})
+
+
+def from_body(record: RequestRecord) -> EndReason | None:
+    """The reason when the response body alone settles it, else None (the access log must say)."""
+    tracker = record.tracker
+    if (
+        record.status is not None
+        and record.status >= 500
+        and (tracker is None or tracker.first_byte_at is None or not tracker.streaming)
+    ):
+        return EndReason.UPSTREAM_ERROR_STATUS
+    if tracker is None:
+        return EndReason.COMPLETED if record.response_ended else None
+    if tracker.error_event:
+        return EndReason.UPSTREAM_ERROR_EVENT
+    if tracker.finish_reason == "abort":
+        return EndReason.UPSTREAM_TRUNCATED  # vLLM's silent truncation: HTTP 200 + [DONE], too few tokens
+    if record.response_ended:
+        if tracker.streaming and tracker.first_byte_at is not None and not tracker.completed:
+            return EndReason.UPSTREAM_TRUNCATED  # a clean close in the middle of the stream
+        return EndReason.COMPLETED
+    return None
+
+
+def from_access_log(record: RequestRecord, log: Attempts) -> EndReason:
+    """Settle an ending the body could not: Envoy knows which side closed the stream."""
+    settled = from_body(record)
+    if settled is not None:
+        return settled
+    if log.flags & IDLE_FLAGS or record.stalled:
+        return EndReason.STALLED  # even when the client finally gave up on it: the stall came first
+    if log.flags & DOWNSTREAM_FLAGS:
+        return EndReason.CLIENT_DISCONNECT
+    if log.flags & UPSTREAM_FLAGS:
+        if record.response_started_at is None and log.status >= 500:
+            return EndReason.UPSTREAM_ERROR_STATUS
+        return EndReason.UPSTREAM_TRUNCATED
+    if log.status >= 500:
+        return EndReason.UPSTREAM_ERROR_STATUS
+    return EndReason.COMPLETED

@@ -1,0 +1,114 @@
+"""What flowed in one response: chunks, tokens, timing, usage, and how the body itself ended.
+
+Decodes only the JSON it must (the usage chunk, error events, a chunk that carries a
+finish_reason); every other token chunk is counted from its bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from picker.streams.sse import SSEParser
+
+_NULL_FINISH = (b'"finish_reason":null', b'"finish_reason": null')
+_NORMAL_FINISH = frozenset({"stop", "length", "tool_calls", "function_call", "content_filter"})
+_BODY_CAP = 1 << 20  # non-streaming bodies larger than this are not decoded (counted only)
+
+
+@dataclass(slots=True)
+class ResponseTracker:
+    streaming: bool
+    first_byte_at: float | None = None
+    last_chunk_at: float | None = None
+    bytes: int = 0
+    events: int = 0
+    token_chunks: int = 0
+    done: bool = False  # saw data: [DONE]
+    finish_reason: str | None = None
+    error_event: bool = False
+    usage_completion_tokens: int | None = None
+    _parser: SSEParser | None = None
+    _body: bytearray | None = None
+
+    def __post_init__(self) -> None:
+        if self.streaming:
+            self._parser = SSEParser()
+        else:
+            self._body = bytearray()
+
+    @property
+    def tokens(self) -> int:
+        """Usage when the server reported it, else token chunks seen."""
+        return self.usage_completion_tokens if self.usage_completion_tokens is not None else self.token_chunks
+
+    @property
+    def completed(self) -> bool:
+        """The body says the generation finished normally (not aborted, not an error)."""
+        if self.error_event or self.finish_reason == "abort":
+            return False
+        if self.streaming:
+            return self.done or self.finish_reason in _NORMAL_FINISH
+        return self.finish_reason in _NORMAL_FINISH or self.finish_reason is None
+
+    def feed(self, chunk: bytes, now: float) -> float | None:
+        """Take one body chunk; returns the gap since the previous chunk of a stream (for ITL)."""
+        if not chunk:
+            return None
+        gap = None
+        if self.first_byte_at is None:
+            self.first_byte_at = now
+        elif self.last_chunk_at is not None and self.streaming:
+            gap = now - self.last_chunk_at
+        self.last_chunk_at = now
+        self.bytes += len(chunk)
+        if self._parser is not None:
+            for event in self._parser.feed(chunk):
+                self._on_event(event.data)
+        elif self._body is not None and len(self._body) + len(chunk) <= _BODY_CAP:
+            self._body += chunk
+        else:
+            self._body = None
+        return gap
+
+    def end(self) -> None:
+        """The body ended: decode a non-streaming answer once."""
+        if self._body is None:
+            return
+        try:
+            data = json.loads(self._body)
+        except ValueError:
+            data = None
+        self._body = None
+        if isinstance(data, dict):
+            self._read(data, count_tokens=False)
+
+    def _on_event(self, data: bytes) -> None:
+        if data == b"[DONE]":
+            self.done = True
+            return
+        self.events += 1
+        if any(marker in data for marker in _NULL_FINISH) and b'"error"' not in data[:16]:
+            self.token_chunks += 1  # the common case: an ordinary token chunk
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return
+        if isinstance(event, dict):
+            self._read(event, count_tokens=True)
+
+    def _read(self, event: dict[str, object], *, count_tokens: bool) -> None:
+        if "error" in event:
+            self.error_event = True
+        choices = event.get("choices")
+        if isinstance(choices, list) and choices:
+            if count_tokens:
+                self.token_chunks += 1
+            for choice in choices:
+                reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+                if isinstance(reason, str):
+                    self.finish_reason = reason
+        usage = event.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            self.usage_completion_tokens = usage["completion_tokens"]

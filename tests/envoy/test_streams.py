@@ -1,0 +1,253 @@
+"""Stream tracking through the real Envoy with fault-injecting simulators: the commit point, disconnect
+aborts, truncation accounting, stalls, no leaks, and a picker crash that cuts nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadtest.procs import wait_until
+from loadtest.stack import Stack, StackOptions
+from loadtest.traffic import Result, completion_body, stream_one
+
+pytestmark = pytest.mark.envoy
+
+FAST = ("--ttft-ms", "5", "--itl-ms", "10")
+
+
+@pytest.fixture(scope="module")
+def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = Stack(
+        tmp_path_factory.mktemp("faults"),
+        StackOptions(replicas=2, sim_args=FAST, picker_args=("--stall-after", "0.5")),
+    ).start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def logged(stack: Stack) -> int:
+    return sum(len(stack.sim_requests(r)) for r in stack.replicas)
+
+
+def ends(stack: Stack, reason: str) -> float:
+    return stack.picker_value("picker_request_ends_total", reason=reason)
+
+
+async def test_reset_after_first_tokens_is_never_retried(fault_stack: Stack) -> None:
+    stack = fault_stack
+    before_logged, before_truncated = logged(stack), ends(stack, "upstream-truncated")
+    async with httpx.AsyncClient(timeout=10) as client:
+        result = await stream_one(client, stack.url, completion_body(20), {"x-sim-fault": "reset-after=3"})
+    assert result.status == 200 and not result.done and result.chunks == 3  # truncated, once
+    await asyncio.to_thread(wait_until, lambda: ends(stack, "upstream-truncated") == before_truncated + 1, 5)
+    assert logged(stack) == before_logged + 1  # exactly one upstream attempt
+    assert stack.picker_value("picker_endpoint_truncations_total", endpoint=result.replica) >= 1
+    stack.wait_no_leaks()
+
+
+async def test_vllm_silent_truncation_counts_as_truncated(fault_stack: Stack) -> None:
+    # What a default-mode vLLM SIGTERM looks like: finish_reason "abort", usage, [DONE], HTTP 200.
+    stack = fault_stack
+    before = ends(stack, "upstream-truncated")
+    async with httpx.AsyncClient(timeout=10) as client:
+        holder = asyncio.create_task(stream_one(client, stack.url, completion_body(300)))
+        await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_in_flight") == 1, 5)
+        replica = next(
+            r for r in stack.replicas if stack.picker_value("picker_endpoint_in_flight", endpoint=r)
+        )
+        index = stack.replicas.index(replica)
+        httpx.post(f"http://{replica}/sim/shutdown", json={}, timeout=5)
+        result = await holder
+    assert result.status == 200 and result.done and result.finish_reason == "abort"
+    await asyncio.to_thread(wait_until, lambda: ends(stack, "upstream-truncated") == before + 1, 5)
+    stack.wait_no_leaks()
+    # bring that replica back for the other tests of the module
+    stack.sims.stop()  # type: ignore[union-attr]
+    stack.start_sims()
+    assert index >= 0
+
+
+async def test_error_event_is_counted_as_such(fault_stack: Stack) -> None:
+    before = ends(fault_stack, "upstream-error-event")
+    async with httpx.AsyncClient(timeout=10) as client:
+        result = await stream_one(
+            client, fault_stack.url, completion_body(10), {"x-sim-fault": "error-after=2"}
+        )
+    assert result.error == "error event" and result.done
+    await asyncio.to_thread(wait_until, lambda: ends(fault_stack, "upstream-error-event") == before + 1, 5)
+    fault_stack.wait_no_leaks()
+
+
+# A streaming vLLM sends its 200 headers at admission, so a reset "before the first byte" is one
+# before the headers of a non-streaming answer (or a refused connection, see test_failures.py).
+@pytest.mark.parametrize(
+    ("fault", "stream"),
+    [({"status": 503}, True), ({"reset_after": 0}, False)],
+    ids=["503-streaming", "reset-non-streaming"],
+)
+async def test_failure_before_the_first_byte_moves_to_the_fallback(
+    tmp_path: Path, fault: dict[str, int], stream: bool
+) -> None:
+    stack = Stack(tmp_path, StackOptions(replicas=2, sim_args=FAST, picker_args=("--no-scrape",))).start()
+    try:
+        bad, good = stack.replicas
+        stack.set_fault(bad, **fault)
+        async with httpx.AsyncClient(timeout=10) as client:
+            # Equal endpoints are picked at random: send until the bad one was the primary twice.
+            for _ in range(30):
+                if stack.picker_value("picker_picks_total", endpoint=bad) >= 2:
+                    break
+                if stream:
+                    result = await stream_one(client, stack.url, completion_body(5))
+                    assert result.ok and result.replica == good and result.chunks == 5
+                else:
+                    response = await client.post(
+                        stack.url + "/v1/completions", json=completion_body(5, stream=False)
+                    )
+                    assert response.status_code == 200 and response.headers["x-sim-replica"] == good
+                    assert response.json()["usage"]["completion_tokens"] == 5
+        assert stack.picker_value("picker_picks_total", endpoint=bad) >= 2
+        await asyncio.to_thread(
+            wait_until, lambda: stack.picker_value("picker_upstream_retries_total", endpoint=good) >= 2, 5
+        )
+        assert stack.picker_value("picker_fallback_served_total") >= 1
+        stack.wait_no_leaks()
+    finally:
+        stack.stop()
+
+
+async def test_client_disconnect_aborts_the_engine_streaming(fault_stack: Stack) -> None:
+    stack = fault_stack
+    before = ends(stack, "client-disconnect")
+    async with (
+        httpx.AsyncClient(timeout=10) as client,
+        client.stream("POST", stack.url + "/v1/completions", json=completion_body(500)) as response,
+    ):
+        replica = response.headers["x-sim-replica"]
+        seen = 0
+        async for line in response.aiter_lines():
+            seen += line.startswith("data: ")
+            if seen == 3:
+                break
+        gone_at = time.time()
+    await asyncio.to_thread(wait_until, lambda: stack.sim_requests(replica)[-1]["end"] is not None, 5)
+    entry = stack.sim_requests(replica)[-1]
+    assert entry["outcome"] == "aborted"
+    assert entry["end"] - gone_at < 0.1  # the engine let go of it within 100 ms (its own clock)
+    await asyncio.to_thread(wait_until, lambda: ends(stack, "client-disconnect") == before + 1, 5)
+    stack.wait_no_leaks()
+
+
+async def test_client_disconnect_aborts_the_engine_non_streaming(fault_stack: Stack) -> None:
+    stack = fault_stack
+    before = ends(stack, "client-disconnect")
+    with pytest.raises(httpx.ReadTimeout):
+        async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=0.3)) as client:
+            await client.post(stack.url + "/v1/completions", json=completion_body(500, stream=False))
+    gone_at = time.time()
+    await asyncio.to_thread(wait_until, lambda: stack.sim_value("vllm:num_requests_running") == 0, 5)
+    entries = [e for r in stack.replicas for e in stack.sim_requests(r) if e["stream"] is False]
+    assert entries[-1]["outcome"] == "aborted" and entries[-1]["end"] - gone_at < 0.1
+    await asyncio.to_thread(wait_until, lambda: ends(stack, "client-disconnect") == before + 1, 5)
+    stack.wait_no_leaks()
+
+
+async def test_stalled_stream_is_detected_and_ended_by_the_client(fault_stack: Stack) -> None:
+    stack = fault_stack
+    before = stack.picker_value("picker_request_ends_total", reason="stalled")
+    async with httpx.AsyncClient(timeout=10) as client:
+        task = asyncio.create_task(
+            stream_one(client, stack.url, completion_body(20), {"x-sim-fault": "stall-after=2"})
+        )
+        await asyncio.to_thread(
+            wait_until,
+            lambda: (
+                sum(stack.picker_value("picker_endpoint_stalls_total", endpoint=r) for r in stack.replicas)
+                >= 1
+            ),
+            5,
+        )
+        task.cancel()
+    await asyncio.to_thread(wait_until, lambda: ends(stack, "stalled") == before + 1, 5)
+    stack.wait_no_leaks()
+
+
+async def test_thousand_mixed_requests_leave_no_leaks(fault_stack: Stack) -> None:
+    stack = fault_stack
+    rng = random.Random(1234)
+    admitted_before = sum(v for (n, _), v in stack.picker_metrics().items() if n == "picker_requests_total")
+    ends_before = sum(v for (n, _), v in stack.picker_metrics().items() if n == "picker_request_ends_total")
+
+    async def one(client: httpx.AsyncClient) -> None:
+        roll = rng.random()
+        headers: dict[str, str] = {}
+        if roll < 0.1:
+            headers["x-sim-fault"] = f"reset-after={rng.randint(0, 4)}"
+        elif roll < 0.2:
+            headers["x-sim-fault"] = f"error-after={rng.randint(0, 4)}"
+        elif roll < 0.25:
+            headers["x-sim-fault"] = rng.choice(["status=503", "status=500", "status=429"])
+        if 0.25 <= roll < 0.4:  # the client goes away mid-stream
+            try:
+                async with asyncio.timeout(rng.uniform(0.005, 0.06)):
+                    await stream_one(client, stack.url, completion_body(8), headers)
+            except TimeoutError:
+                pass
+        elif roll < 0.45:
+            await client.post(
+                stack.url + "/v1/completions", json=completion_body(4, stream=False), headers=headers
+            )
+        else:
+            await stream_one(client, stack.url, completion_body(rng.randint(1, 8)), headers)
+
+    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=60)) as client:
+        semaphore = asyncio.Semaphore(40)
+
+        async def bounded() -> None:
+            async with semaphore:
+                await one(client)
+
+        await asyncio.wait_for(asyncio.gather(*(bounded() for _ in range(1000))), 120)
+    stack.wait_no_leaks(15)
+    await asyncio.to_thread(wait_until, lambda: stack.sim_value("sim_requests_in_flight") == 0, 10)
+    metrics = stack.picker_metrics()
+    admitted = sum(v for (n, _), v in metrics.items() if n == "picker_requests_total") - admitted_before
+    ended = sum(v for (n, _), v in metrics.items() if n == "picker_request_ends_total") - ends_before
+    # Clients that left before their body reached the picker were never admitted; every admitted
+    # request has exactly one end reason.
+    assert 850 <= admitted <= 1000
+    assert ended == admitted
+    assert metrics[("picker_request_ends_total", (("reason", "unobserved"),))] == 0
+
+
+@pytest.mark.parametrize("fail_open", [False, True], ids=["failClose", "failOpen"])
+async def test_picker_crash_cuts_no_stream(tmp_path: Path, fail_open: bool) -> None:
+    stack = Stack(
+        tmp_path,
+        StackOptions(replicas=3, sim_args=("--ttft-ms", "5", "--itl-ms", "20"), failure_mode_allow=fail_open),
+    ).start()
+    try:
+        assert stack.picker is not None
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=60)) as client:
+            streams = [
+                asyncio.create_task(stream_one(client, stack.url, completion_body(75))) for _ in range(50)
+            ]
+            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_in_flight") == 50, 10)
+            stack.picker.kill()  # SIGKILL mid-stream
+            newcomer: Result = await stream_one(client, stack.url, completion_body(3))
+            finished = await asyncio.gather(*streams)
+        assert [r for r in finished if not r.ok] == []
+        if fail_open:
+            assert newcomer.ok
+        else:
+            assert newcomer.status == 503 and not newcomer.replica
+    finally:
+        stack.stop()

@@ -1,0 +1,450 @@
+"""A fake Kubernetes API server for EndpointSlices (discovery.k8s.io/v1), faithful to list/watch.
+
+What it speaks, as kube-apiserver does:
+- GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices[?labelSelector=&limit=&continue=]
+  -> an EndpointSliceList: items (without kind/apiVersion, like a real list), metadata.resourceVersion,
+  and metadata.continue when paged (an expired continue token: HTTP 410 Expired);
+- the same path with watch=1|true[&resourceVersion=X][&allowWatchBookmarks=true][&timeoutSeconds=N]
+  -> HTTP 200, chunked, one JSON event per line: ADDED / MODIFIED / DELETED with the object at its new
+  resourceVersion, BOOKMARK (only when asked for), ERROR (a Status). Events after X are replayed first;
+  without X (or X = "0") every current object comes first as a synthetic ADDED. A label change that
+  moves an object in or out of the selector is an ADDED or a DELETED for that watch. The stream ends
+  cleanly after timeoutSeconds;
+- a resourceVersion older than the kept history is 410 Gone: HTTP 200 and an ERROR event whose Status
+  has code 410 (the watch cache's way, `gone_as="event"`) or an HTTP 410 Status (`gone_as="http"`);
+- bearer-token auth (401 Status otherwise); other errors as Status objects.
+
+Test controls (call them from the test, on the same event loop): put/delete slices, `compact()` (drop
+the history: older versions get 410), `drop_watches()` (abort every watch connection mid-stream),
+`stall_watches()` (keep them open, send nothing: a silently dead connection), `inject(raw)` (any line,
+e.g. garbage JSON), `send_bookmarks()`, `fail_next(n, status)`; `requests` logs what was asked.
+In-process only: `await FakeApiServer().start()` binds 127.0.0.1 on a free port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+GROUP_PATH = "/apis/discovery.k8s.io/v1"
+JSON = "application/json"  # exactly, as the API server sends it (lightkube compares it verbatim)
+SERVICE_LABEL = "kubernetes.io/service-name"
+_DEFAULT_WATCH_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class _Requirement:
+    key: str
+    op: str  # "=", "!=", "exists", "!exists"
+    value: str = ""
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        match self.op:
+            case "=":
+                return labels.get(self.key) == self.value
+            case "!=":
+                return labels.get(self.key) != self.value
+            case "exists":
+                return self.key in labels
+            case _:
+                return self.key not in labels
+
+
+def parse_selector(text: str) -> list[_Requirement]:
+    """Equality-based label selectors (what a Service's slices are found by); ValueError otherwise."""
+    requirements = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if m := re.fullmatch(r"([\w./-]+)\s*(==|=|!=)\s*([\w.-]*)", part):
+            op = "!=" if m.group(2) == "!=" else "="
+            requirements.append(_Requirement(m.group(1), op, m.group(3)))
+        elif m := re.fullmatch(r"(!?)([\w./-]+)", part):
+            requirements.append(_Requirement(m.group(2), "!exists" if m.group(1) else "exists"))
+        else:
+            raise ValueError(f"unable to parse requirement: {part!r}")
+    return requirements
+
+
+def _matches(selector: list[_Requirement], obj: Mapping[str, Any] | None) -> bool:
+    if obj is None:
+        return False
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return all(r.matches(labels) for r in selector)
+
+
+def status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+
+
+def _status_response(code: int, reason: str, message: str) -> web.Response:
+    return web.Response(status=code, body=json.dumps(status(code, reason, message)), content_type=JSON)
+
+
+def endpoint(
+    ip: str,
+    *,
+    ready: bool | None = True,
+    serving: bool | None = True,
+    terminating: bool | None = False,
+) -> dict[str, Any]:
+    """One endpoint entry of a slice (None leaves the condition out)."""
+    conditions = {
+        k: v
+        for k, v in {"ready": ready, "serving": serving, "terminating": terminating}.items()
+        if v is not None
+    }
+    return {"addresses": [ip], "conditions": conditions, "targetRef": {"kind": "Pod", "name": f"pod-{ip}"}}
+
+
+def terminating(ip: str) -> dict[str, Any]:
+    """What the EndpointSlice controller writes for a pod that has started to terminate."""
+    return endpoint(ip, ready=False, serving=True, terminating=True)
+
+
+@dataclass(eq=False)
+class _Watch:
+    namespace: str
+    selector: list[_Requirement]
+    bookmarks: bool
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    stalled: asyncio.Event | None = None  # set: the connection is silently dead (released on stop)
+
+
+_DROP = object()
+
+
+class FakeApiServer:
+    """Holds EndpointSlices, serves list/watch for them, and lets a test script every change."""
+
+    def __init__(self, token: str = "fake-apiserver-token-0123456789", gone_as: str = "event") -> None:
+        self.token = token
+        self.gone_as = gone_as
+        self._rv = itertools.count(1000)
+        self.resource_version = next(self._rv)
+        self._objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self._history: list[tuple[int, str, dict[str, Any], dict[str, Any] | None]] = []
+        self._compacted_at = self.resource_version
+        self._watches: set[_Watch] = set()
+        self._pages: dict[str, list[dict[str, Any]]] = {}
+        self._page_ids = itertools.count(1)
+        self._failures: list[int] = []
+        self._released = asyncio.Event()
+        self.requests: list[dict[str, Any]] = []
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> FakeApiServer:
+        app = web.Application()
+        app.router.add_get(GROUP_PATH + "/namespaces/{namespace}/endpointslices", self._collection)
+        # handler_cancellation: a watch whose client hung up ends at once, as on a real API server.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def stop(self) -> None:
+        self._released.set()
+        for watch in list(self._watches):
+            watch.queue.put_nowait(None)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default", token: str | None = None) -> Path:
+        """A kubeconfig pointing at this server (plain http, bearer token)."""
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": token or self.token}}],
+                    "contexts": [
+                        {
+                            "name": "fake",
+                            "context": {"cluster": "fake", "user": "fake", "namespace": namespace},
+                        }
+                    ],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+    # -- scripting ---------------------------------------------------------------------------------
+
+    def put_slice(
+        self,
+        name: str,
+        endpoints: list[dict[str, Any]],
+        *,
+        namespace: str = "default",
+        service: str | None = "vllm",
+        ports: list[dict[str, Any]] | None = None,
+        address_type: str = "IPv4",
+        labels: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Create (ADDED) or replace (MODIFIED) a slice; returns it at its new resourceVersion."""
+        key = (namespace, name)
+        previous = self._objects.get(key)
+        all_labels = dict(labels or {})
+        if service is not None:
+            all_labels[SERVICE_LABEL] = service
+        rv = next(self._rv)
+        obj = {
+            "kind": "EndpointSlice",
+            "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": previous["metadata"]["uid"] if previous else f"uid-{name}-{rv}",
+                "resourceVersion": str(rv),
+                "generation": (previous["metadata"]["generation"] + 1) if previous else 1,
+                "labels": all_labels,
+            },
+            "addressType": address_type,
+            "endpoints": copy.deepcopy(endpoints),
+            "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}] if ports is None else ports,
+        }
+        self._objects[key] = obj
+        self._record(rv, "MODIFIED" if previous else "ADDED", obj, previous)
+        return obj
+
+    def delete_slice(self, name: str, namespace: str = "default") -> None:
+        previous = self._objects.pop((namespace, name))
+        rv = next(self._rv)
+        obj = copy.deepcopy(previous)
+        obj["metadata"]["resourceVersion"] = str(rv)
+        self._record(rv, "DELETED", obj, previous)
+
+    def compact(self) -> None:
+        """Forget the event history (etcd compaction): watches from older versions now get 410."""
+        self._history.clear()
+        self._pages.clear()
+        self._compacted_at = self.resource_version
+
+    def drop_watches(self) -> int:
+        """Abort every open watch connection mid-stream (no terminating chunk). Returns how many."""
+        live = [w for w in self._watches if w.stalled is None]
+        for watch in live:
+            watch.queue.put_nowait(_DROP)
+        return len(live)
+
+    def stall_watches(self) -> int:
+        """Keep every open watch connection open but send nothing more on it, ever."""
+        live = [w for w in self._watches if w.stalled is None]
+        for watch in live:
+            watch.stalled = self._released
+        return len(live)
+
+    def inject(self, raw: str) -> int:
+        """Send one raw line (garbage, a hand-made event) on every live watch."""
+        live = [w for w in self._watches if w.stalled is None]
+        for watch in live:
+            watch.queue.put_nowait(raw if raw.endswith("\n") else raw + "\n")
+        return len(live)
+
+    def send_bookmarks(self) -> int:
+        live = [w for w in self._watches if w.stalled is None and w.bookmarks]
+        for watch in live:
+            watch.queue.put_nowait(self._bookmark())
+        return len(live)
+
+    def fail_next(self, count: int, code: int = 500) -> None:
+        """The next `count` requests (list or watch) get this status."""
+        self._failures.extend([code] * count)
+
+    def clear_failures(self) -> None:
+        self._failures.clear()
+
+    def objects(
+        self, namespace: str = "default", selector: str = f"{SERVICE_LABEL}=vllm"
+    ) -> list[dict[str, Any]]:
+        """The slices a list would return now: the truth a client should converge to."""
+        requirements = parse_selector(selector)
+        return [
+            copy.deepcopy(obj)
+            for key, obj in sorted(self._objects.items())
+            if key[0] == namespace and _matches(requirements, obj)
+        ]
+
+    @property
+    def live_watches(self) -> int:
+        return sum(1 for w in self._watches if w.stalled is None)
+
+    def watch_requests(self) -> list[dict[str, str]]:
+        return [r["query"] for r in self.requests if r["query"].get("watch") in ("1", "true")]
+
+    # -- protocol ----------------------------------------------------------------------------------
+
+    def _record(self, rv: int, kind: str, obj: dict[str, Any], previous: dict[str, Any] | None) -> None:
+        self.resource_version = rv
+        self._history.append((rv, kind, copy.deepcopy(obj), copy.deepcopy(previous)))
+        for watch in self._watches:
+            line = self._line_for(watch, kind, obj, previous)
+            if line is not None:
+                watch.queue.put_nowait(line)
+
+    def _line_for(
+        self, watch: _Watch, kind: str, obj: dict[str, Any], previous: dict[str, Any] | None
+    ) -> str | None:
+        if obj["metadata"]["namespace"] != watch.namespace:
+            return None
+        now_in, was_in = _matches(watch.selector, obj), _matches(watch.selector, previous)
+        if kind == "DELETED":
+            kind = "DELETED" if was_in else ""
+        elif now_in and not was_in:
+            kind = "ADDED"
+        elif was_in and not now_in:
+            kind = "DELETED"
+        elif not now_in:
+            kind = ""
+        return json.dumps({"type": kind, "object": obj}) + "\n" if kind else None
+
+    def _bookmark(self) -> str:
+        mark = {
+            "kind": "EndpointSlice",
+            "apiVersion": "discovery.k8s.io/v1",
+            "metadata": {"resourceVersion": str(self.resource_version)},
+        }
+        return json.dumps({"type": "BOOKMARK", "object": mark}) + "\n"
+
+    async def _collection(self, request: web.Request) -> web.StreamResponse:
+        query = dict(request.query)
+        self.requests.append({"method": request.method, "path": request.path, "query": query})
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return _status_response(401, "Unauthorized", "Unauthorized")
+        if self._failures:
+            code = self._failures.pop(0)
+            return _status_response(code, "InternalError" if code >= 500 else "Forbidden", f"injected {code}")
+        try:
+            selector = parse_selector(query.get("labelSelector", ""))
+        except ValueError as exc:
+            return _status_response(400, "BadRequest", str(exc))
+        namespace = request.match_info["namespace"]
+        if query.get("watch") in ("1", "true"):
+            return await self._watch(request, namespace, selector, query)
+        return self._list(namespace, selector, query)
+
+    def _list(self, namespace: str, selector: list[_Requirement], query: dict[str, str]) -> web.Response:
+        token = query.get("continue")
+        if token:
+            items = self._pages.pop(token, None)
+            if items is None:
+                return _status_response(410, "Expired", "The provided continue parameter is too old")
+            version = items[0]["_rv"] if items else str(self.resource_version)
+        else:
+            version = str(self.resource_version)
+            items = [
+                {
+                    **{k: copy.deepcopy(v) for k, v in obj.items() if k not in ("kind", "apiVersion")},
+                    "_rv": version,
+                }
+                for key, obj in sorted(self._objects.items())
+                if key[0] == namespace and _matches(selector, obj)
+            ]
+        limit = int(query["limit"]) if query.get("limit", "").isdigit() and int(query["limit"]) > 0 else None
+        page, rest = (items[:limit], items[limit:]) if limit else (items, [])
+        metadata: dict[str, Any] = {"resourceVersion": version}
+        if rest:
+            next_token = f"page-{next(self._page_ids)}"
+            self._pages[next_token] = rest
+            metadata["continue"] = next_token
+        body = {
+            "kind": "EndpointSliceList",
+            "apiVersion": "discovery.k8s.io/v1",
+            "metadata": metadata,
+            "items": [{k: v for k, v in item.items() if k != "_rv"} for item in page],
+        }
+        return web.Response(body=json.dumps(body), content_type=JSON)
+
+    async def _watch(
+        self, request: web.Request, namespace: str, selector: list[_Requirement], query: dict[str, str]
+    ) -> web.StreamResponse:
+        since = query.get("resourceVersion", "")
+        timeout = float(query.get("timeoutSeconds") or _DEFAULT_WATCH_TIMEOUT_S)
+        watch = _Watch(namespace, selector, query.get("allowWatchBookmarks") == "true")
+        # Replay and registration happen in one synchronous step: no event can fall in between.
+        if since in ("", "0"):
+            replay = [
+                json.dumps({"type": "ADDED", "object": obj}) + "\n"
+                for key, obj in sorted(self._objects.items())
+                if key[0] == namespace and _matches(selector, obj)
+            ]
+        elif not since.isdigit():
+            return _status_response(400, "BadRequest", f"invalid resource version {since!r}")
+        elif int(since) < self._compacted_at:
+            message = f"too old resource version: {since} ({self._compacted_at})"
+            if self.gone_as == "http":
+                return _status_response(410, "Expired", message)
+            return await self._single_event(
+                request, {"type": "ERROR", "object": status(410, "Expired", message)}
+            )
+        else:
+            replay = [
+                line
+                for rv, kind, obj, previous in self._history
+                if rv > int(since) and (line := self._line_for(watch, kind, obj, previous)) is not None
+            ]
+        self._watches.add(watch)
+        try:
+            response = web.StreamResponse(status=200, headers={"Content-Type": JSON})
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            for line in replay:
+                await response.write(line.encode())
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while True:
+                remaining = deadline - loop.time()
+                try:
+                    item = await asyncio.wait_for(watch.queue.get(), timeout=max(remaining, 0))
+                except TimeoutError:
+                    item = None
+                if watch.stalled is not None:
+                    await watch.stalled.wait()  # silent until the server stops
+                    return response
+                if item is None:
+                    await response.write_eof()
+                    return response
+                if item is _DROP:
+                    if request.transport is not None:
+                        request.transport.abort()
+                    return response
+                await response.write(item.encode())
+        except ConnectionResetError:  # the client went away
+            return web.Response(status=499)
+        finally:
+            self._watches.discard(watch)
+
+    async def _single_event(self, request: web.Request, event: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(status=200, headers={"Content-Type": JSON})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write((json.dumps(event) + "\n").encode())
+        await response.write_eof()
+        return response
