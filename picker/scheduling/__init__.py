@@ -4,7 +4,7 @@ Knows nothing of where endpoints come from; reads only what `Candidate` declares
 in-flight, last load sample). Pure functions, no I/O.
 """
 
-from picker.scheduling.load import LoadPolicy, estimated_load, estimated_waiting, saturated, score
+from picker.scheduling.load import LoadPolicy, assess, estimated_load, estimated_waiting, saturated
 from picker.scheduling.pick import Candidate, pick
 
-__all__ = ["Candidate", "LoadPolicy", "estimated_load", "estimated_waiting", "pick", "saturated", "score"]
+__all__ = ["Candidate", "LoadPolicy", "assess", "estimated_load", "estimated_waiting", "pick", "saturated"]

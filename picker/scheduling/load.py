@@ -8,7 +8,6 @@ any moment, not only at scrape time.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -71,24 +70,29 @@ def is_stale(view: LoadView, now: float, policy: LoadPolicy) -> bool:
 
 def saturated(view: LoadView, now: float, policy: LoadPolicy) -> bool:
     """No room for one more request. Stale or missing metrics count as saturated, never as idle."""
+    return assess(view, now, policy)[0]
+
+
+def assess(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float]:
+    """(saturated, score; lower is better) in one pass: what `pick` needs of every candidate."""
     if not policy.use_metrics:
-        return False
-    if is_stale(view, now, policy):
-        return True
+        return False, float(view.in_flight)
     sample = view.load
-    assert sample is not None
-    return (
-        estimated_waiting(view, policy) >= policy.waiting_threshold or sample.kv_usage >= policy.kv_threshold
+    if sample is None:
+        return True, float(view.in_flight)
+    load = max(
+        0.0,
+        sample.running
+        + sample.waiting
+        + (view.arrivals - sample.arrivals_before)
+        - (view.departures - sample.departures_after),
     )
-
-
-def score(view: LoadView, policy: LoadPolicy) -> float:
-    """Lower is better."""
-    if not policy.use_metrics or view.load is None:
-        return float(view.in_flight)
-    kv = view.load.kv_usage if math.isfinite(view.load.kv_usage) else 1.0
-    return (
-        policy.weight_load * estimated_load(view)
-        + policy.weight_waiting * estimated_waiting(view, policy)
-        + policy.weight_kv * kv
+    slots = policy.engine_slots or view.learned_slots
+    waiting = max(0.0, load - slots) if slots else sample.waiting
+    kv = sample.kv_usage
+    full = (
+        now - sample.at > policy.staleness_s
+        or waiting >= policy.waiting_threshold
+        or kv >= policy.kv_threshold
     )
+    return full, policy.weight_load * load + policy.weight_waiting * waiting + policy.weight_kv * kv

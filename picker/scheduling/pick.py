@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Sequence
 from typing import Protocol
 
-from picker.scheduling.load import LoadPolicy, LoadView, saturated, score
+from picker.scheduling.load import LoadPolicy, LoadView, assess
 
 
 class Candidate(LoadView, Protocol):
@@ -30,8 +31,11 @@ def pick(
     policy = policy or LoadPolicy(use_metrics=False)
     if count <= 0 or not candidates:
         return []
-    keyed = [(saturated(c, now, policy), score(c, policy), rng.random(), c.address) for c in candidates]
-    keyed.sort()
-    if keyed[0][0]:
+    keyed = []
+    for candidate in candidates:
+        full, rank = assess(candidate, now, policy)
+        keyed.append((full, rank, rng.random(), candidate.address))
+    best = heapq.nsmallest(count, keyed)
+    if best[0][0]:
         return []
-    return [address for *_, address in keyed[:count]]
+    return [address for *_, address in best]

@@ -21,7 +21,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential, wait_random
 
 from picker.pool import Pool
 from picker.pool.slices import SliceStore, TargetPort
@@ -180,11 +180,8 @@ class SliceWatcher:
         while True:
             retrying = AsyncRetrying(
                 retry=retry_if_exception_type(Exception),
-                wait=wait_exponential_jitter(
-                    multiplier=settings.backoff_initial_s,
-                    max=settings.backoff_max_s,
-                    jitter=settings.backoff_initial_s,
-                ),
+                wait=wait_exponential(multiplier=settings.backoff_initial_s, max=settings.backoff_max_s)
+                + wait_random(0, settings.backoff_initial_s),
                 sleep=self._sleep,
                 before_sleep=self._before_retry,
             )

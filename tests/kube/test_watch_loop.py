@@ -147,8 +147,8 @@ async def test_failures_back_off_exponentially_and_success_resets_the_backoff() 
     api.watches.append([])  # a clean end: success
     api.watches.append(ApiFailure("HTTP 500"))
     await run_script(watcher_for(api, pool, sleeps))
-    # multiplier 1 s * 2^n, jitter up to 1 s, capped at 8 s
-    bounds = [(1, 2), (2, 3), (4, 5), (8, 8), (8, 8), (1, 2)]
+    # 1 s * 2^n capped at 8 s, plus up to 1 s of jitter
+    bounds = [(1, 2), (2, 3), (4, 5), (8, 9), (8, 9), (1, 2)]
     assert len(sleeps.delays) == len(bounds)
     for delay, (low, high) in zip(sleeps.delays, bounds, strict=True):
         assert low <= delay <= high
