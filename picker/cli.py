@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -148,7 +150,10 @@ def main(argv: list[str] | None = None) -> None:
             from picker.app import serve as run
 
             try:
-                uvloop.run(run(config))
+                if os.environ.get("PICKER_EVENT_LOOP") == "asyncio":  # for comparisons in benchmarks
+                    asyncio.run(run(config))
+                else:
+                    uvloop.run(run(config))
             except ConfigError as exc:  # a source that cannot start (unreadable file, kubeconfig)
                 print(f"picker: {exc}", file=sys.stderr)
                 raise SystemExit(2) from exc

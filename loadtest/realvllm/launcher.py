@@ -26,7 +26,8 @@ SERVED_MODEL_NAME = "tiny-llama"
 
 # Startup measures 23-26 s on an idle 2-core box; a busy one (other agents, CI) can be far slower.
 STARTUP_DEADLINE_S = 180.0
-# An idle vLLM exits ~7 s after SIGTERM; beyond this (plus any drain allowance) it is SIGKILLed.
+# An idle vLLM exits < 1 s after SIGTERM (abort mode) or ~5-10 s (drain mode: engine teardown, then the
+# listener); beyond this, plus the drain allowance, the process group is SIGKILLed.
 EXIT_GRACE_S = 20.0
 LOG_TAIL_LINES = 40
 

@@ -40,8 +40,12 @@ class _Pending:
 
 
 class _RoutingSession:
-    """The routing filter's stream: decide, then learn who served. Never ends a dispatched request
-    itself when an observer follows it; the observer sees the real end of the response."""
+    """The routing filter's stream: decide, then learn who served.
+
+    With the shipped config (response bodies NONE) the observer stream reports how the response
+    ended and this RPC ends at the response headers. If the routing filter is configured with
+    response_body_mode STREAMED instead, this session tracks the body itself.
+    """
 
     def __init__(self, service: ExtProcService) -> None:
         self._service = service
@@ -49,11 +53,14 @@ class _RoutingSession:
         self._headers: dict[str, str] = {}
         self._body = bytearray()
         self.record: RequestRecord | None = None
+        self.sees_bodies = False
+        self._body_ended = False
 
     def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | _Pending | None:
         match request.WhichOneof("request"):
             case "request_headers":
                 self._headers = translate.header_map(request.request_headers)
+                self.sees_bodies = translate.streams_response_bodies(request)
                 if request.request_headers.end_of_stream:
                     return self._decide("request_headers")
                 return translate.continue_response("request_headers")
@@ -74,8 +81,15 @@ class _RoutingSession:
                     self._path.response_started(
                         self.record, status, translate.served_endpoint(request), streaming
                     )
+                    if self.sees_bodies:
+                        self.record.observed = True  # this stream reports the end, not an observer
                 return translate.continue_response("response_headers")
             case "response_body":
+                if self.sees_bodies and self.record is not None and not self._body_ended:
+                    self._path.body_chunk(self.record, request.response_body.body)
+                    if request.response_body.end_of_stream:
+                        self._body_ended = True
+                        self._path.observer_ended(self.record, True)
                 return translate.continue_response("response_body")
             case "response_trailers":
                 return translate.continue_response("response_trailers")
@@ -124,7 +138,13 @@ class _RoutingSession:
 
     def close(self) -> None:
         record = self.record
-        if record is not None and not record.ended and not record.observed:
+        if record is None or record.ended:
+            return
+        if self.sees_bodies:
+            if not self._body_ended:
+                self._body_ended = True
+                self._path.observer_ended(record, False)
+        elif not record.observed:
             self._service.expect_observer(record)
 
 
@@ -214,7 +234,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                     response = await session.wait(response)  # type: ignore[union-attr]
                 if response is not None:
                     yield response
-                if request.HasField("response_headers") and isinstance(session, _RoutingSession):
+                if (
+                    request.HasField("response_headers")
+                    and isinstance(session, _RoutingSession)
+                    and not session.sees_bodies
+                ):
                     # Nothing more to decide for this request: end the RPC ourselves. Envoy then
                     # carries on without the picker, so a picker crash or restart cannot reset
                     # this stream (an open ext_proc stream that errors takes the request with it).

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from envoy.config.core.v3 import base_pb2
 from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2, struct_pb2
@@ -48,6 +49,14 @@ def access_log_entry(entry: accesslog_pb2.HTTPAccessLogEntry) -> tuple[str | Non
         upstream=upstream,
     )
     return entry.request.request_headers.get(headers.PICKER_REQUEST_ID) or None, attempts
+
+
+def streams_response_bodies(request: ep.ProcessingRequest) -> bool:
+    """Whether this filter was configured to send the picker every response body chunk."""
+    return request.HasField("protocol_config") and request.protocol_config.response_body_mode in (
+        processing_mode_pb2.ProcessingMode.STREAMED,
+        processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED,
+    )
 
 
 def _set(name: str, value: str) -> base_pb2.HeaderValueOption:

@@ -27,100 +27,37 @@ import asyncio
 import copy
 import itertools
 import json
-import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from tests.kube.kube_objects import (
+    SERVICE_LABEL,
+    Requirement,
+    endpoint,
+    matches,
+    parse_selector,
+    status,
+    terminating,
+)
+
+__all__ = ["SERVICE_LABEL", "FakeApiServer", "endpoint", "parse_selector", "status", "terminating"]
+
 GROUP_PATH = "/apis/discovery.k8s.io/v1"
 JSON = "application/json"  # exactly, as the API server sends it (lightkube compares it verbatim)
-SERVICE_LABEL = "kubernetes.io/service-name"
 _DEFAULT_WATCH_TIMEOUT_S = 1800.0
-
-
-@dataclass(frozen=True)
-class _Requirement:
-    key: str
-    op: str  # "=", "!=", "exists", "!exists"
-    value: str = ""
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        match self.op:
-            case "=":
-                return labels.get(self.key) == self.value
-            case "!=":
-                return labels.get(self.key) != self.value
-            case "exists":
-                return self.key in labels
-            case _:
-                return self.key not in labels
-
-
-def parse_selector(text: str) -> list[_Requirement]:
-    """Equality-based label selectors (what a Service's slices are found by); ValueError otherwise."""
-    requirements = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        if m := re.fullmatch(r"([\w./-]+)\s*(==|=|!=)\s*([\w.-]*)", part):
-            op = "!=" if m.group(2) == "!=" else "="
-            requirements.append(_Requirement(m.group(1), op, m.group(3)))
-        elif m := re.fullmatch(r"(!?)([\w./-]+)", part):
-            requirements.append(_Requirement(m.group(2), "!exists" if m.group(1) else "exists"))
-        else:
-            raise ValueError(f"unable to parse requirement: {part!r}")
-    return requirements
-
-
-def _matches(selector: list[_Requirement], obj: Mapping[str, Any] | None) -> bool:
-    if obj is None:
-        return False
-    labels = obj.get("metadata", {}).get("labels") or {}
-    return all(r.matches(labels) for r in selector)
-
-
-def status(code: int, reason: str, message: str) -> dict[str, Any]:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
 
 
 def _status_response(code: int, reason: str, message: str) -> web.Response:
     return web.Response(status=code, body=json.dumps(status(code, reason, message)), content_type=JSON)
 
 
-def endpoint(
-    ip: str,
-    *,
-    ready: bool | None = True,
-    serving: bool | None = True,
-    terminating: bool | None = False,
-) -> dict[str, Any]:
-    """One endpoint entry of a slice (None leaves the condition out)."""
-    conditions = {
-        k: v
-        for k, v in {"ready": ready, "serving": serving, "terminating": terminating}.items()
-        if v is not None
-    }
-    return {"addresses": [ip], "conditions": conditions, "targetRef": {"kind": "Pod", "name": f"pod-{ip}"}}
-
-
-def terminating(ip: str) -> dict[str, Any]:
-    """What the EndpointSlice controller writes for a pod that has started to terminate."""
-    return endpoint(ip, ready=False, serving=True, terminating=True)
-
-
 @dataclass(eq=False)
 class _Watch:
     namespace: str
-    selector: list[_Requirement]
+    selector: list[Requirement]
     bookmarks: bool
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     stalled: asyncio.Event | None = None  # set: the connection is silently dead (released on stop)
@@ -289,7 +226,7 @@ class FakeApiServer:
         return [
             copy.deepcopy(obj)
             for key, obj in sorted(self._objects.items())
-            if key[0] == namespace and _matches(requirements, obj)
+            if key[0] == namespace and matches(requirements, obj)
         ]
 
     @property
@@ -314,7 +251,7 @@ class FakeApiServer:
     ) -> str | None:
         if obj["metadata"]["namespace"] != watch.namespace:
             return None
-        now_in, was_in = _matches(watch.selector, obj), _matches(watch.selector, previous)
+        now_in, was_in = matches(watch.selector, obj), matches(watch.selector, previous)
         if kind == "DELETED":
             kind = "DELETED" if was_in else ""
         elif now_in and not was_in:
@@ -350,7 +287,7 @@ class FakeApiServer:
             return await self._watch(request, namespace, selector, query)
         return self._list(namespace, selector, query)
 
-    def _list(self, namespace: str, selector: list[_Requirement], query: dict[str, str]) -> web.Response:
+    def _list(self, namespace: str, selector: list[Requirement], query: dict[str, str]) -> web.Response:
         token = query.get("continue")
         if token:
             items = self._pages.pop(token, None)
@@ -365,7 +302,7 @@ class FakeApiServer:
                     "_rv": version,
                 }
                 for key, obj in sorted(self._objects.items())
-                if key[0] == namespace and _matches(selector, obj)
+                if key[0] == namespace and matches(selector, obj)
             ]
         limit = int(query["limit"]) if query.get("limit", "").isdigit() and int(query["limit"]) > 0 else None
         page, rest = (items[:limit], items[limit:]) if limit else (items, [])
@@ -383,7 +320,7 @@ class FakeApiServer:
         return web.Response(body=json.dumps(body), content_type=JSON)
 
     async def _watch(
-        self, request: web.Request, namespace: str, selector: list[_Requirement], query: dict[str, str]
+        self, request: web.Request, namespace: str, selector: list[Requirement], query: dict[str, str]
     ) -> web.StreamResponse:
         since = query.get("resourceVersion", "")
         timeout = float(query.get("timeoutSeconds") or _DEFAULT_WATCH_TIMEOUT_S)
@@ -393,7 +330,7 @@ class FakeApiServer:
             replay = [
                 json.dumps({"type": "ADDED", "object": obj}) + "\n"
                 for key, obj in sorted(self._objects.items())
-                if key[0] == namespace and _matches(selector, obj)
+                if key[0] == namespace and matches(selector, obj)
             ]
         elif not since.isdigit():
             return _status_response(400, "BadRequest", f"invalid resource version {since!r}")
