@@ -185,6 +185,9 @@ async def _run(request: web.Request, state: ReplicaState, call: Call, flight: In
         flight.record.status = 200
     stop = await _generate(state, flight, call, response, encoder)
     if stop is Stop.COMPLETED:
+        # Like vLLM, the engine lets go of a finished request before its last chunks reach the
+        # client: the slot is free (and the metrics say so) while [DONE] is still on its way.
+        state.engine.release(flight)
         return await complete(state, flight, call, response, encoder)
     if stop is Stop.FAULT:
         return await strike(request, state, flight, call, response)

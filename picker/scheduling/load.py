@@ -50,7 +50,9 @@ def estimated_load(view: LoadView) -> float:
         return float(view.in_flight)
     sent_since = view.arrivals - sample.arrivals_before
     ended_since = view.departures - sample.departures_after
-    return max(0.0, sample.running + sample.waiting + sent_since - ended_since)
+    # The picker's own in-flight count is exact for its own requests: it covers requests still on
+    # their way to the engine when the scrape was taken, which the scrape cannot have counted.
+    return max(float(view.in_flight), sample.running + sample.waiting + sent_since - ended_since)
 
 
 def estimated_waiting(view: LoadView, policy: LoadPolicy) -> float:
@@ -81,7 +83,7 @@ def assess(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float]
     if sample is None:
         return True, float(view.in_flight)
     load = max(
-        0.0,
+        float(view.in_flight),
         sample.running
         + sample.waiting
         + (view.arrivals - sample.arrivals_before)
