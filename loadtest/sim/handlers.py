@@ -110,7 +110,10 @@ def _refuse(state: ReplicaState, record: RequestRecord, refusal: _Refused) -> we
     record.status = refusal.error.status
     state.stats.rejected[refusal.reason] += 1
     state.end(record, refusal.outcome)
-    return json_response(refusal.error.status, refusal.error.body())
+    response = json_response(refusal.error.status, refusal.error.body())
+    if refusal.outcome is Outcome.SHUTDOWN_500:
+        response.force_close()  # real vLLM closes the connection after this 500 (measured)
+    return response
 
 
 async def _validate(

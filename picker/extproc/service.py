@@ -253,9 +253,15 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
 
         def expire() -> None:
             self._timers.discard(handle)
-            if not record.ended and not record.observed:
-                log.warning("no observer stream for request_id=%s; releasing its slot", record.request_id)
-                self.path.finish(record, EndReason.UNOBSERVED)
+            if record.ended or record.observed:
+                return
+            if record.response_started_at is None:
+                # The routing stream ended before any response: the client left while the request
+                # was being routed or connected (Envoy never got as far as tagging it for the logs).
+                self.path.finish(record, EndReason.CLIENT_DISCONNECT)
+                return
+            log.warning("no observer stream for request_id=%s; releasing its slot", record.request_id)
+            self.path.finish(record, EndReason.UNOBSERVED)
 
         handle = asyncio.get_running_loop().call_later(self._grace_s, expire)
         self._timers.add(handle)

@@ -368,7 +368,9 @@ async def check_drain_on_sigterm(
     assert target.sigterm is not None, "the drain check needs a way to send SIGTERM"
     tasks = await _flowing_streams(target, streams, stream_tokens, read_timeout=60)
     try:
-        async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as probe:
+        # vLLM closes the connection after each drain 500: no keep-alive, one connection per probe.
+        limits = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=target.base_url, timeout=30, limits=limits) as probe:
             target.sigterm()
             check_error(await _first_refusal(probe, target), 500, "InternalServerError", DRAIN_REFUSAL)
             chat = await probe.post("/v1/chat/completions", json=chat_body(target, 1))
