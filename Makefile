@@ -34,6 +34,8 @@ real-vllm: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_sim
 	$(BIN)/python -m loadtest.bench_picker
+	$(BIN)/python -m loadtest.bench_flow
+	$(BIN)/python -m loadtest.bench_streams
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

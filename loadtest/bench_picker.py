@@ -10,28 +10,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import tempfile
-from collections import Counter
 from pathlib import Path
 
 import httpx
 import yaml
 
 from loadtest.procs import Proc, free_port, port_open
+from loadtest.rawclient import cpu_seconds, one_stream
 from loadtest.stack import Stack, StackOptions, health_ok
-from loadtest.traffic import percentile, run_closed_loop
+from loadtest.traffic import percentile
 from picker.envoyconf import envoy_binary, render
 
-_TICKS = os.sysconf("SC_CLK_TCK")
 
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def start_baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, str]:
+def start_baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, int]:
     """The stack's Envoy config minus both ext_proc filters: override_host falls back to round robin."""
     params = stack.envoy_params()
     listen, admin = free_port(), free_port()
@@ -59,26 +51,40 @@ def start_baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, str]:
         workdir / "envoy-baseline.log",
     )
     proc.wait_ready(lambda: health_ok(admin, "/ready") and port_open(listen), timeout=30)
-    return proc, f"http://127.0.0.1:{listen}"
+    return proc, listen
 
 
-async def ttft_table(picker_url: str, baseline_url: str, levels: list[int], max_tokens: int) -> None:
-    print(f"\nTTFT through Envoy, {max_tokens}-token streams (ms)")
+async def closed_loop_ttfts(port: int, level: int, count: int, max_tokens: int) -> tuple[list[float], int]:
+    """`level` workers, one stream after another, `count` in all (raw client: cheap for the box)."""
+    ttfts: list[float] = []
+    failed = 0
+    issued = 0
+
+    async def worker() -> None:
+        nonlocal issued, failed
+        while issued < count:
+            issued += 1
+            stats = await one_stream(port, max_tokens, itl_s=0.01)
+            if stats.arrivals and stats.done:
+                ttfts.append(stats.arrivals[0] - stats.started)
+            else:
+                failed += 1
+
+    await asyncio.gather(*(worker() for _ in range(level)))
+    return sorted(ttfts), failed
+
+
+async def ttft_table(picker_port: int, baseline_port: int, levels: list[int], max_tokens: int) -> None:
+    print(f"\nTTFT through Envoy, {max_tokens}-token streams (ms; the replicas' own TTFT is 5 ms)")
     print(f"{'concurrency':>11} | {'path':<9} | {'requests':>8} | {'p50':>7} | {'p99':>7} | {'failed':>6}")
     for level in levels:
-        count = max(60, level * 6)
-        for name, url in (("baseline", baseline_url), ("picker", picker_url)):
-            report = await run_closed_loop(
-                url, concurrency=level, max_requests=count, deadline_s=25, max_tokens=max_tokens
-            )
-            ttfts = report.ttfts()
+        count = max(100, level * 8)
+        for name, port in (("baseline", baseline_port), ("picker", picker_port)):
+            ttfts, failed = await closed_loop_ttfts(port, level, count, max_tokens)
             print(
-                f"{level:>11} | {name:<9} | {len(report.results):>8} | {percentile(ttfts, 50) * 1e3:>7.2f} | "
-                f"{percentile(ttfts, 99) * 1e3:>7.2f} | {len(report.failures()):>6}"
+                f"{level:>11} | {name:<9} | {count:>8} | {percentile(ttfts, 50) * 1e3:>7.2f} | "
+                f"{percentile(ttfts, 99) * 1e3:>7.2f} | {failed:>6}"
             )
-            if report.failures():
-                kinds = Counter((f.status, f.error or "-", f.reason_header or "-") for f in report.failures())
-                print(f"{'':>11}   failures (status, error, reason): {dict(kinds)}")
 
 
 async def short_request_throughput(stack: Stack, url: str, seconds: float) -> None:
@@ -123,10 +129,9 @@ async def main() -> None:
         await asyncio.to_thread(stack.start)
         baseline: Proc | None = None
         try:
-            baseline, baseline_url = await asyncio.to_thread(start_baseline_envoy, stack, workdir)
-            await ttft_table(
-                stack.url, baseline_url, [int(v) for v in args.levels.split(",")], args.max_tokens
-            )
+            baseline, baseline_port = await asyncio.to_thread(start_baseline_envoy, stack, workdir)
+            levels = [int(v) for v in args.levels.split(",")]
+            await ttft_table(stack.listen_port, baseline_port, levels, args.max_tokens)
             await short_request_throughput(stack, stack.url, args.throughput_seconds)
         finally:
             if baseline is not None:

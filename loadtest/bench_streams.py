@@ -18,75 +18,13 @@ import argparse
 import asyncio
 import statistics
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from loadtest.bench_picker import cpu_seconds
 from loadtest.procs import wait_until
+from loadtest.rawclient import ITL_S, cpu_seconds, one_stream
 from loadtest.stack import Stack, StackOptions
-
-ITL_S = 0.05  # 20 tokens/s
-
-
-@dataclass
-class StreamStats:
-    status: int = 0
-    arrivals: list[float] = field(default_factory=list)
-    started: float = 0.0
-    done: bool = False
-    error: str = ""
-
-
-class _SSEProtocol(asyncio.Protocol):
-    def __init__(self, request: bytes, stats: StreamStats, finished: asyncio.Future[None]) -> None:
-        self._request = request
-        self._stats = stats
-        self._finished = finished
-        self._head = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._stats.started = time.perf_counter()
-        transport.write(self._request)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        if not self._stats.status:
-            self._head += data
-            if b"\r\n" in self._head:
-                self._stats.status = int(self._head.split(b" ", 2)[1])
-        count = data.count(b"data: ")
-        self._stats.arrivals.extend([now] * count)
-        if b"data: [DONE]" in data:
-            self._stats.done = True
-            self._stats.arrivals.pop()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self._stats.done:
-            self._stats.error = "cut" if exc is None else type(exc).__name__
-        if not self._finished.done():
-            self._finished.set_result(None)
-
-
-async def one_stream(port: int, tokens: int) -> StreamStats:
-    body = b'{"model":"tiny-llama","prompt":"hi","max_tokens":%d,"ignore_eos":true,"stream":true}' % tokens
-    request = (
-        b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-        b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)
-    ) + body
-    stats = StreamStats()
-    finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    try:
-        transport, _ = await asyncio.get_running_loop().create_connection(
-            lambda: _SSEProtocol(request, stats, finished), "127.0.0.1", port
-        )
-        await asyncio.wait_for(finished, tokens * ITL_S + 30)
-        transport.close()
-    except (OSError, TimeoutError) as exc:
-        stats.error = type(exc).__name__
-    return stats
 
 
 def pct(values: list[float], q: int) -> float:
@@ -145,10 +83,9 @@ async def measure(mode: str, streams: int, tokens: int, workdir: Path) -> None:
                 chunks += len(r.arrivals)
         failed = sum(1 for r in results if not r.done)
         per_chunk = cpu / chunks * 1e6 if chunks and mode != "baseline" else float("nan")
-        print(
-            f"{mode:<9} | {streams:>7} | {chunks:>6} | {pct(lateness, 50):>8.2f} | {pct(lateness, 99):>8.2f} | "
-            f"{pct(ttfts, 50) * 1e3:>8.1f} | {pct(ttfts, 99) * 1e3:>8.1f} | {per_chunk:>11.0f} | {failed:>6}"
-        )
+        late = f"{pct(lateness, 50):>8.2f} | {pct(lateness, 99):>8.2f}"
+        ttft = f"{pct(ttfts, 50) * 1e3:>8.1f} | {pct(ttfts, 99) * 1e3:>8.1f}"
+        print(f"{mode:<9} | {streams:>7} | {chunks:>6} | {late} | {ttft} | {per_chunk:>11.0f} | {failed:>6}")
         if mode != "baseline":
             await kill_during_streams(stack, mode)
     finally:
@@ -182,9 +119,8 @@ async def main() -> None:
         f"{'mode':<9} | {'streams':>7} | {'chunks':>6} | {'late p50':>8} | {'late p99':>8} | "
         f"{'TTFT p50':>8} | {'TTFT p99':>8} | {'picker us/chunk':>11} | {'failed':>6}"
     )
-    print(
-        f"{'':<9} | {'':>7} | {'':>6} | {'(ms)':>8} | {'(ms)':>8} | {'(ms)':>8} | {'(ms)':>8} | {'(CPU)':>11} |"
-    )
+    units = " | ".join(f"{'(ms)':>8}" for _ in range(4))
+    print(f"{'':<9} | {'':>7} | {'':>6} | {units} | {'(CPU)':>11} |")
     with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:
         for mode in ("baseline", "observer", "streamed"):
             await measure(mode, args.streams, args.tokens, Path(tmp))
