@@ -13,6 +13,7 @@ import uvloop
 
 from picker.config import ConfigError, PickerConfig, load_config
 from picker.drain import check as drain_check
+from picker.drain import scorecard as drain_scorecard
 from picker.drain import wait as drain_wait
 from picker.telemetry import configure_logging
 
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     drain_wait.add_arguments(
         commands.add_parser("drain-wait", help="preStop hook: wait until the local vLLM is idle")
     )
+    drain_scorecard.add_arguments(
+        commands.add_parser("scorecard", help="how recent drains went (from a running picker's admin API)")
+    )
     drain_check.add_arguments(
         commands.add_parser("check", help="check drain timing budgets of manifests + Envoy")
     )
@@ -168,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(uvloop.run(run_demo(seconds=args.seconds)))
         case "check":
             raise SystemExit(drain_check.run(args))
+        case "scorecard":
+            raise SystemExit(drain_scorecard.main(args))
 
 
 if __name__ == "__main__":

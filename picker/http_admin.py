@@ -97,6 +97,16 @@ def admin_app(pool: Pool, metrics: Metrics, *, token: str | None = None) -> web.
             }
         )
 
+    async def drains(_: web.Request) -> web.Response:
+        """Every drain still open (newest first), then the recently closed ones: the scorecard's input."""
+        now = pool.now()
+        open_records = sorted(
+            (e.drain for e in pool.endpoints() if e.drain is not None),
+            key=lambda r: r.started_at,
+            reverse=True,
+        )
+        return web.json_response({"drains": [r.summary(now) for r in [*open_records, *pool.recent_drains()]]})
+
     async def one_endpoint(request: web.Request) -> web.Response:
         address = address_of(request)
         endpoint = pool.get(address)
@@ -139,6 +149,7 @@ def admin_app(pool: Pool, metrics: Metrics, *, token: str | None = None) -> web.
     app = web.Application(middlewares=[json_errors])
     app.router.add_get("/metrics", metrics_page)
     app.router.add_get("/admin/endpoints", endpoints)
+    app.router.add_get("/admin/drains", drains)
     app.router.add_get("/admin/endpoints/{address}", one_endpoint)
     app.router.add_post("/admin/endpoints/{address}/drain", change(pool.drain, "drain"))
     app.router.add_post("/admin/endpoints/{address}/undrain", change(pool.undrain, "undrain"))
