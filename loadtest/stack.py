@@ -145,6 +145,8 @@ class Stack:
             "warn",
             "--concurrency",
             str(self.options.envoy_concurrency),
+            "--file-flush-interval-msec",  # the access-log file is read by tests: don't sit on it 10 s
+            "100",
         ]
         self.envoy = Proc("envoy", argv, self.workdir / "envoy.log")
         self.envoy.wait_ready(

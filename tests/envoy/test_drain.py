@@ -23,6 +23,7 @@ import pytest
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import run_closed_loop
+from picker.drain import scorecard
 from tests.kube.fake_apiserver import FakeApiServer, endpoint, terminating
 
 pytestmark = pytest.mark.envoy
@@ -212,6 +213,18 @@ async def test_drain_mid_traffic_cuts_nothing_and_sends_nothing_new(tmp_path: Pa
         assert stack.picker_value("picker_picks_not_ready_total") == 0
         assert stack.picker_value("picker_drains_closed_total", exit=source.exit) == 1
         assert "drain closed address=" + drained in stack.picker.log_text()  # type: ignore[union-attr]
+        # The scorecard shows the same drain, and its numbers agree with the replica's own log.
+        rows = scorecard.score(scorecard.fetch(f"http://127.0.0.1:{stack.metrics_port}"), grace_s=30.0)
+        (row,) = [r for r in rows if r["endpoint"] == drained]
+        on_replica = [
+            r
+            for r in arrivals
+            if r["arrival"] <= started_wall + IN_TRANSIT_S and (r["end"] is None or r["end"] >= started_wall)
+        ]
+        assert abs(len(on_replica) - row["in_flight_at_start"]) <= 1  # a stream ending at that very ms
+        assert row["completed"] == row["in_flight_at_start"] and row["forced_cuts"] == 0
+        assert row["picks_after_start"] == 0
+        assert row["unused_grace_s"] == round(30.0 - row["time_to_zero_s"], 3)
         stack.wait_no_leaks()
     finally:
         await asyncio.to_thread(stack.stop)
