@@ -26,8 +26,14 @@ class LoadSample:
     departures_after: int  # its departures counter when the answer was read
 
 
-def record_sample(endpoint: Endpoint, running: float, waiting: float, kv_usage: float, now: float,
-                  arrivals_before: int | None = None) -> None:
+def record_sample(
+    endpoint: Endpoint,
+    running: float,
+    waiting: float,
+    kv_usage: float,
+    now: float,
+    arrivals_before: int | None = None,
+) -> None:
     """A good scrape: remember it with the counters that bracket it (see `LoadSample`)."""
     before = endpoint.arrivals if arrivals_before is None else arrivals_before
     endpoint.load = LoadSample(running, waiting, kv_usage, now, before, endpoint.departures)

@@ -16,9 +16,9 @@ from picker import headers
 from picker.extproc.service import ExtProcService
 from picker.flow import FlowLimits
 from picker.pipeline import RequestPath
+from picker.pool import Pool
 from picker.pool.load import record_sample
 from picker.scheduling import LoadPolicy
-from picker.pool import Pool
 from picker.streams import Attempts, EndReason
 from picker.telemetry import Metrics
 

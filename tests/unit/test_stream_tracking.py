@@ -26,7 +26,10 @@ def chunk(text: str = "tok", finish: str | None = None) -> bytes:
     return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
 
 
-USAGE = b'data: {"id":"cmpl-1","choices":[],"usage":{"prompt_tokens":3,"total_tokens":8,"completion_tokens":5}}\n\n'
+USAGE = (
+    b'data: {"id":"cmpl-1","choices":[],'
+    b'"usage":{"prompt_tokens":3,"total_tokens":8,"completion_tokens":5}}\n\n'
+)
 DONE = b"data: [DONE]\n\n"
 ERROR = (
     b'data: {"error": {"message": "EngineCore encountered an issue.", "type": "InternalServerError", '
