@@ -142,3 +142,52 @@ def test_access_log_settles_the_rest(
 @pytest.mark.parametrize("reason", list(EndReason))
 def test_every_end_reason_maps_to_a_drain_category(reason: EndReason) -> None:
     assert isinstance(drain_end(reason), DrainEnd)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_stalls_are_counted_and_a_gone_engines_stream_is_let_go() -> None:
+    from picker.inference import InferenceRequest
+    from picker.pipeline import RequestPath
+    from picker.pool import EndpointState, Pool
+    from picker.telemetry import Metrics
+
+    clock = Clock()
+    pool = Pool(clock)
+    pool.apply(ready=["a:1", "b:1"])
+    metrics = Metrics()
+    path = RequestPath(
+        pool,
+        metrics,
+        fallback_count=0,
+        clock=clock,
+        stall_after_s=5.0,
+        schedule=lambda delay, fn: lambda: None,
+    )
+    request = InferenceRequest(method="POST", path="/v1/completions", model="m", stream=True)
+    records = []
+    for _ in range(2):
+        ticket = path.admit(request)
+        record = ticket.payload
+        path.response_started(record, 200, record.picked[0], streaming=True)
+        path.body_chunk(record, chunk())
+        records.append(record)
+    assert {r.endpoint for r in records} == {"a:1", "b:1"}
+    clock.now = 4.0
+    assert path.sweep_stalls() == 0
+    gone = next(r for r in records if r.endpoint == "b:1")
+    pool.apply(ready=["a:1"])  # b:1 removed: GONE while its stream is still open
+    assert pool.get("b:1").state is EndpointState.GONE  # type: ignore[union-attr]
+    clock.now = 6.0
+    assert path.sweep_stalls() == 2  # both silent for 6 s; each counted once
+    assert path.sweep_stalls() == 0
+    assert gone.end_reason is EndReason.STALLED and pool.get("b:1") is None  # let go, endpoint forgotten
+    kept = next(r for r in records if r.endpoint == "a:1")
+    assert not kept.ended and kept.stalled  # its engine may still answer: still counted in flight
+    assert metrics.registry.get_sample_value("picker_endpoint_stalls_total", {"endpoint": "a:1"}) == 1
