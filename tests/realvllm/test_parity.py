@@ -29,6 +29,7 @@ ABORTED_STREAM_TOKENS = 8000
 # The engine decodes ~500-700 tok/s per stream here (faster than a client reads: the API server buffers),
 # so 2 x 8000 tokens keep it generating for > 10 s after SIGTERM, while the drain checks run.
 DRAINED_STREAM_TOKENS = 8000
+DRAINED_STREAMS = 4
 DRAIN_TIMEOUT_S = 120
 # vLLM frees a disconnected request within one engine step (measured < 0.4 s); the bound is generous
 # because /metrics itself can take seconds on a loaded 2-core box. A request that ran to completion
@@ -88,13 +89,13 @@ class TestServing:
 
             assert await pc.wait_until(counters_caught_up, within_s=30, interval=0.1)
 
-    async def test_stream_disconnect_aborts(self, vllm_server: launcher.RealVllm) -> None:
-        await pc.check_stream_disconnect_aborts(
+    async def test_non_streaming_disconnect_aborts(self, vllm_server: launcher.RealVllm) -> None:
+        await pc.check_non_streaming_disconnect_aborts(
             target_of(vllm_server), ABORTED_STREAM_TOKENS, deadline_s=ABORT_DEADLINE_S
         )
 
-    async def test_non_streaming_disconnect_aborts(self, vllm_server: launcher.RealVllm) -> None:
-        await pc.check_non_streaming_disconnect_aborts(
+    async def test_stream_disconnect_aborts(self, vllm_server: launcher.RealVllm) -> None:
+        await pc.check_stream_disconnect_aborts(
             target_of(vllm_server), ABORTED_STREAM_TOKENS, deadline_s=ABORT_DEADLINE_S
         )
 
@@ -174,7 +175,8 @@ async def test_sigterm_drain(vllm_workdir: Path) -> None:
     port = launcher.free_port()
     with launcher.real_vllm(port, vllm_workdir, shutdown_timeout=DRAIN_TIMEOUT_S) as server:
         target = target_of(server)
-        first_events = [asyncio.Event() for _ in range(2)]
+        # Four long streams share the engine, so the drain outlasts the checks below even on an idle box.
+        first_events = [asyncio.Event() for _ in range(DRAINED_STREAMS)]
         streams = [
             asyncio.create_task(stream_to_the_end(target, DRAINED_STREAM_TOKENS, first_event))
             for first_event in first_events
@@ -187,6 +189,7 @@ async def test_sigterm_drain(vllm_workdir: Path) -> None:
 
             refusal = await first_refusal(target)
             pc.check_error(refusal, 500, "InternalServerError", pc.DRAIN_REFUSAL)
+            assert not all(stream.done() for stream in streams), "the 500 came while streams were in flight"
             chat = await post_on_new_connection(server.url, "/v1/chat/completions", pc.chat_body(target, 1))
             pc.check_error(chat, 500, "InternalServerError", pc.DRAIN_REFUSAL)
             body = httpx.Request("POST", server.url, json=pc.completion_body(target, 1, False)).content

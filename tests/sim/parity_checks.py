@@ -300,14 +300,23 @@ async def check_non_streaming_disconnect_aborts(
 ) -> float:
     async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as probe:
         before = await scrape(probe)
-        async with httpx.AsyncClient(base_url=target.base_url, timeout=120) as client:
-            request = asyncio.create_task(
-                client.post("/v1/completions", json=completion_body(target, long_tokens, False))
-            )
-            ran = await wait_until(lambda: _running_at_least(probe, target, 1), start_deadline_s, 0.05)
-            assert ran and not request.done(), "request never seen running"
-            request.cancel()  # drops the connection while the server is generating
-            await asyncio.gather(request, return_exceptions=True)
+        # A busy vLLM can take seconds to answer /metrics, and an idle one decodes a whole request in
+        # that time: an attempt whose request finished before it was seen running proves nothing, and
+        # is tried again (its completion counts as "length", so `before` is re-read).
+        for _attempt in range(3):
+            async with httpx.AsyncClient(base_url=target.base_url, timeout=120) as client:
+                request = asyncio.create_task(
+                    client.post("/v1/completions", json=completion_body(target, long_tokens, False))
+                )
+                ran = await wait_until(lambda: _running_at_least(probe, target, 1), start_deadline_s, 0.05)
+                caught = ran and not request.done()
+                request.cancel()  # drops the connection while the server is generating
+                await asyncio.gather(request, return_exceptions=True)
+            if caught:
+                break
+            await wait_until(lambda: _idle(probe, target), deadline_s)
+            before = await scrape(probe)
+        assert caught, "the request was never seen running before it finished (3 tries)"
         closed = time.monotonic()
         assert await wait_until(lambda: _idle(probe, target), deadline_s), "request still running"
         took = time.monotonic() - closed
