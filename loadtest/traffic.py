@@ -75,9 +75,15 @@ def completion_body(max_tokens: int, model: str = "tiny-llama", stream: bool = T
 
 
 async def stream_one(
-    client: httpx.AsyncClient, url: str, body: dict[str, object], headers: dict[str, str] | None = None
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, object],
+    headers: dict[str, str] | None = None,
+    first_event: asyncio.Event | None = None,
 ) -> Result:
-    """One streaming completion; never raises (transport errors land in `Result.error`)."""
+    """One streaming completion; never raises (transport errors land in `Result.error`).
+
+    `first_event` is set when the first SSE event arrives: the stream is flowing to the client."""
     result = Result()
     started = time.perf_counter()
     try:
@@ -91,6 +97,8 @@ async def stream_one(
                     continue
                 if result.ttft_s is None:
                     result.ttft_s = time.perf_counter() - started
+                    if first_event is not None:
+                        first_event.set()
                 payload = line[6:]
                 if payload == "[DONE]":
                     result.done = True

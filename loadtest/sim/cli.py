@@ -226,24 +226,31 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 async def serve(config: SimConfig, ports: Sequence[int]) -> int:
     loop = asyncio.get_running_loop()
     replicas = [Replica(config, port) for port in ports]
-    for replica in replicas:
-        await replica.start()
-        print(f"sim listening {replica.address}", flush=True)
+    started: list[Replica] = []
     signals_seen = 0
 
     def on_signal() -> None:
         nonlocal signals_seen
         signals_seen += 1
         if signals_seen == 1:
-            for replica in replicas:
+            for replica in started:
                 replica.begin_shutdown()
             return
         print("sim: second signal, exiting now", file=sys.stderr, flush=True)
         os._exit(1)
 
+    # Handlers first: a parent may signal as soon as it reads the first "listening" line.
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal)
-    await asyncio.gather(*(replica.wait_stopped() for replica in replicas))
+    for replica in replicas:
+        if signals_seen:
+            break  # shutting down before every replica was up: start no more
+        await replica.start()
+        started.append(replica)
+        print(f"sim listening {replica.address}", flush=True)
+        if signals_seen:
+            replica.begin_shutdown()
+    await asyncio.gather(*(replica.wait_stopped() for replica in started))
     print("sim stopped", flush=True)
     return 0
 

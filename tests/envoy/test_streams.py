@@ -236,10 +236,15 @@ async def test_picker_crash_cuts_no_stream(tmp_path: Path, fail_open: bool) -> N
     try:
         assert stack.picker is not None
         async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=60)) as client:
+            flowing = [asyncio.Event() for _ in range(50)]
             streams = [
-                asyncio.create_task(stream_one(client, stack.url, completion_body(75))) for _ in range(50)
+                asyncio.create_task(stream_one(client, stack.url, completion_body(75), first_event=event))
+                for event in flowing
             ]
-            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_in_flight") == 50, 10)
+            # Every stream has its first token, so its routing RPC is over. (A request the picker is
+            # still routing when it dies follows the failure mode instead: a retryable 503 here.)
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in flowing)), 10)
+            assert stack.picker_value("picker_in_flight") == 50
             stack.picker.kill()  # SIGKILL mid-stream
             newcomer: Result = await stream_one(client, stack.url, completion_body(3))
             finished = await asyncio.gather(*streams)
