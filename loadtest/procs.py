@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -16,11 +17,32 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """A port the kernel just handed out on 127.0.0.1 (closed again, so a child can bind it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port on 127.0.0.1 for a child to bind, chosen below the kernel's ephemeral range.
+
+    A port from bind(0) comes from the ephemeral range, which outgoing connections also draw on:
+    between our close and the child's bind, any connect() on the machine may take it. Below that
+    range only another explicit bind can, and a random pick makes that unlikely.
+    """
+    low, _ = _ephemeral_range()
+    start = max(1024, low - 20000)
+    for _ in range(200):
+        port = random.randrange(start, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port found in {start}-{low}")
 
 
 def wait_until(

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from loadtest.procs import free_port as free_port  # re-exported: the tier's tests allocate with it
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
 INSTALL_STAMP = PROJECT_ROOT / ".venv-vllm" / ".picker-installed"
@@ -51,13 +53,6 @@ def skip_reason() -> str | None:
             "run `make real-vllm`"
         )
     return None
-
-
-def free_port() -> int:
-    """Ask the kernel for a free loopback port (bind port 0 and read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
