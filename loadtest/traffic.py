@@ -6,7 +6,6 @@ Bounded twice: by a request count and by a deadline, whichever comes first.
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from collections import Counter
@@ -14,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import httpx
+
+from loadtest.sse_client import stream_request
 
 REPLICA_HEADER = "x-sim-replica"
 
@@ -81,39 +82,26 @@ async def stream_one(
     headers: dict[str, str] | None = None,
     first_event: asyncio.Event | None = None,
 ) -> Result:
-    """One streaming completion; never raises (transport errors land in `Result.error`).
+    """One streaming completion, summed up; never raises (transport errors land in `Result.error`).
 
     `first_event` is set when the first SSE event arrives: the stream is flowing to the client."""
-    result = Result()
-    started = time.perf_counter()
-    try:
-        async with client.stream("POST", url + "/v1/completions", json=body, headers=headers) as response:
-            result.status = response.status_code
-            result.replica = response.headers.get(REPLICA_HEADER, "")
-            result.reason_header = response.headers.get("x-picker-dropped-reason", "")
-            result.retry_after = response.headers.get("retry-after", "")
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if result.ttft_s is None:
-                    result.ttft_s = time.perf_counter() - started
-                    if first_event is not None:
-                        first_event.set()
-                payload = line[6:]
-                if payload == "[DONE]":
-                    result.done = True
-                    continue
-                result.chunks += 1
-                if '"finish_reason":null' not in payload.replace(" ", ""):
-                    event = json.loads(payload)
-                    if "error" in event:
-                        result.error = "error event"
-                    for choice in event.get("choices", ()):
-                        result.finish_reason = choice.get("finish_reason") or result.finish_reason
-    except httpx.HTTPError as exc:
-        result.error = type(exc).__name__
-    result.duration_s = time.perf_counter() - started
-    return result
+    streamed = await stream_request(
+        client, url + "/v1/completions", body, headers=headers, first_event=first_event
+    )
+    data = [event for event in streamed.events if event.data != "[DONE]"]
+    response_headers = streamed.headers
+    return Result(
+        status=streamed.status or 0,
+        replica=response_headers.get(REPLICA_HEADER, ""),
+        ttft_s=streamed.events[0].at if streamed.events else None,
+        duration_s=streamed.t_end,
+        chunks=len(data),
+        done=streamed.done,
+        finish_reason=streamed.finish_reason,
+        reason_header=response_headers.get("x-picker-dropped-reason", ""),
+        retry_after=response_headers.get("retry-after", ""),
+        error="error event" if streamed.error_event else (streamed.error or ""),
+    )
 
 
 async def run_closed_loop(
