@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -28,7 +28,6 @@ class StackOptions:
     picker_endpoints: Sequence[str] | None = None  # default: the replicas
     static_endpoints: bool = True  # False: no --endpoints; picker_args names the source (file, kube)
     envoy_concurrency: int = 1
-    envoy: dict[str, object] = field(default_factory=dict)  # EnvoyParams overrides
 
 
 def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
@@ -129,8 +128,6 @@ class Stack:
             failure_mode_allow=self.options.failure_mode_allow,
             access_log=str(self.access_log),
         )
-        if self.options.envoy:
-            params = EnvoyParams(**{**params.__dict__, **self.options.envoy})  # type: ignore[arg-type]
         return params
 
     def start_envoy(self) -> None:
@@ -152,9 +149,6 @@ class Stack:
         self.envoy.wait_ready(
             lambda: health_ok(self.admin_port, "/ready") and port_open(self.listen_port), timeout=30
         )
-
-    def restart_picker(self) -> None:
-        self.start_picker()
 
     def picker_metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text

@@ -114,9 +114,6 @@ class RequestPath:
     def accepting(self) -> bool:
         return not self.flow.closed
 
-    def records(self) -> list[RequestRecord]:
-        return list(self._live.values())
-
     def admit(self, request: InferenceRequest, *, flow: str = "", priority: int = 0) -> Ticket[RequestRecord]:
         """Admit one parsed request: dispatched now, refused now, or queued (await `ticket.wait()`)."""
         now = self._clock()

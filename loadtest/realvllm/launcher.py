@@ -9,16 +9,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from loadtest.procs import free_port as free_port  # re-exported: the tier's tests allocate with it
+from loadtest.procs import wait_until
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
@@ -53,24 +52,6 @@ def skip_reason() -> str | None:
             "run `make real-vllm`"
         )
     return None
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    """Poll a condition until it holds or the deadline passes; returns whether it held."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
-
-
-def port_accepts(port: int) -> bool:
-    """Whether something accepts TCP connections on 127.0.0.1:port right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.settimeout(1.0)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 def log_tail(log_path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -191,10 +172,10 @@ def _wait_ready(server: RealVllm, deadline_s: float) -> None:
         exited = server.process.poll() is not None
         return exited or _healthy(server)
 
-    if not wait_until(ready_or_dead, deadline_s, interval=0.5):
-        raise RuntimeError(
-            f"vLLM on port {server.port} not healthy after {deadline_s:.0f} s; log tail:\n{server.log_tail()}"
-        )
+    try:
+        wait_until(ready_or_dead, deadline_s, interval=0.5, what=f"vLLM on port {server.port} to be healthy")
+    except TimeoutError as exc:
+        raise RuntimeError(f"{exc}; log tail:\n{server.log_tail()}") from None
     if exited:
         raise RuntimeError(
             f"vLLM exited with code {server.process.returncode} during startup; log tail:\n"

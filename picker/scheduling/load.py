@@ -56,18 +56,16 @@ def estimated_load(view: LoadView) -> float:
 
 
 def estimated_waiting(view: LoadView, policy: LoadPolicy) -> float:
+    """Requests queued on the engine now (0 without a scrape)."""
     sample = view.load
-    if sample is None:
-        return 0.0
+    return 0.0 if sample is None else _queued(estimated_load(view), sample, view, policy)
+
+
+def _queued(load: float, sample: LoadSample, view: LoadView, policy: LoadPolicy) -> float:
     slots = policy.engine_slots or view.learned_slots
     if slots:
-        return max(0.0, estimated_load(view) - slots)
+        return max(0.0, load - slots)
     return sample.waiting  # slots unknown: only the scrape can tell
-
-
-def is_stale(view: LoadView, now: float, policy: LoadPolicy) -> bool:
-    sample = view.load
-    return sample is None or now - sample.at > policy.staleness_s
 
 
 def saturated(view: LoadView, now: float, policy: LoadPolicy) -> bool:
@@ -82,15 +80,8 @@ def assess(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float]
     sample = view.load
     if sample is None:
         return True, float(view.in_flight)
-    load = max(
-        float(view.in_flight),
-        sample.running
-        + sample.waiting
-        + (view.arrivals - sample.arrivals_before)
-        - (view.departures - sample.departures_after),
-    )
-    slots = policy.engine_slots or view.learned_slots
-    waiting = max(0.0, load - slots) if slots else sample.waiting
+    load = estimated_load(view)
+    waiting = _queued(load, sample, view, policy)
     kv = sample.kv_usage
     full = (
         now - sample.at > policy.staleness_s
