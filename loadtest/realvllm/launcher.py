@@ -113,7 +113,7 @@ def server_command(port: int, shutdown_timeout: int | None, extra_args: Sequence
         "--dtype",
         "float32",
         "--max-model-len",
-        "8192",
+        "16384",  # the tiny model's full context: the longest streams, for checks that must outlast them
         # Eager mode skips torch.compile: 23-26 s startup instead of 30-70 s.
         "--enforce-eager",
     ]

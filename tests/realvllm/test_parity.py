@@ -23,12 +23,13 @@ from tests.sim import parity_checks as pc
 # Fixture setup (a vLLM start: 23-26 s idle, much more on a busy box) counts against the timeout.
 pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(300)]
 
-# The longest request --max-model-len 8192 allows (> 10 s of engine decoding): outlives every disconnect
+# Nearly the longest request --max-model-len 16384 allows (> 15 s of engine decoding on an idle box,
+# where 8000 tokens sometimes finished before a check could act): outlives every disconnect
 # check, which abort it early.
-ABORTED_STREAM_TOKENS = 8000
+ABORTED_STREAM_TOKENS = 16000
 # The engine decodes ~500-700 tok/s per stream here (faster than a client reads: the API server buffers),
-# so 2 x 8000 tokens keep it generating for > 10 s after SIGTERM, while the drain checks run.
-DRAINED_STREAM_TOKENS = 8000
+# so 4 x 12000 tokens keep it generating for well over 10 s after SIGTERM, while the drain checks run.
+DRAINED_STREAM_TOKENS = 12000
 DRAINED_STREAMS = 4
 DRAIN_TIMEOUT_S = 120
 # vLLM frees a disconnected request within one engine step (measured < 0.4 s); the bound is generous
