@@ -27,11 +27,14 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(300)]
 # where 8000 tokens sometimes finished before a check could act): outlives every disconnect
 # check, which abort it early.
 ABORTED_STREAM_TOKENS = 16000
-# The engine decodes ~500-700 tok/s per stream here (faster than a client reads: the API server buffers),
-# so 4 x 12000 tokens keep it generating for well over 10 s after SIGTERM, while the drain checks run.
-DRAINED_STREAM_TOKENS = 12000
+# The drained streams must outlast the drain checks (a few seconds of requests) yet finish well inside
+# --shutdown-timeout. The engine's speed varies several-fold with what else runs on the box, so the
+# stream length is sized from its measured speed: DRAIN_DECODE_S of decoding at the rate the engine
+# showed with DRAINED_STREAMS concurrent requests, within the model's context.
 DRAINED_STREAMS = 4
-DRAIN_TIMEOUT_S = 120
+DRAIN_DECODE_S = 20.0
+DRAIN_PROBE_TOKENS = 400
+DRAIN_TIMEOUT_S = 240  # 12x the planned decoding: a slower engine still finishes every stream
 # vLLM frees a disconnected request within one engine step (measured < 0.4 s); the bound is generous
 # because /metrics itself can take seconds on a loaded 2-core box. A request that ran to completion
 # instead of being aborted is caught by the counters (it would count as finished_reason="length").
@@ -158,6 +161,20 @@ async def first_refusal(target: pc.Target, within_s: float = 30.0, attempts: int
     raise AssertionError("new completions still accepted after SIGTERM")
 
 
+async def drained_stream_tokens(target: pc.Target) -> int:
+    """Tokens per drained stream for DRAIN_DECODE_S of decoding at this engine's measured speed."""
+    body = pc.completion_body(target, DRAIN_PROBE_TOKENS, False)
+    started = time.monotonic()
+    async with httpx.AsyncClient(base_url=target.base_url, timeout=120) as client:
+        responses = await asyncio.gather(
+            *(client.post("/v1/completions", json=body) for _ in range(DRAINED_STREAMS))
+        )
+    elapsed = time.monotonic() - started
+    assert all(r.status_code == 200 for r in responses), [r.text[:200] for r in responses]
+    per_stream_rate = DRAIN_PROBE_TOKENS / elapsed
+    return max(DRAIN_PROBE_TOKENS, min(ABORTED_STREAM_TOKENS, int(per_stream_rate * DRAIN_DECODE_S)))
+
+
 async def stream_to_the_end(target: pc.Target, tokens: int, first_event: asyncio.Event) -> StreamResult:
     async with httpx.AsyncClient(base_url=target.base_url) as client:
         body = pc.completion_body(target, tokens, True)
@@ -176,10 +193,11 @@ async def test_sigterm_drain(vllm_workdir: Path) -> None:
     port = launcher.free_port()
     with launcher.real_vllm(port, vllm_workdir, shutdown_timeout=DRAIN_TIMEOUT_S) as server:
         target = target_of(server)
+        tokens = await drained_stream_tokens(target)
         # Four long streams share the engine, so the drain outlasts the checks below even on an idle box.
         first_events = [asyncio.Event() for _ in range(DRAINED_STREAMS)]
         streams = [
-            asyncio.create_task(stream_to_the_end(target, DRAINED_STREAM_TOKENS, first_event))
+            asyncio.create_task(stream_to_the_end(target, tokens, first_event))
             for first_event in first_events
         ]
         try:
@@ -208,7 +226,7 @@ async def test_sigterm_drain(vllm_workdir: Path) -> None:
             for stream in streams:
                 stream.cancel()
         for result in results:
-            pc.check_finished_stream(result, "text_completion", target, DRAINED_STREAM_TOKENS)
+            pc.check_finished_stream(result, "text_completion", target, tokens)
 
         assert await pc.wait_until(lambda: pc.port_refuses(server.url), 30, 0.1), "listener still open"
         exit_code = await asyncio.to_thread(server.wait_exit, 30)
