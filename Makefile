@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint real-vllm test-realvllm bench clean
+.PHONY: demo test test-fast lint real-vllm test-realvllm bench rollout clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/picker demo
+	$(BIN)/picker demo --proxy
 
 # The whole suite, the real-vLLM tier included (it installs vLLM's CPU build on first use).
 test: $(STAMP) real-vllm
@@ -23,9 +24,11 @@ test: $(STAMP) real-vllm
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'not realvllm'
 
+# Style, formatting, and the import contracts in pyproject.toml (core planes: no network, no frontend).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 # A real vLLM (CPU build) and a tiny random local model, for the realvllm test tier.
 real-vllm: $(STAMP)
@@ -36,6 +39,14 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_picker
 	$(BIN)/python -m loadtest.bench_flow
 	$(BIN)/python -m loadtest.bench_streams
+	$(BIN)/python -m loadtest.bench_cost
+	@test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
+	VLLM_ROUTER=$(CURDIR)/.venv-router/bin/vllm-router $(BIN)/python -m loadtest.bench_proxy
+
+# A rolling update under streaming load, without and with the picker (README, "Rollouts"): prints
+# both tables and the drains' scorecard, and redraws the README's timeline picture.
+rollout: $(STAMP)
+	$(BIN)/python -m loadtest.rollout --png loadtest/rollout/rollout-timeline.png
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -6,6 +6,10 @@
 2. Scrape cost: one simulator process serves 100 replicas; the picker's scraper polls all of them
    every 100 ms for a few seconds. CPU per endpoint per second, and per scrape, side by side with a
    baseline that parses the whole /metrics page with prometheus-client (what a naive scraper does).
+3. Worst page: what reading one /metrics page costs the event loop, the normal page beside 4 MiB
+   pages a hostile replica may send (all gauge lines; all other lines): total CPU, and the longest
+   step taken without yielding to the loop.
+4. Queue pop cost with 20,000 priority bands whose entries expired or were cancelled, vs none.
 
 Run: `python -m loadtest.bench_flow` (about 30 s).
 """
@@ -26,13 +30,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtest.procs import Proc, free_port
 from loadtest.stack import health_ok
 from picker.config import LoadConfig
-from picker.flow import FlowLimits
+from picker.flow import AdmissionQueue, FlowLimits, QueuedItem
 from picker.inference import InferenceRequest
 from picker.pipeline import RequestPath
 from picker.pool import Pool
 from picker.pool.load import record_sample
 from picker.scheduling import LoadPolicy
 from picker.sources.scraper import Scraper
+from picker.sources.vllm_metrics import GaugeScanner, MetricsPageError
 from picker.streams import EndReason
 from picker.telemetry import Metrics
 
@@ -86,6 +91,68 @@ async def dispatch_latency(endpoints: int, slots: int, releases: int) -> None:
     )
 
 
+def page_cost(name: str, page: bytes, repeats: int) -> None:
+    """Scan `page` as the scraper does (64 KiB chunks as they arrive): CPU per page, longest step.
+
+    Thread CPU time (a preempted process is not the page's cost), medians over `repeats` pages.
+    """
+    config = LoadConfig()
+    chunk = 65536
+    totals, longest, outcome = [], [], "ok"
+    for _ in range(repeats):
+        scanner = GaugeScanner(config.max_gauge_lines)
+        started = step = time.thread_time()
+        steps = []
+        try:
+            for offset in range(0, len(page), chunk):
+                scanner.feed(page[offset : offset + chunk])
+                steps.append(time.thread_time() - step)
+                step = time.thread_time()
+            scanner.result()
+        except MetricsPageError as exc:
+            outcome = f"refused ({exc})"
+        steps.append(time.thread_time() - step)
+        totals.append(time.thread_time() - started)
+        longest.append(max(steps))
+    print(
+        f"{name:<44} | {len(page):>9} | {statistics.median(totals) * 1e3:>13.3f} | "
+        f"{statistics.median(longest) * 1e3:>16.3f} | {outcome}"
+    )
+
+
+def worst_pages(normal: bytes) -> None:
+    line = b'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
+    flood = line * (4 * 1024 * 1024 // len(line) - 1)
+    other = b'vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 4.0\n'
+    filler = other * (4 * 1024 * 1024 // len(other) - 1)
+    print("\nreading one /metrics page (what the event loop pays per scrape; max_page_bytes is 4 MiB)")
+    header = ("page", "bytes", "ms CPU/page", "longest step ms", "outcome")  # thread CPU, medians
+    print(f"{header[0]:<44} | {header[1]:>9} | {header[2]:>13} | {header[3]:>16} | {header[4]}")
+    page_cost("normal page (simulator)", normal, 200)
+    page_cost("4 MiB of gauge lines (hostile)", flood, 20)
+    page_cost("4 MiB of other lines + the gauges", filler[: len(filler) - len(normal)] + normal, 20)
+
+
+def queue_pop_cost(dead_bands: int, pops: int = 20_000) -> float:
+    """Microseconds per pop (plus one push) with `dead_bands` emptied bands below the live one.
+
+    The best of three runs (timeit's rule: slower runs measure the machine's other work)."""
+    queue = AdmissionQueue(10**7, 10**12)
+    for band in range(dead_bands):
+        item = QueuedItem("f", -1 - band, 1, 0.0)
+        queue.push(item)
+        queue.remove(item)
+    queue.push(QueuedItem("f", 0, 1, 0.0))
+    runs = []
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(pops):
+            queue.pop()
+            queue.push(QueuedItem("f", 0, 1, 0.0))
+        runs.append((time.perf_counter() - started) / pops * 1e6)
+    return min(runs)
+
+
 def serve_static(page_file: str, ports: list[int]) -> None:
     """A stand-in for 100 engines: one canned /metrics page on many ports, as cheap as can be."""
     from aiohttp import web
@@ -129,6 +196,7 @@ async def scrape_cost(endpoints: int, seconds: float, workdir: Path) -> None:
     finally:
         sim.stop()
     (workdir / "page.txt").write_bytes(page)
+    worst_pages(page)
     ports = [free_port() for _ in range(endpoints)]
     server = Proc(
         "pages",
@@ -194,6 +262,10 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     args = parser.parse_args()
     await dispatch_latency(args.endpoints, slots=4, releases=2000)
+    print(
+        f"queue pop + push: {queue_pop_cost(0):.2f} us with no emptied bands, "
+        f"{queue_pop_cost(20_000):.2f} us with 20,000 emptied bands below live traffic"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
         await scrape_cost(args.endpoints, args.seconds, Path(tmp))
 

@@ -2,8 +2,10 @@
 
 Prints, in one run and side by side: TTFT p50/p99 at 1, 16 and 64 concurrent streams through
 (a) Envoy + picker (routing + observer filters) and (b) the same Envoy config without ext_proc
-(round robin), and the picker's short-request throughput per CPU-second. Bounded: each phase stops
-at its request count or its deadline. Run: `python -m loadtest.bench_picker` (about a minute).
+(round robin), the picker's short-request throughput per CPU-second, and the cost of TLS on the
+Envoy -> picker hop (the default) against a second Envoy + picker in plaintext on the same replicas:
+TTFT and picker CPU per request, in interleaved rounds. Bounded: each phase stops at its request
+count or its deadline. Run: `python -m loadtest.bench_picker` (about a minute and a half).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -116,11 +119,76 @@ async def short_request_throughput(stack: Stack, url: str, seconds: float) -> No
     print(f"  picker CPU per request: {cpu / done * 1e6 if done else float('nan'):.0f} us")
 
 
+def idle_cpu_rate(pid: int, seconds: float) -> float:
+    """A picker's own background CPU (scrapes, sweeps) per second, to subtract from a phase's."""
+    before, started = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)  # a benchmark's measurement window, not a synchronisation
+    return (cpu_seconds(pid) - before) / (time.monotonic() - started)
+
+
+async def tls_cost(tls_stack: Stack, plain_stack: Stack, levels: list[int], rounds: int) -> None:
+    """The same short streams through TLS and plaintext stacks, alternating, so drift hits both."""
+    stacks = {"tls": tls_stack, "plaintext": plain_stack}
+    pids = {name: s.picker.pid for name, s in stacks.items()}  # type: ignore[union-attr]
+    idle = {name: await asyncio.to_thread(idle_cpu_rate, pid, 2.0) for name, pid in pids.items()}
+    print(
+        "\nTLS on the Envoy -> picker hop vs plaintext (same replicas; 2-token streams; rounds interleaved)"
+    )
+    print(
+        f"{'concurrency':>11} | {'picker hop':<10} | {'requests':>8} | {'TTFT p50':>8} | {'TTFT p99':>8} | "
+        f"{'picker CPU/req':>14} | {'failed':>6}"
+    )
+    for level in levels:
+        per_round = max(60, level * 25)
+        ttfts: dict[str, list[float]] = {name: [] for name in stacks}
+        cpu = dict.fromkeys(stacks, 0.0)
+        failed = dict.fromkeys(stacks, 0)
+        for _ in range(rounds):
+            for name, stack in stacks.items():
+                before, started = cpu_seconds(pids[name]), time.monotonic()
+                got, bad = await closed_loop_ttfts(stack.listen_port, level, per_round, 2)
+                elapsed = time.monotonic() - started
+                cpu[name] += cpu_seconds(pids[name]) - before - idle[name] * elapsed
+                ttfts[name] += got
+                failed[name] += bad
+        us: dict[str, float] = {}
+        for name in stacks:
+            done = len(ttfts[name])
+            us[name] = cpu[name] / done * 1e6 if done else float("nan")
+            p50, p99 = (percentile(sorted(ttfts[name]), q) * 1e3 for q in (50, 99))
+            print(
+                f"{level:>11} | {name:<10} | {done + failed[name]:>8} | {p50:>8.2f} | {p99:>8.2f} | "
+                f"{us[name]:>11.0f} us | {failed[name]:>6}"
+            )
+        added = percentile(sorted(ttfts["tls"]), 50) - percentile(sorted(ttfts["plaintext"]), 50)
+        print(
+            f"{'':>11}   TLS adds {added * 1e3:+.2f} ms TTFT p50 and {us['tls'] - us['plaintext']:+.0f} us "
+            "picker CPU per request"
+        )
+    url = f"http://127.0.0.1:{tls_stack.admin_port}/stats?filter=cluster.picker.ssl.handshake"
+    async with httpx.AsyncClient(timeout=5) as client:
+        handshakes = (await client.get(url)).text.strip()
+    print(f"  TLS handshakes Envoy made to the picker in the whole run: {handshakes or 'none'}")
+
+
+def start_plaintext_stack(stack: Stack, workdir: Path) -> Stack:
+    """A second Envoy + picker, plaintext between them, routing to the first stack's replicas."""
+    options = StackOptions(
+        replicas=0,
+        picker_endpoints=stack.replicas,
+        extra_envoy_endpoints=stack.replicas,
+        envoy_picker_tls=False,
+    )
+    return Stack(workdir / "plaintext", options).start()
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--levels", default="1,16,64")
     parser.add_argument("--max-tokens", type=int, default=20)
     parser.add_argument("--throughput-seconds", type=float, default=8.0)
+    parser.add_argument("--tls-levels", default="1,16", help="concurrency levels of the TLS comparison")
+    parser.add_argument("--tls-rounds", type=int, default=3, help="interleaved TLS/plaintext rounds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-picker-") as tmp:
         workdir = Path(tmp)
@@ -128,12 +196,18 @@ async def main() -> None:
         stack = Stack(workdir, options)
         await asyncio.to_thread(stack.start)
         baseline: Proc | None = None
+        plain: Stack | None = None
         try:
             baseline, baseline_port = await asyncio.to_thread(start_baseline_envoy, stack, workdir)
             levels = [int(v) for v in args.levels.split(",")]
             await ttft_table(stack.listen_port, baseline_port, levels, args.max_tokens)
             await short_request_throughput(stack, stack.url, args.throughput_seconds)
+            plain = await asyncio.to_thread(start_plaintext_stack, stack, workdir)
+            tls_levels = [int(v) for v in args.tls_levels.split(",")]
+            await tls_cost(stack, plain, tls_levels, args.tls_rounds)
         finally:
+            if plain is not None:
+                plain.stop()
             if baseline is not None:
                 baseline.stop()
             stack.stop()

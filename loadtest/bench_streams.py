@@ -1,15 +1,17 @@
 """Benchmark: how the picker should see response bodies (the design choice of stream tracking).
 
-Three Envoy configurations over the same simulated replicas, in one run:
+Four Envoy configurations over the same simulated replicas, in one run:
   baseline  Envoy alone, round robin (no picker on the path)
   observer  routing filter with response bodies off (NONE) + an observability-mode filter that sees
             every chunk without holding it (the picker's default)
   streamed  routing filter with response_body_mode STREAMED: every chunk waits for the picker
+  duplex    routing filter with request and response bodies FULL_DUPLEX_STREAMED, no observer (Envoy
+            AI Gateway's default shape): the picker echoes every response chunk back to Envoy
 For each: N concurrent streams at 20 tokens/s. Per-chunk latency added is read as each chunk's
 lateness against its stream's schedule (arrival - first chunk - i x ITL) p50/p99, next to TTFT p50/p99;
 then the picker's CPU per chunk; then what a picker SIGKILL does to streams in flight.
 A raw asyncio client (no HTTP library) keeps the client's own cost out of the figures.
-Run: `python -m loadtest.bench_streams [--streams 200]` (about 90 s).
+Run: `python -m loadtest.bench_streams [--streams 200] [--modes observer,duplex]` (about 2 min).
 """
 
 from __future__ import annotations
@@ -46,9 +48,18 @@ def envoy_variant(stack: Stack, mode: str) -> None:
             hcm["http_filters"] = [
                 f for f in filters if not f["name"].startswith("envoy.filters.http.ext_proc")
             ]
-        elif mode == "streamed":
+        elif mode in ("streamed", "duplex"):
             hcm["http_filters"] = [f for f in filters if f["name"] != "envoy.filters.http.ext_proc.observer"]
-            hcm["http_filters"][0]["typed_config"]["processing_mode"]["response_body_mode"] = "STREAMED"
+            processing = hcm["http_filters"][0]["typed_config"]["processing_mode"]
+            if mode == "streamed":
+                processing["response_body_mode"] = "STREAMED"
+            else:  # Envoy requires trailers SEND with FULL_DUPLEX_STREAMED bodies
+                processing.update(
+                    request_body_mode="FULL_DUPLEX_STREAMED",
+                    request_trailer_mode="SEND",
+                    response_body_mode="FULL_DUPLEX_STREAMED",
+                    response_trailer_mode="SEND",
+                )
         return yaml.safe_dump(config)
 
     stack_module.render = render_variant  # type: ignore[assignment]
@@ -105,13 +116,19 @@ async def kill_during_streams(stack: Stack, mode: str, count: int = 20) -> None:
 
 
 KILLS: dict[str, str] = {}
+MODES = ("baseline", "observer", "streamed", "duplex")
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"unknown modes: {', '.join(unknown)}")
     print(
         f"{args.streams} concurrent streams x {args.tokens} tokens at {1 / ITL_S:.0f} tokens/s, 3 replicas\n"
     )
@@ -122,7 +139,7 @@ async def main() -> None:
     units = " | ".join(f"{'(ms)':>8}" for _ in range(4))
     print(f"{'':<9} | {'':>7} | {'':>6} | {units} | {'(CPU)':>11} |")
     with tempfile.TemporaryDirectory(prefix="bench-streams-") as tmp:
-        for mode in ("baseline", "observer", "streamed"):
+        for mode in modes:
             await measure(mode, args.streams, args.tokens, Path(tmp))
     print()
     for mode, text in KILLS.items():

@@ -25,23 +25,34 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+_ISSUED: dict[int, None] = {}  # ports handed out by this process, oldest first
+_ISSUED_KEPT = 2000
+
+
 def free_port() -> int:
     """A free port on 127.0.0.1 for a child to bind, chosen below the kernel's ephemeral range.
 
     A port from bind(0) comes from the ephemeral range, which outgoing connections also draw on:
     between our close and the child's bind, any connect() on the machine may take it. Below that
-    range only another explicit bind can, and a random pick makes that unlikely.
+    range only another explicit bind can, and a random pick makes that unlikely. A port this
+    process already handed out is never handed out again soon: a stack takes several ports before
+    its children bind any of them, and two of those must not be the same.
     """
     low, _ = _ephemeral_range()
     start = max(1024, low - 20000)
     for _ in range(200):
         port = random.randrange(start, low)
+        if port in _ISSUED:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _ISSUED[port] = None
+        if len(_ISSUED) > _ISSUED_KEPT:
+            del _ISSUED[next(iter(_ISSUED))]
+        return port
     raise RuntimeError(f"no free port found in {start}-{low}")
 
 

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.procs import Proc, free_port, port_open, wait_until
-from picker.envoyconf import EnvoyParams, envoy_binary, render
+from picker.envoyconf import SHIPPED, EnvoyParams, envoy_binary, render, shape_template
 
 
 @dataclass
@@ -28,6 +29,15 @@ class StackOptions:
     picker_endpoints: Sequence[str] | None = None  # default: the replicas
     static_endpoints: bool = True  # False: no --endpoints; picker_args names the source (file, kube)
     envoy_concurrency: int = 1
+    shape: str = SHIPPED  # the Envoy config template: picker.envoyconf.SHAPES (gateway-shaped ones)
+    # TLS on the Envoy -> picker hop, both ends (the shipped default); False: --secure-serving=false
+    envoy_picker_tls: bool = True
+    # Envoy's pool cluster over EDS from the picker (the shipped default); None: EDS unless
+    # extra_envoy_endpoints names members the picker does not know (those need a STATIC cluster).
+    eds: bool | None = None
+    # >1: that many pickers (one source each, same endpoints) behind Envoy's one picker cluster, with
+    # gRPC health checks on `readiness` (issue 13 HA). Plaintext only: the health port has no TLS.
+    pickers: int = 1
 
 
 def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
@@ -53,6 +63,39 @@ def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
     return out
 
 
+def with_picker_hosts(envoy_config: str, hosts: Sequence[tuple[int, int]]) -> str:
+    """A rendered Envoy config whose picker cluster lists several pickers (grpc port, health port)
+    and health-checks each on its gRPC `readiness` service: a picker that is shutting down or dead
+    gets no new ext_proc stream (nor the EDS stream) once a check fails."""
+    config = yaml.safe_load(envoy_config)
+    cluster = next(c for c in config["static_resources"]["clusters"] if c["name"] == "picker")
+    cluster["load_assignment"]["endpoints"] = [
+        {
+            "lb_endpoints": [
+                {
+                    "endpoint": {
+                        "address": {"socket_address": {"address": "127.0.0.1", "port_value": grpc}},
+                        "health_check_config": {"port_value": health},
+                    }
+                }
+                for grpc, health in hosts
+            ]
+        }
+    ]
+    cluster["health_checks"] = [
+        {
+            "timeout": "0.25s",
+            "interval": "0.2s",
+            "no_traffic_interval": "0.2s",
+            "unhealthy_threshold": 1,
+            "healthy_threshold": 1,
+            "grpc_health_check": {"service_name": "readiness"},
+        }
+    ]
+    cluster["common_lb_config"] = {"healthy_panic_threshold": {"value": 0}}  # never route to a dead one
+    return yaml.safe_dump(config, sort_keys=False)
+
+
 class Stack:
     """Replicas + picker + Envoy; `start()` returns once all three answer."""
 
@@ -62,6 +105,11 @@ class Stack:
         self.replica_ports = [free_port() for _ in range(self.options.replicas)]
         self.listen_port, self.admin_port = free_port(), free_port()
         self.grpc_port, self.health_port, self.metrics_port = free_port(), free_port(), free_port()
+        # every picker's (grpc, health, metrics) ports, the first one's being the three above
+        self.picker_ports = [(self.grpc_port, self.health_port, self.metrics_port)] + [
+            (free_port(), free_port(), free_port()) for _ in range(self.options.pickers - 1)
+        ]
+        self.pickers: list[Proc | None] = [None] * self.options.pickers  # pickers[0] is `picker`
         self.sims: Proc | None = None
         self.picker: Proc | None = None
         self.envoy: Proc | None = None
@@ -92,7 +140,8 @@ class Stack:
         for port in self.replica_ports:
             self.sims.wait_ready(lambda p=port: health_ok(p))
 
-    def picker_argv(self) -> list[str]:
+    def picker_argv(self, index: int = 0) -> list[str]:
+        grpc_port, health_port, metrics_port = self.picker_ports[index]
         endpoints = self.options.picker_endpoints
         endpoints = self.replicas if endpoints is None else list(endpoints)
         return [
@@ -103,12 +152,13 @@ class Stack:
             "--bind-address",
             "127.0.0.1",
             "--grpc-port",
-            str(self.grpc_port),
+            str(grpc_port),
             "--health-port",
-            str(self.health_port),
+            str(health_port),
             "--metrics-port",
-            str(self.metrics_port),
+            str(metrics_port),
             *(("--endpoints", ",".join(endpoints)) if self.options.static_endpoints else ()),
+            *(() if self.options.envoy_picker_tls else ("--secure-serving=false",)),
             # a quick end to the shutdown's propagation phase: tests and the demo stop stacks often
             "--quiet-interval",
             "0.2",
@@ -118,6 +168,19 @@ class Stack:
     def start_picker(self) -> None:
         self.picker = Proc("picker", self.picker_argv(), self.workdir / "picker.log")
         self.picker.wait_ready(lambda: "picker ready" in self.picker.log_text())  # type: ignore[union-attr]
+        self.pickers[0] = self.picker
+        for index in range(1, self.options.pickers):
+            self.start_picker_at(index)
+
+    def start_picker_at(self, index: int) -> Proc:
+        """(Re)start picker `index` of a multi-picker stack (its log: picker-<index>.log, appended)."""
+        name = "picker" if index == 0 else f"picker-{index}"
+        proc = Proc(name, self.picker_argv(index), self.workdir / f"{name}.log")
+        proc.wait_ready(lambda: "picker ready" in proc.log_text())
+        self.pickers[index] = proc
+        if index == 0:
+            self.picker = proc
+        return proc
 
     def envoy_params(self) -> EnvoyParams:
         params = EnvoyParams(
@@ -127,12 +190,17 @@ class Stack:
             endpoints=[*self.replicas, *self.options.extra_envoy_endpoints],
             failure_mode_allow=self.options.failure_mode_allow,
             access_log=str(self.access_log),
+            picker_tls=self.options.envoy_picker_tls,
+            eds=not self.options.extra_envoy_endpoints if self.options.eds is None else self.options.eds,
         )
         return params
 
     def start_envoy(self) -> None:
         config = self.workdir / "envoy.yaml"
-        config.write_text(render(self.envoy_params()))
+        text = render(self.envoy_params(), shape_template(self.options.shape))
+        if self.options.pickers > 1:
+            text = with_picker_hosts(text, [(grpc, health) for grpc, health, _ in self.picker_ports])
+        config.write_text(text)
         argv = [
             envoy_binary(),
             "-c",
@@ -180,6 +248,6 @@ class Stack:
         )
 
     def stop(self) -> None:
-        for proc in (self.envoy, self.picker, self.sims):
+        for proc in (self.envoy, self.picker, *self.pickers[1:], self.sims):
             if proc is not None:
                 proc.stop()

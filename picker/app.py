@@ -8,26 +8,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from aiohttp import web
 
-from picker.config import PickerConfig, format_address
+from picker.config import ConfigError, PickerConfig, format_address
 from picker.extproc.access_log import AccessLogService
+from picker.extproc.eds import EndpointDiscovery, EndpointPublisher, add_eds_to_server
 from picker.extproc.server import HealthState, ext_proc_server, health_server
-from picker.extproc.service import ExtProcService
+from picker.extproc.service import ExtProcService, ResponseEnd
+from picker.extproc.tls import CertificateError, ServingCertificate
 from picker.flow import FlowLimits
 from picker.http_admin import admin_app
 from picker.pipeline import RequestPath
 from picker.pool import Pool
+from picker.pool.health import SuspectPolicy
 from picker.scheduling import LoadPolicy
 from picker.shutdown import Shutdown, ShutdownSummary
+from picker.sources.drain_store import DrainStore, EndpointsFileDrains
 from picker.sources.endpoints import EndpointSources
 from picker.sources.scraper import Scraper
 from picker.telemetry import Metrics
+
+if TYPE_CHECKING:
+    from picker.sources.kube_drains_api import LightkubeDrainRecordApi
 
 log = logging.getLogger(__name__)
 
@@ -39,41 +46,135 @@ class BoundPorts:
     metrics: int
 
 
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]  # a frontend's way to run a background task
+
+
+@dataclass
+class Core:
+    """What every frontend shares: the pool and its sources, metrics, the request path, the scraper,
+    the shared admin drains and readiness that follows the sources. Wired once, here, so `picker
+    serve` and `picker proxy` cannot drift apart."""
+
+    pool: Pool
+    metrics: Metrics
+    sources: EndpointSources
+    path: RequestPath
+    scraper: Scraper | None
+    config: PickerConfig
+    drain_api: LightkubeDrainRecordApi | None = None  # kube.drains_configmap, once opened
+
+    def open_drains(self, spawn: Spawn) -> DrainStore | None:
+        """Where admin drains are recorded so every picker replica applies them (drain_store.py):
+        the ConfigMap named by kube.drains_configmap (its watch run by `spawn`), or the endpoints
+        file when it is the source; None: this replica's pool only."""
+        kube = self.config.kube
+        if kube.drains_configmap is not None:
+            from picker.sources.kube import WatchSettings
+            from picker.sources.kube_api import load_kubeconfig
+            from picker.sources.kube_drains import ConfigMapDrains
+            from picker.sources.kube_drains_api import LightkubeDrainRecordApi
+
+            api = LightkubeDrainRecordApi(
+                load_kubeconfig(kube.kubeconfig),
+                kube.drains_configmap,
+                namespace=kube.namespace,
+                request_timeout_s=kube.request_timeout_s,
+                read_timeout_s=kube.inactivity_deadline_s + kube.request_timeout_s,
+            )
+            settings = WatchSettings(
+                watch_timeout_s=kube.watch_timeout_s,
+                inactivity_deadline_s=kube.inactivity_deadline_s,
+                backoff_initial_s=kube.backoff_initial_s,
+                backoff_max_s=kube.backoff_max_s,
+            )
+            store = ConfigMapDrains(api, self.pool, settings)
+            self.drain_api = api
+            spawn(store.watch.run(), "drain-record")
+            return store
+        if self.sources.file is not None:
+            return EndpointsFileDrains(self.sources.file, self.pool)
+        return None
+
+    def follow_sources(self, listener: Callable[[str | None], None]) -> None:
+        """`listener(problem)` now if the endpoint source already has a problem, then on every change
+        (a string: the source cannot be trusted, so not ready; None: ready again)."""
+        self.sources.on_problem(listener)
+        if self.sources.problem is not None:
+            listener(self.sources.problem)
+
+    async def aclose(self) -> None:
+        """Close what the core opened (after the frontend cancelled its background tasks)."""
+        if self.scraper is not None:
+            await self.scraper.close()
+        await self.sources.aclose()
+        if self.drain_api is not None:
+            await self.drain_api.aclose()
+
+
+def build_core(config: PickerConfig) -> Core:
+    """The planes of one picker from its config; `picker serve` and `picker proxy` both start here."""
+    pool = Pool()
+    scheduling = config.scheduling
+    pool.health.policy = SuspectPolicy(
+        scheduling.suspect_after_failures, scheduling.suspect_backoff_s, scheduling.suspect_max_backoff_s
+    )
+    pool.failed_window_s = scheduling.failed_before_drain_window_s
+    metrics = Metrics()
+    metrics.register_pool(pool)
+    sources = EndpointSources(config, pool, metrics)
+    load = config.load
+    policy = LoadPolicy(
+        use_metrics=load.scrape,
+        staleness_s=load.staleness_s,
+        waiting_threshold=load.waiting_threshold,
+        kv_threshold=load.kv_threshold,
+        engine_slots=load.engine_slots,
+        weight_load=load.weight_load,
+        weight_waiting=load.weight_waiting,
+        weight_kv=load.weight_kv,
+    )
+    flow = config.flow
+    path = RequestPath(
+        pool,
+        metrics,
+        fallback_count=config.scheduling.fallback_count,
+        load_policy=policy,
+        flow_limits=FlowLimits(
+            max_queued=flow.max_queued, max_queued_bytes=flow.max_queued_bytes, ttl_s=flow.ttl_s
+        ),
+        reject_without_endpoints=flow.reject_without_endpoints,
+        access_log_grace_s=config.streams.access_log_grace_s,
+        stall_after_s=config.streams.stall_after_s,
+        cut_after_silence_s=config.streams.cut_after_silence_s,
+        engine_gauges=load.scrape,
+    )
+    path.objectives = sources.objectives
+    pool.on_change(path.capacity_changed)
+    scraper = (
+        Scraper(pool, load, on_round=path.capacity_changed, on_failure=metrics.count_scrape_failure)
+        if load.scrape
+        else None
+    )
+    return Core(pool, metrics, sources, path, scraper, config)
+
+
+async def sweep_stalls(path: RequestPath, stall_after_s: float) -> None:
+    """Forever: mark (and end, when their endpoint is gone) streams silent past the stall bound."""
+    interval = max(0.05, stall_after_s / 4)
+    while True:
+        await asyncio.sleep(interval)
+        path.sweep_stalls()
+
+
 class PickerApp:
     """A running `picker serve`: ext_proc + health on gRPC, metrics/admin on HTTP."""
 
     def __init__(self, config: PickerConfig) -> None:
         self.config = config
-        self.pool = Pool()
-        self.metrics = Metrics()
-        self.metrics.register_pool(self.pool)
-        self.sources = EndpointSources(config, self.pool, self.metrics)
-        load = config.load
-        policy = LoadPolicy(
-            use_metrics=load.scrape,
-            staleness_s=load.staleness_s,
-            waiting_threshold=load.waiting_threshold,
-            kv_threshold=load.kv_threshold,
-            engine_slots=load.engine_slots,
-            weight_load=load.weight_load,
-            weight_waiting=load.weight_waiting,
-            weight_kv=load.weight_kv,
-        )
+        self.core = core = build_core(config)
+        self.pool, self.metrics, self.sources, self.path = core.pool, core.metrics, core.sources, core.path
         flow = config.flow
-        self.path = RequestPath(
-            self.pool,
-            self.metrics,
-            fallback_count=config.scheduling.fallback_count,
-            load_policy=policy,
-            flow_limits=FlowLimits(
-                max_queued=flow.max_queued, max_queued_bytes=flow.max_queued_bytes, ttl_s=flow.ttl_s
-            ),
-            reject_without_endpoints=flow.reject_without_endpoints,
-            access_log_grace_s=config.streams.access_log_grace_s,
-            stall_after_s=config.streams.stall_after_s,
-        )
         self.access_log = AccessLogService(self.path)
-        self.pool.on_change(self.path.capacity_changed)
         # Envoy is asked to wait a little longer than the TTL, so the picker's 429/503 always wins.
         queue_wait_s = min(flow.envoy_max_message_timeout_s, flow.ttl_s + 1.0)
         self.service = ExtProcService(
@@ -81,35 +182,58 @@ class PickerApp:
             max_body_bytes=config.requests.max_body_bytes,
             observer_attach_grace_s=config.streams.observer_attach_grace_s,
             queue_wait_s=queue_wait_s,
+            max_hint_bytes=config.requests.max_hint_header_bytes,
+            test_hooks=config.requests.enable_test_hooks,
+            response_end=ResponseEnd(config.streams.response_end),
+            fallbacks=config.scheduling.fallbacks,
+            max_model_bytes=config.requests.max_model_name_bytes,
         )
         self.health = HealthState()
-        self.scraper = (
-            Scraper(
-                self.pool,
-                load,
-                on_round=self.path.capacity_changed,
-                on_failure=self.metrics.count_scrape_failure,
-            )
-            if load.scrape
-            else None
+        self.scraper = core.scraper
+        # Envoy's pool cluster over EDS from the same view (config/envoy.yaml); held while the
+        # endpoint source cannot be trusted, so Envoy keeps the last view it had.
+        eds = config.eds
+        self.eds_publisher = EndpointPublisher(
+            self.pool,
+            debounce_s=eds.debounce_s,
+            resync_s=eds.resync_s,
+            hold=lambda: self.sources.problem is not None,
         )
+        self.eds = EndpointDiscovery(self.eds_publisher)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False  # once shutdown starts, readiness only goes down
         self._grpc: grpc.aio.Server | None = None
+        self.certificate: ServingCertificate | None = None
         self._health: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
 
     async def start(self) -> BoundPorts:
         server = self.config.server
         bind = server.bind_address
+        credentials = None
+        if server.secure_serving:  # first: an unusable --cert-path stops the start before anything runs
+            try:
+                self.certificate = ServingCertificate.from_config(server.cert_path, server.cert_poll_s)
+            except CertificateError as exc:
+                raise ConfigError(f"server.cert_path {server.cert_path}: {exc}") from exc
+            credentials = self.certificate.credentials()
         await self.sources.start()  # the first view, before Envoy can reach the picker
         self._grpc, grpc_port = ext_proc_server(
-            self.service, self.access_log, format_address(bind, server.grpc_port)
+            self.service, self.access_log, format_address(bind, server.grpc_port), credentials
         )
         self._health, health_port = health_server(self.health, format_address(bind, server.health_port))
+        if self.config.eds.enabled:
+            add_eds_to_server(self.eds, self._grpc)
+            self._spawn(self.eds_publisher.run(), "eds-publisher")
         await self._grpc.start()
         await self._health.start()
         token = self.config.admin.token
-        admin = admin_app(self.pool, self.metrics, token=token.get_secret_value() if token else None)
+        admin = admin_app(
+            self.pool,
+            self.metrics,
+            token=token.get_secret_value() if token else None,
+            drains=self.core.open_drains(self._spawn),
+        )
         self._http = web.AppRunner(admin, access_log=None)
         await self._http.setup()
         site = web.TCPSite(self._http, bind, server.metrics_port)
@@ -118,16 +242,25 @@ class PickerApp:
         if self.scraper is not None:
             self._spawn(self.scraper.run(), "scraper")
         self._spawn(self._sweep_stalls(), "stall-sweep")
+        if self.certificate is not None:
+            self._spawn(self.certificate.watch(), "cert-watch")
         await self.health.serving()
+        self.core.follow_sources(self._source_problem)
         ports = BoundPorts(grpc_port, health_port, metrics_port)
         log.info(
-            "picker listening grpc=%d health=%d metrics=%d endpoints=%d",
+            "picker listening grpc=%d (%s) health=%d metrics=%d endpoints=%d",
             ports.grpc,
+            self._tls_mode(),
             ports.health,
             ports.metrics,
             len(self.pool),
         )
         return ports
+
+    def _tls_mode(self) -> str:
+        if self.certificate is None:
+            return "plaintext"
+        return f"tls from {self.config.server.cert_path}" if self.certificate.directory else "tls self-signed"
 
     async def _sweep_stalls(self) -> None:
         interval = max(0.05, self.config.streams.stall_after_s / 4)
@@ -146,22 +279,28 @@ class PickerApp:
 
         task.add_done_callback(done)
 
+    def _source_problem(self, problem: str | None) -> None:
+        """Readiness follows whether the endpoint source can be trusted (never up again once stopping)."""
+        if problem is None and self._stopping:
+            return
+        self._spawn(self.health.not_ready() if problem else self.health.serving(), "source-readiness")
+
     async def shutdown(self, force: asyncio.Event) -> ShutdownSummary:
         """The phased drain (picker/shutdown.py), then the servers stop."""
+        self._stopping = True
         summary = await Shutdown(self.path, self.health.not_ready, self.config.shutdown).run(force)
         await self.stop()
         return summary
 
     async def stop(self) -> None:
         """Stop the servers now; streams still open are cut (the drain already had its budget)."""
+        self._stopping = True
         await self.health.not_ready()
         self.path.flow.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.scraper is not None:
-            await self.scraper.close()
-        await self.sources.aclose()
+        await self.core.aclose()
         if self._grpc is not None:
             await self._grpc.stop(0.5)
         self.service.cancel_timers()
@@ -172,9 +311,17 @@ class PickerApp:
         log.info("picker stopped live_requests=%d in_flight=%d", self.path.live, self.pool.in_flight())
 
 
-async def serve(config: PickerConfig) -> None:
-    """Run until SIGTERM or SIGINT, then stop gracefully; a second signal stops at once."""
-    app = PickerApp(config)
+class Serving(Protocol):
+    """What `run_until_signalled` needs of a frontend: start, then a phased shutdown."""
+
+    async def start(self) -> Any: ...
+
+    async def shutdown(self, force: asyncio.Event) -> ShutdownSummary: ...
+
+
+async def run_until_signalled(app: Serving, ready_line: Callable[[Any], str]) -> None:
+    """Start `app`, print `ready_line(ports)`, run until SIGTERM or SIGINT, then shut down in phases;
+    a second signal skips to the end of the shutdown. Both `picker serve` and `picker proxy` run here."""
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -187,7 +334,15 @@ async def serve(config: PickerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     ports = await app.start()
-    print(f"picker ready grpc={ports.grpc} health={ports.health} metrics={ports.metrics}", flush=True)
+    print(ready_line(ports), flush=True)
     await stop.wait()
     summary = await app.shutdown(force)
     print(summary.line(), flush=True)
+
+
+async def serve(config: PickerConfig) -> None:
+    """`picker serve`: the ext_proc endpoint picker."""
+    await run_until_signalled(
+        PickerApp(config),
+        lambda ports: f"picker ready grpc={ports.grpc} health={ports.health} metrics={ports.metrics}",
+    )

@@ -6,10 +6,14 @@ nothing falls back silently, and nothing here exits the process (only `cli.py` d
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import json
+import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -21,7 +25,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
 _MIB = 1024 * 1024
 
@@ -73,6 +76,18 @@ class ServerConfig(_Group):
     grpc_port: int = Field(9002, ge=0, le=65535, description="Envoy ext_proc (gRPC)")
     health_port: int = Field(9003, ge=0, le=65535, description="gRPC health: '', liveness, readiness")
     metrics_port: int = Field(9090, ge=0, le=65535, description="Prometheus /metrics and the admin API")
+    # TLS on the ext_proc port, as the reference endpoint picker serves it; health stays plaintext.
+    secure_serving: bool = Field(True, description="TLS on grpc_port (false: plaintext)")
+    cert_path: Path | None = Field(
+        None, description="directory with tls.crt and tls.key, reloaded on change; default: self-signed"
+    )
+    cert_poll_s: float = Field(1.0, gt=0, description="how often cert_path is checked for a new pair")
+
+    @model_validator(mode="after")
+    def _tls_consistent(self) -> ServerConfig:
+        if self.cert_path is not None and not self.secure_serving:
+            raise ValueError("server.cert_path is set but server.secure_serving is false: choose one")
+        return self
 
 
 class PoolConfig(_Group):
@@ -98,18 +113,29 @@ class PoolConfig(_Group):
 
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$"
 
 
 class KubeSourceConfig(_Group):
-    """The EndpointSlice source: the slices of one Service (or a label selector) in one namespace.
+    """The Kubernetes sources, in one namespace: the slices of one Service (or a label selector), or
+    the pods of one InferencePool (`pool_name`, what the reference picker's --pool-name names).
 
-    Needs RBAC get/list/watch on endpointslices (discovery.k8s.io) in that namespace, nothing more.
+    RBAC get/list/watch in that namespace: endpointslices (discovery.k8s.io) for the slice source;
+    pods, inferencepools (and inferenceobjectives unless `objectives` is off) for the pool source.
     """
 
     service: str | None = Field(
         None, pattern=_DNS_LABEL, description="watch this Service's slices (label kubernetes.io/service-name)"
     )
     label_selector: str | None = Field(None, min_length=1, description="or: slices matching this selector")
+    pool_name: str | None = Field(
+        None,
+        pattern=_DNS_SUBDOMAIN,
+        description="or: the pods of this InferencePool (inference.networking.k8s.io/v1), at its targetPorts",
+    )
+    objectives: bool = Field(
+        True, description="with pool_name: request priorities from InferenceObjectives of the pool"
+    )
     namespace: str | None = Field(
         None, pattern=_DNS_LABEL, description="default: the service account's, else the kubeconfig context's"
     )
@@ -126,6 +152,18 @@ class KubeSourceConfig(_Group):
     request_timeout_s: float = Field(10.0, gt=0, description="connect and list timeout")
     backoff_initial_s: float = Field(0.5, gt=0, description="first pause after a failed list or watch")
     backoff_max_s: float = Field(30.0, gt=0, description="longest pause between retries")
+    drains_configmap: str | None = Field(
+        None,
+        pattern=_DNS_SUBDOMAIN,
+        description="admin drains shared by every picker replica through this ConfigMap "
+        "(RBAC get/list/watch/create/update on configmaps); default: each replica's own",
+    )
+
+    @model_validator(mode="after")
+    def _drains_need_kube(self) -> KubeSourceConfig:
+        if self.drains_configmap is not None and not (self.enabled or self.pool_name is not None):
+            raise ValueError("kube.drains_configmap needs a Kubernetes endpoint source")
+        return self
 
     @property
     def enabled(self) -> bool:
@@ -158,6 +196,10 @@ class KubeSourceConfig(_Group):
     def _consistent(self) -> KubeSourceConfig:
         if self.service is not None and self.label_selector is not None:
             raise ValueError("kube.service and kube.label_selector: set one, not both")
+        if self.pool_name is not None and self.target_port is not None:
+            raise ValueError(
+                "kube.target_port is for EndpointSlices; with kube.pool_name the pool's targetPorts"
+            )
         if self.inactivity_deadline_s <= self.watch_timeout_s:
             raise ValueError(
                 f"kube.inactivity_deadline_s ({self.inactivity_deadline_s}) must exceed "
@@ -184,19 +226,72 @@ class AdminConfig(_Group):
         return value
 
 
+class EdsConfig(_Group):
+    """Envoy's pool cluster over xDS EDS, served on the ext_proc port from the pool view."""
+
+    enabled: bool = Field(True, description="serve EndpointDiscoveryService on grpc_port")
+    debounce_s: float = Field(0.05, gt=0, le=5, description="a burst of pool changes becomes one push")
+    resync_s: float = Field(0.5, gt=0, le=30, description="look for changes not announced (forgotten GONE)")
+
+
 class SchedulingConfig(_Group):
     fallback_count: int = Field(2, ge=0, le=8, description="endpoints listed after the primary")
+    # The EPP protocol wants the same value in the destination header and envoy.lb metadata, and an
+    # ORIGINAL_DST cluster answers a list with 503 (measured): list fallbacks only to data planes
+    # known to read them with override_host. "auto": when the routing stream declares it (gRPC
+    # metadata x-picker-data-plane: override-host, as config/envoy.yaml does) or once the data plane
+    # has reported a served endpoint on that gRPC connection (override_host's selected_host_key);
+    # "always"; "never".
+    fallbacks: Literal["auto", "always", "never"] = "auto"
+    # A replica whose answers fail before their first byte (5xx, reset, refused connection) is
+    # suspect after this many in a row: never the primary, last resort only (picker/pool/health.py).
+    suspect_after_failures: int = Field(3, ge=0, description="failures in a row before suspect (0: never)")
+    suspect_backoff_s: float = Field(1.0, gt=0, description="first suspicion lasts this long, then doubles")
+    suspect_max_backoff_s: float = Field(30.0, gt=0, description="longest suspicion (also vLLM's drain 500)")
+    failed_before_drain_window_s: float = Field(
+        10.0, gt=0, description="a drain record counts the endpoint's failures this long before it opened"
+    )
+
+    @model_validator(mode="after")
+    def _backoff_ordered(self) -> SchedulingConfig:
+        if self.suspect_backoff_s > self.suspect_max_backoff_s:
+            raise ValueError("scheduling.suspect_backoff_s must not exceed scheduling.suspect_max_backoff_s")
+        return self
+
+
+_METRIC_NAME = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 
 
 class LoadConfig(_Group):
     """Load signals scraped from each endpoint's own /metrics, and how they score."""
 
     scrape: bool = Field(True, description="false: no scraping, schedule by in-flight count alone")
-    metrics_path: str = "/metrics"
+    engine: Literal["vllm", "sglang"] = Field(
+        "vllm", description="whose gauge names to read: vLLM's or SGLang's (each name overridable below)"
+    )
+    running_gauge: str | None = Field(
+        None, pattern=_METRIC_NAME, description="gauge of requests running on the engine (default: engine's)"
+    )
+    waiting_gauge: str | None = Field(
+        None, pattern=_METRIC_NAME, description="gauge of requests queued on the engine (default: engine's)"
+    )
+    kv_gauge: str | None = Field(
+        None, pattern=_METRIC_NAME, description="gauge of KV-cache usage, 0-1 (default: engine's)"
+    )
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="scrape this port of each endpoint's host (default: its own)"
+    )
+    metrics_path: str = Field("/metrics", pattern=r"^/[^\s?#]*$")
+    metrics_scheme: Literal["http", "https"] = Field(
+        "http", description="https scrapes without verifying the certificate, as the reference picker does"
+    )
     scrape_interval_s: float = Field(0.1, gt=0)
     scrape_timeout_s: float = Field(0.5, gt=0)
     max_backoff_s: float = Field(5.0, gt=0, description="longest pause after repeated scrape failures")
     max_page_bytes: int = Field(4 * _MIB, ge=1024, description="larger /metrics pages count as a failure")
+    max_gauge_lines: int = Field(
+        256, ge=6, le=4096, description="pages with more running/waiting/KV-cache lines count as a failure"
+    )
     staleness_s: float = Field(2.0, gt=0, description="older metrics count as saturated")
     waiting_threshold: float = Field(1.0, gt=0, description="saturated at this many queued on the engine")
     kv_threshold: float = Field(0.9, gt=0, le=1, description="saturated at this KV-cache usage")
@@ -231,6 +326,20 @@ class FlowConfig(_Group):
 
 class RequestsConfig(_Group):
     max_body_bytes: int = Field(8 * _MIB, ge=1024, description="larger bodies get 413 too-large")
+    max_model_name_bytes: int = Field(
+        256, ge=16, le=8192, description="longer 'model' fields get 400 (the name is a metric label)"
+    )
+    max_hint_header_bytes: int = Field(
+        256,
+        ge=16,
+        le=8192,
+        description="longer x-gateway-inference-fairness-id / -priority headers get 400 bad-request",
+    )
+    enable_test_hooks: bool = Field(
+        False,
+        description="GIE conformance hooks: test-epp-endpoint-selection restricts the pick, and the "
+        "served endpoint is echoed in x-conformance-test-served-endpoint (never in production)",
+    )
 
 
 class StreamsConfig(_Group):
@@ -242,6 +351,15 @@ class StreamsConfig(_Group):
     # cut it; this is how long to wait for it before calling the ending unobserved.
     access_log_grace_s: float = Field(1.0, gt=0)
     stall_after_s: float = Field(30.0, gt=0, description="silence after which a stream counts as stalled")
+    # A client that leaves a stream its engine had stopped sending for this long left because of the
+    # silence (vLLM abandons streams at its --shutdown-timeout): a drain record counts it as `cut`.
+    cut_after_silence_s: float = Field(
+        5.0, gt=0, description="client left a stream silent this long: counted as cut, not client-disconnect"
+    )
+    # Who reports a response's end when the routing filter sees no response body: an observer
+    # filter ("observer"), nobody ("engine": the engines' scraped running counts end requests and
+    # close drain records), or "auto": the engines until an observer stream first attaches.
+    response_end: Literal["auto", "observer", "engine"] = "auto"
 
 
 class ShutdownConfig(_Group):
@@ -261,23 +379,37 @@ class ShutdownConfig(_Group):
         return self
 
 
-class PickerConfig(BaseSettings):
-    """All of the picker's settings, grouped by plane."""
+class ProxyConfig(_Group):
+    """`picker proxy`: the standalone reverse proxy (HTTP in, model servers out), no Envoy."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="PICKER_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    port: int = Field(8080, ge=0, le=65535, description="where clients send OpenAI requests")
+    connect_timeout_s: float = Field(1.0, gt=0, description="per upstream attempt; then the next pick")
+    headers_timeout_s: float | None = Field(
+        None, gt=0, description="longest wait for an upstream's response headers (none: as long as it takes)"
     )
+    max_attempts: int = Field(
+        3, ge=1, le=9, description="upstream attempts before the first byte, along the picker's ordered list"
+    )
+    max_connections: int = Field(1024, ge=1, description="pooled keep-alive connections to model servers")
+
+
+class PickerConfig(BaseModel):
+    """All of the picker's settings, grouped by plane. `load_config` builds it from file, env, flags."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     server: ServerConfig = ServerConfig()
     pool: PoolConfig = PoolConfig()
     kube: KubeSourceConfig = KubeSourceConfig()
     admin: AdminConfig = AdminConfig()
+    eds: EdsConfig = EdsConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
     load: LoadConfig = LoadConfig()
     flow: FlowConfig = FlowConfig()
     requests: RequestsConfig = RequestsConfig()
     streams: StreamsConfig = StreamsConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
+    proxy: ProxyConfig = ProxyConfig()
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
 
     @model_validator(mode="after")
@@ -289,12 +421,19 @@ class PickerConfig(BaseSettings):
                 ("pool.endpoints_file", self.pool.endpoints_file is not None),
                 ("kube.service", self.kube.service is not None),
                 ("kube.label_selector", self.kube.label_selector is not None),
+                ("kube.pool_name", self.kube.pool_name is not None),
             )
             if on
         ]
         if len(chosen) > 1:
             raise ValueError(f"choose one endpoint source: {', '.join(chosen)} are all set")
         return self
+
+
+ENV_PREFIX = "PICKER_"
+ENV_DELIMITER = "__"
+# PICKER_* variables that are not settings (read by the CLI, the test tiers and the vLLM installer).
+NOT_SETTINGS = frozenset({"PICKER_EVENT_LOOP", "PICKER_SKIP_REAL_VLLM", "PICKER_VLLM_PYTHON"})
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -309,32 +448,110 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _describe(exc: ValidationError) -> str:
+def _setting_names(model: type[BaseModel], prefix: str = ENV_PREFIX) -> list[str]:
+    names = []
+    for name, info in model.model_fields.items():
+        var = prefix + name.upper()
+        names.append(var)
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            names.extend(_setting_names(info.annotation, var + ENV_DELIMITER))
+    return names
+
+
+def _takes_json(annotation: Any) -> bool:
+    """Lists and groups may be given as JSON in the environment; scalars are taken as written."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return getattr(annotation, "__origin__", None) in (tuple, list, dict)
+
+
+def _env_value(annotation: Any, raw: str) -> Any:
+    if _takes_json(annotation) and raw.lstrip()[:1] in ("[", "{"):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            pass  # not JSON: e.g. "[fd00::1]:8000,[fd00::2]:8000", which the field's own parsing splits
+    return raw
+
+
+def read_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple[str, ...], str]]:
+    """The PICKER_* settings as nested dicts, and which variable set each field.
+
+    A variable that names no setting is an error naming it (top-level and nested alike), never
+    silently ignored. Names are matched case-insensitively; lists take the same forms as their flags
+    (`a:8000,b:8000`) or a JSON list.
+    """
+    values: dict[str, Any] = {}
+    origin: dict[tuple[str, ...], str] = {}
+    # Whole groups (PICKER_POOL='{...}') first, so PICKER_POOL__ENDPOINTS can refine them.
+    for var in sorted(environ, key=lambda v: v.count(ENV_DELIMITER)):
+        if not var.upper().startswith(ENV_PREFIX) or var.upper() in NOT_SETTINGS:
+            continue
+        path = tuple(var[len(ENV_PREFIX) :].lower().split(ENV_DELIMITER))
+        model: type[BaseModel] | None = PickerConfig
+        annotation: Any = None
+        for depth, key in enumerate(path):
+            info = model.model_fields.get(key) if model is not None else None
+            if info is None:
+                close = difflib.get_close_matches(var.upper(), _setting_names(PickerConfig), n=1)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                raise ConfigError(f"environment variable {var}: no such setting{hint}")
+            annotation = info.annotation
+            is_group = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            model = annotation if is_group and depth < len(path) - 1 else None
+        node = values
+        for key in path[:-1]:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"environment variable {var}: {key} is set as a whole by another variable")
+            node = child
+        node[path[-1]] = _env_value(annotation, environ[var])
+        origin[path] = var
+    return values, origin
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`top` over `base`, group by group (a group given in both keeps the fields of each)."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _describe(exc: ValidationError, origin: Mapping[tuple[str, ...], str] | None = None) -> str:
     lines = []
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"{field}: {err['msg']}")
+        loc = tuple(str(p) for p in err["loc"])
+        field = ".".join(loc) or "(top level)"
+        source = next((origin[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in (origin or {})), None)
+        lines.append(f"{field} (from {source}): {err['msg']}" if source else f"{field}: {err['msg']}")
     return "invalid configuration: " + "; ".join(lines)
 
 
-def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> PickerConfig:
+def load_config(
+    path: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> PickerConfig:
     """Merge defaults < file < PICKER_* environment < flags (``overrides``, nested dicts)."""
     file_data = _read_yaml(path) if path is not None else {}
-
-    class _WithFile(PickerConfig):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return init_settings, env_settings, InitSettingsSource(settings_cls, file_data)
-
+    env_data, origin = read_env(os.environ if environ is None else environ)
+    flags = overrides or {}
+    # A field the flags set is no longer the environment's: do not blame a variable for it.
+    origin = {loc: var for loc, var in origin.items() if _lookup(flags, loc) is None}
     try:
-        merged = _WithFile(**(overrides or {}))
-        return PickerConfig.model_validate(merged.model_dump())
+        return PickerConfig.model_validate(_merge(_merge(file_data, env_data), flags))
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from exc
+        raise ConfigError(_describe(exc, origin)) from exc
+
+
+def _lookup(data: Mapping[str, Any], loc: tuple[str, ...]) -> Any:
+    node: Any = data
+    for key in loc:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node

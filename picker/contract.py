@@ -27,6 +27,9 @@ class Outcome(enum.Enum):
     BAD_REQUEST = "bad-request"
     TOO_LARGE = "too-large"
     INTERNAL_ERROR = "internal-error"
+    # Envoy could not reach the picker (failClose): answered by Envoy's local_reply_config, which
+    # config/envoy.yaml renders from this reply; the picker itself never sends it.
+    PICKER_UNAVAILABLE = "picker-unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,10 @@ class Reply:
 # Seconds a client should wait before retrying a retryable rejection.
 _RETRY_AFTER_SATURATED_S = 1
 _RETRY_AFTER_UNAVAILABLE_S = 2
+# The ext_proc filter's status_on_error in the shipped Envoy config: a code neither the picker nor
+# Envoy ever answers with, so one local_reply_config mapper can tell "picker unreachable" from every
+# other 503 and restate it as the PICKER_UNAVAILABLE reply (it never reaches a client).
+ENVOY_PICKER_ERROR_STATUS = 506
 
 
 def reply_for(outcome: Outcome, message: str = "") -> Reply:
@@ -117,6 +124,15 @@ def reply_for(outcome: Outcome, message: str = "") -> Reply:
             )
         case Outcome.INTERNAL_ERROR:
             return Reply(outcome, 500, False, None, "internal_error", message or "internal error")
+        case Outcome.PICKER_UNAVAILABLE:
+            return Reply(
+                outcome,
+                503,
+                True,
+                _RETRY_AFTER_UNAVAILABLE_S,
+                "service_unavailable",
+                message or "the endpoint picker is unreachable; retry",
+            )
         case Outcome.DISPATCHED:
             raise ValueError("a dispatched request is answered by its model server, not the picker")
         case _:

@@ -1,4 +1,6 @@
-"""Render the shipped Envoy config template (config/envoy.yaml) for a set of ports and endpoints."""
+"""Render an Envoy config template for a set of ports and endpoints: the shipped one (config/envoy.yaml)
+or one of the gateway-shaped ones (config/gateways/), which reproduce what a Gateway API implementation
+generates so that tests and benchmarks run the picker behind the shapes users really deploy."""
 
 from __future__ import annotations
 
@@ -8,8 +10,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from picker.config import parse_address
+from picker.contract import ENVOY_PICKER_ERROR_STATUS, Outcome, Reply, reply_for
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "config" / "envoy.yaml"
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+TEMPLATE = CONFIG_DIR / "envoy.yaml"
+SHIPPED = "shipped"
+# Shape name -> template; every template's header says which gateway generates it, from what.
+SHAPES: dict[str, Path] = {
+    SHIPPED: TEMPLATE,
+    "eg-buffered": CONFIG_DIR / "gateways" / "eg-buffered.yaml",
+    "aigw-failopen": CONFIG_DIR / "gateways" / "aigw-failopen.yaml",
+    "aigw-failclose": CONFIG_DIR / "gateways" / "aigw-failclose.yaml",
+    "kgateway": CONFIG_DIR / "gateways" / "kgateway.yaml",
+}
+
+
+def shape_template(shape: str) -> Path:
+    """The template of a named shape; an unknown name is an error listing the known ones."""
+    try:
+        return SHAPES[shape]
+    except KeyError:
+        raise ValueError(f"unknown Envoy config shape {shape!r}; known: {', '.join(SHAPES)}") from None
 
 
 @dataclass(frozen=True)
@@ -30,6 +51,13 @@ class EnvoyParams:
     observer_close_timeout: str = "0.1s"
     access_log_flush_interval: str = "0.1s"
     num_retries: int = 2
+    # TLS to the picker, without validating its certificate: the picker's default (--secure-serving);
+    # False renders a plaintext picker cluster (`picker serve --secure-serving=false`).
+    picker_tls: bool = True
+    # The pool cluster: served by the picker over EDS (the shipped default), or a STATIC `endpoints`.
+    eds: bool = True
+    # Gateway shapes only (the shipped template has no such placeholders):
+    route_timeout: str = "0s"  # what the HTTPRoute's timeouts.request would set
 
 
 def _endpoint_lines(endpoints: Sequence[str]) -> str:
@@ -42,10 +70,68 @@ def _endpoint_lines(endpoints: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+_EDS_POOL = """\
+    type: EDS
+    eds_cluster_config:
+      eds_config:
+        resource_api_version: V3
+        initial_fetch_timeout: 5s   # Envoy up before the picker: serve (contract 503s) after 5 s, not 15
+        api_config_source:
+          api_type: GRPC
+          transport_api_version: V3
+          grpc_services:
+          - envoy_grpc:
+              cluster_name: picker
+              # reconnect to a (re)started picker within a second (default backoff: 0.5 s up to 30 s)
+              retry_policy: {retry_back_off: {base_interval: 0.1s, max_interval: 1s}}
+          set_node_on_first_message_only: true
+    ignore_health_on_host_removal: true   # a host the picker removed leaves at once (ENVOY-009)
+    common_lb_config:     # no panic mode: never spread load onto DRAINING / UNHEALTHY hosts
+      healthy_panic_threshold: {value: 0}"""
+
+
+def _pool_discovery(params: EnvoyParams) -> str:
+    """The pool cluster's membership lines (cluster-level indent): EDS from the picker, or STATIC."""
+    if params.eds:
+        return _EDS_POOL
+    head = ["    type: STATIC", "    load_assignment:", "      cluster_name: pool", "      endpoints:"]
+    return "\n".join([*head, "      - lb_endpoints:", _endpoint_lines(params.endpoints)])
+
+
+def _transport_socket(tls: bool) -> str:
+    """The picker cluster's transport_socket lines (cluster-level indent), or nothing for plaintext."""
+    if not tls:
+        return ""
+    return "\n".join(
+        [
+            "    transport_socket:",
+            "      name: envoy.transport_sockets.tls",
+            "      typed_config:",
+            '        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.'
+            "UpstreamTlsContext",
+            "        common_tls_context: {validation_context: {}}",
+        ]
+    )
+
+
+_TOO_LARGE = reply_for(Outcome.TOO_LARGE, "request body is larger than the gateway buffers")
+_PICKER_UNAVAILABLE = reply_for(Outcome.PICKER_UNAVAILABLE)
+
+
+def _contract_headers(reply: Reply) -> str:
+    """A local_reply_config mapper's headers_to_add (flow style), from the status contract."""
+    items = [
+        f"{{header: {{key: {name}, value: '{value}'}}, append_action: OVERWRITE_IF_EXISTS_OR_ADD}}"
+        for name, value in reply.headers()
+        if name != "content-type"  # set by the body format's content_type
+    ]
+    return "[" + ", ".join(items) + "]"
+
+
 def render(params: EnvoyParams, template: Path = TEMPLATE) -> str:
     """The template with every placeholder filled; a missing one is an error, not an empty value."""
-    if not params.endpoints:
-        raise ValueError("the Envoy pool cluster needs at least one endpoint")
+    if not params.endpoints and not params.eds:
+        raise ValueError("a STATIC Envoy pool cluster needs at least one endpoint")
     values = {
         "LISTEN_ADDRESS": params.listen_address,
         "LISTEN_PORT": params.listen_port,
@@ -63,6 +149,18 @@ def render(params: EnvoyParams, template: Path = TEMPLATE) -> str:
         "ACCESS_LOG_FLUSH_INTERVAL": params.access_log_flush_interval,
         "NUM_RETRIES": params.num_retries,
         "POOL_ENDPOINTS": _endpoint_lines(params.endpoints),
+        "POOL_DISCOVERY": _pool_discovery(params),
+        # Envoy's own 413 (a body over its buffer) in the status contract's words (config/envoy.yaml)
+        "TOO_LARGE_STATUS": _TOO_LARGE.status,
+        "TOO_LARGE_HEADERS": _contract_headers(_TOO_LARGE),
+        "TOO_LARGE_BODY": _TOO_LARGE.body().decode().replace("'", "''"),
+        # failClose: the picker unreachable, in the status contract's words (config/envoy.yaml)
+        "PICKER_ERROR_STATUS": ENVOY_PICKER_ERROR_STATUS,
+        "PICKER_UNAVAILABLE_STATUS": _PICKER_UNAVAILABLE.status,
+        "PICKER_UNAVAILABLE_HEADERS": _contract_headers(_PICKER_UNAVAILABLE),
+        "PICKER_UNAVAILABLE_BODY": _PICKER_UNAVAILABLE.body().decode().replace("'", "''"),
+        "PICKER_TRANSPORT_SOCKET": _transport_socket(params.picker_tls),
+        "ROUTE_TIMEOUT": params.route_timeout,
     }
     return string.Template(template.read_text()).substitute(values)
 

@@ -12,6 +12,14 @@ DESTINATION: Final = "x-gateway-destination-endpoint"
 DESTINATION_SERVED: Final = "x-gateway-destination-endpoint-served"
 # Dynamic-metadata namespace the override_host LB policy reads (clients cannot forge metadata).
 LB_METADATA_NAMESPACE: Final = "envoy.lb"
+# EPP protocol: the data plane may restrict a request to these endpoints (a list of "ip:port").
+SUBSET_HINT_NAMESPACE: Final = "envoy.lb.subset_hint"
+DESTINATION_SUBSET: Final = "x-gateway-destination-endpoint-subset"
+
+# gRPC metadata on the routing filter's ext_proc stream (grpc_service.initial_metadata): the data
+# plane declares that it reads the destination with override_host, so a fallback list is safe.
+DATA_PLANE: Final = "x-picker-data-plane"
+OVERRIDE_HOST: Final = "override-host"
 
 # Set by the picker on every routed request so the observer stream of the same request can be joined.
 PICKER_REQUEST_ID: Final = "x-picker-request-id"
@@ -20,12 +28,42 @@ DROPPED_REASON: Final = "x-picker-dropped-reason"
 RETRY_AFTER: Final = "retry-after"
 CONTENT_TYPE: Final = "content-type"
 
-# Client-supplied scheduling hints.
+# Client-supplied scheduling hints: read by the picker, removed before the request leaves Envoy.
 REQUEST_ID: Final = "x-request-id"
 FAIRNESS_ID: Final = "x-gateway-inference-fairness-id"
 PRIORITY: Final = "x-gateway-inference-priority"
+# GIE v1: the InferenceObjective (its metadata.name) whose spec.priority the request gets.
+OBJECTIVE: Final = "x-gateway-inference-objective"
+CLIENT_HINTS: Final = (FAIRNESS_ID, PRIORITY)
+
+# GIE conformance suite hooks (only with --enable-test-hooks): the endpoints a test allows, and the
+# endpoint that served, echoed to the test client.
+TEST_ENDPOINT_SELECTION: Final = "test-epp-endpoint-selection"
+TEST_SERVED_ENDPOINT: Final = "x-conformance-test-served-endpoint"
 
 # HTTP/2 pseudo-headers as Envoy passes them to ext_proc.
 PATH: Final = ":path"
 METHOD: Final = ":method"
 STATUS: Final = ":status"
+
+# `picker proxy`: hop-by-hop headers (RFC 9110 7.6.1) never forwarded, either way, plus the ones the
+# proxy sets itself (host, content-length).
+HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "http2-settings",
+    }
+)
+# Request headers an HTTP client library adds on its own when the caller sent none: the proxy
+# suppresses them so the model server sees the client's request as it was.
+CLIENT_LIBRARY_DEFAULTS: Final = ("Accept", "Accept-Encoding", "User-Agent")

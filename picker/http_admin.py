@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from picker.config import canonical_address
 from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
+from picker.sources.drain_store import DrainRecordUnavailable, DrainStore, LocalDrains
 from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,15 @@ def describe(pool: Pool, endpoint: Endpoint) -> dict[str, Any]:
     }
 
 
-def admin_app(pool: Pool, metrics: Metrics, *, token: str | None = None) -> web.Application:
-    """The metrics port's application; `token` allows admin changes from non-loopback peers."""
+def admin_app(
+    pool: Pool, metrics: Metrics, *, token: str | None = None, drains: DrainStore | None = None
+) -> web.Application:
+    """The metrics port's application; `token` allows admin changes from non-loopback peers.
+
+    `drains`: where drain / undrain are recorded (picker/sources/drain_store.py); default: this
+    replica's pool only.
+    """
+    store: DrainStore = drains if drains is not None else LocalDrains(pool)
 
     def refusal(request: web.Request) -> web.Response | None:
         if token is not None:
@@ -114,7 +122,7 @@ def admin_app(pool: Pool, metrics: Metrics, *, token: str | None = None) -> web.
             return _error(404, f"no endpoint {address}")
         return web.json_response({"endpoint": describe(pool, endpoint)})
 
-    def change(action: Callable[[str], Endpoint], verb: str) -> Handler:
+    def change(action: Callable[[str], Awaitable[Endpoint]], verb: str) -> Handler:
         async def handler(request: web.Request) -> web.Response:
             refused = refusal(request)
             if refused is not None:
@@ -122,13 +130,20 @@ def admin_app(pool: Pool, metrics: Metrics, *, token: str | None = None) -> web.
                 return refused
             address = address_of(request)
             try:
-                endpoint = action(address)
+                endpoint = await action(address)
             except UnknownEndpoint:
                 return _error(404, f"no endpoint {address}")
             except EndpointConflict as exc:
                 return _error(409, str(exc))
+            except DrainRecordUnavailable as exc:
+                return _error(503, str(exc), {"Retry-After": "1"})
             log.info(
-                "admin %s address=%s peer=%s state=%s", verb, address, request.remote, endpoint.state.value
+                "admin %s address=%s peer=%s state=%s shared=%s",
+                verb,
+                address,
+                request.remote,
+                endpoint.state.value,
+                str(store.shared).lower(),
             )
             return web.json_response({"endpoint": describe(pool, endpoint)})
 
@@ -151,6 +166,6 @@ def admin_app(pool: Pool, metrics: Metrics, *, token: str | None = None) -> web.
     app.router.add_get("/admin/endpoints", endpoints)
     app.router.add_get("/admin/drains", drains)
     app.router.add_get("/admin/endpoints/{address}", one_endpoint)
-    app.router.add_post("/admin/endpoints/{address}/drain", change(pool.drain, "drain"))
-    app.router.add_post("/admin/endpoints/{address}/undrain", change(pool.undrain, "undrain"))
+    app.router.add_post("/admin/endpoints/{address}/drain", change(store.drain, "drain"))
+    app.router.add_post("/admin/endpoints/{address}/undrain", change(store.undrain, "undrain"))
     return app

@@ -41,9 +41,17 @@ def _prompt_chars(body: dict[str, object]) -> int:
 
 
 def parse_request(
-    method: str, path: str, content_type: str | None, body: bytes, max_body_bytes: int
+    method: str,
+    path: str,
+    content_type: str | None,
+    body: bytes,
+    max_body_bytes: int,
+    max_model_bytes: int | None = None,
 ) -> InferenceRequest | Reply:
-    """Parse a request body, or say (as a contract reply) why it cannot be served."""
+    """Parse a request body, or say (as a contract reply) why it cannot be served.
+
+    `max_model_bytes` bounds the model name, which becomes a metric label and a log field.
+    """
     if len(body) > max_body_bytes:
         return reply_for(
             Outcome.TOO_LARGE, f"request body is {len(body)} bytes; the limit is {max_body_bytes}"
@@ -67,6 +75,8 @@ def parse_request(
     model = data.get("model")
     if not isinstance(model, str) or not model:
         return reply_for(Outcome.BAD_REQUEST, "missing required field 'model'")
+    if max_model_bytes is not None and len(model.encode()) > max_model_bytes:
+        return reply_for(Outcome.BAD_REQUEST, f"'model' is longer than {max_model_bytes} bytes")
     max_tokens = data.get("max_tokens", data.get("max_completion_tokens"))
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
         return reply_for(Outcome.BAD_REQUEST, "'max_tokens' must be an integer")

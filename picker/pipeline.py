@@ -17,9 +17,11 @@ from typing import assert_never
 from picker.contract import Outcome, Reply, reply_for
 from picker.flow import FlowController, FlowLimits, Ticket
 from picker.inference import InferenceRequest
+from picker.objectives import Objectives
 from picker.pool import DrainEnd, EndpointState, Pool
-from picker.scheduling import LoadPolicy, pick
+from picker.scheduling import LoadPolicy, pick, without_metrics
 from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
+from picker.streams.classify import shutting_down
 from picker.telemetry import Metrics
 
 _RECENT_KEPT = 4096  # ended records kept for late access-log entries (a few seconds of traffic)
@@ -79,6 +81,8 @@ class RequestPath:
         schedule: Schedule = _call_later,
         access_log_grace_s: float = 1.0,
         stall_after_s: float = 30.0,
+        cut_after_silence_s: float = 5.0,
+        engine_gauges: bool = True,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
@@ -91,7 +95,16 @@ class RequestPath:
         self._schedule = schedule
         self._access_log_grace_s = access_log_grace_s
         self._stall_after_s = stall_after_s
+        self._cut_after_silence_s = cut_after_silence_s
+        self._engine_gauges = engine_gauges  # endpoints are scraped: their running counts are known
+        self._engine_tracked = 0
+        # Envoy's gRPC access log has reported a request: it can tell each response's end.
+        self.access_log_seen = False
         self._live: dict[str, RequestRecord] = {}
+        # InferenceObjective name -> priority (the pool source keeps it current); None: header only.
+        self.objectives: Objectives | None = None
+        self._blind_policy = LoadPolicy(use_metrics=False)
+        self._warned_without_metrics = False
         self._recent: OrderedDict[str, RequestRecord] = OrderedDict()
         self.flow: FlowController[RequestRecord] = FlowController(
             self._try_dispatch,
@@ -114,8 +127,20 @@ class RequestPath:
     def accepting(self) -> bool:
         return not self.flow.closed
 
-    def admit(self, request: InferenceRequest, *, flow: str = "", priority: int = 0) -> Ticket[RequestRecord]:
-        """Admit one parsed request: dispatched now, refused now, or queued (await `ticket.wait()`)."""
+    def admit(
+        self,
+        request: InferenceRequest,
+        *,
+        flow: str = "",
+        priority: int = 0,
+        allowed: frozenset[str] | None = None,
+        fallbacks: bool = True,
+    ) -> Ticket[RequestRecord]:
+        """Admit one parsed request: dispatched now, refused now, or queued (await `ticket.wait()`).
+
+        `allowed` restricts the pick to these endpoints (the data plane's subset hint); `fallbacks`
+        false answers with the primary alone (an ORIGINAL_DST data plane cannot use a list).
+        """
         now = self._clock()
         self.arrivals += 1
         self.last_arrival_at = now
@@ -125,6 +150,8 @@ class RequestPath:
             model=request.model,
             stream=request.stream,
             body_bytes=request.body_bytes,
+            allowed=allowed,
+            fallbacks=fallbacks,
         )
         if self._reject_without_endpoints and not self._pool.ready() and not self.flow.closed:
             return self.flow.refuse(record, Outcome.REJECTED_NO_ENDPOINTS)
@@ -146,6 +173,10 @@ class RequestPath:
         if ticket.outcome is Outcome.REJECTED_CONTEXT_CANCELLED:
             self._metrics.count_end(EndReason.REJECTED)
 
+    def eligible(self, allowed: frozenset[str]) -> bool:
+        """Whether any ready (so never a draining) endpoint is in `allowed`."""
+        return any(endpoint.address in allowed for endpoint in self._pool.ready())
+
     def reject(self, reply: Reply) -> Reply:
         """Count a request the picker answers before admission (unparseable, too large)."""
         self._metrics.count_admission(reply.outcome, 0.0)
@@ -154,11 +185,68 @@ class RequestPath:
 
     def capacity_changed(self) -> None:
         """Load or endpoints changed (a scrape, a source update): queued requests may fit now."""
+        if self._engine_tracked:
+            self._settle_from_engines()
         self.flow.pump()
+
+    def hand_to_engine(self, record: RequestRecord) -> None:
+        """No filter sees this response end (no observer, response bodies NONE): keep its slot until
+        its engine's scraped gauges show fewer requests than the picker still counts there."""
+        if record.ended or record.engine_tracked:
+            return
+        if not self._engine_gauges:
+            log.warning("request_id=%s: no observer and no scraping; releasing its slot", record.request_id)
+            self.finish(record, EndReason.UNOBSERVED)
+            return
+        record.engine_tracked = True
+        self._engine_tracked += 1
+
+    def _settle_from_engines(self) -> None:
+        """End the oldest engine-tracked requests of each endpoint beyond what its engine still runs.
+
+        The engine's running + waiting gauges count every request it holds; the picker's own count
+        there, less that, is how many of the engine-tracked ones have ended (the oldest first). An
+        idle engine ends them all, which is what closes a drain record in this shape.
+        """
+        tracked: dict[str, list[RequestRecord]] = {}
+        for record in self._live.values():
+            if record.engine_tracked:
+                tracked.setdefault(record.endpoint or "", []).append(record)
+        for address, records in tracked.items():
+            endpoint = self._pool.get(address)
+            if endpoint is None or endpoint.state is EndpointState.GONE:
+                ended = records
+            else:
+                load = endpoint.load
+                if load is None:
+                    continue
+                started = [r for r in records if (r.response_started_at or 0.0) < load.at]
+                # requests sent since the scrape started may not be in its gauges yet: keep as many
+                unseen = endpoint.arrivals - load.arrivals_before
+                excess = endpoint.in_flight - int(load.running + load.waiting) - unseen
+                started.sort(key=lambda r: r.response_started_at or 0.0)
+                ended = started[: max(0, excess)]
+            for record in ended:
+                self.finish(record, EndReason.UNOBSERVED)
 
     def _try_dispatch(self, record: RequestRecord) -> bool:
         started = self._clock()
-        destinations = pick(self._pool.ready(), 1 + self._fallback_count, self._rng, started, self._policy)
+        candidates = self._pool.ready()
+        if record.allowed is not None:
+            candidates = [endpoint for endpoint in candidates if endpoint.address in record.allowed]
+        count = 1 + (self._fallback_count if record.fallbacks else 0)
+        policy = self._policy
+        if without_metrics(candidates, policy):
+            policy = self._blind_policy  # no candidate has load data: pick by in-flight counts
+            self._metrics.count_pick_without_metrics()
+            if not self._warned_without_metrics:
+                self._warned_without_metrics = True
+                log.warning(
+                    "no endpoint has load data and every scrape failed (model servers without vLLM "
+                    "metrics?): picking by the picker's own in-flight counts"
+                )
+        suspects = self._pool.health.suspects()  # failing fast: never the primary, last resort only
+        destinations = pick(candidates, count, self._rng, started, policy, suspects)
         if not destinations:
             return False
         record.picked = tuple(destinations)
@@ -185,12 +273,15 @@ class RequestPath:
                 self._metrics.count_fallback_served()
             if record.lease is not None:
                 record.lease.move(served)
+        self._pool.health.answered(record.picked, served, status)  # suspects: failing fast
 
     def attach_observer(self, request_id: str) -> RequestRecord | None:
         """Join the observer stream of a request to its record (None: not routed by this picker)."""
         record = self._live.get(request_id)
         if record is None:
             self._metrics.count_unmatched_observer()
+            return None
+        if record.observed:  # the routing stream sees the bodies itself: one tracker per response
             return None
         record.observed = True
         return record
@@ -200,6 +291,8 @@ class RequestPath:
         tracker = record.tracker
         if tracker is None or record.ended:
             return
+        if record.status == 500 and tracker.first_byte_at is None and shutting_down(chunk):
+            self._pool.health.shutting_down(record.endpoint or "")
         first = tracker.first_byte_at is None
         now = self._clock()
         gap = tracker.feed(chunk, now)
@@ -224,12 +317,40 @@ class RequestPath:
         else:  # only Envoy's access log can say who cut it: give it a moment
             self._schedule(self._access_log_grace_s, lambda: self._settle_without_log(record))
 
+    def response_ended(self, record: RequestRecord, end_of_stream: bool, cut: EndReason) -> None:
+        """A frontend that carries the response itself saw it end, so it knows who cut it.
+
+        The body settles the ending when it can (one classifier for both frontends); `cut` is the
+        frontend's word for an ending the body cannot explain (client gone, upstream closed early).
+        """
+        if record.ended:
+            return
+        record.response_ended = end_of_stream
+        record.observer_done = True
+        if record.tracker is not None:
+            record.tracker.end()
+        reason = from_body(record)
+        if reason is None:
+            reason = EndReason.STALLED if record.stalled else cut
+        self.finish(record, reason)
+
+    def upstream_retried(self, record: RequestRecord, retries: int) -> None:
+        """The frontend retried before the first byte (the proxy; Envoy reports it in its access log)."""
+        if retries > 0:
+            self._metrics.count_upstream_retry(record.endpoint or "", retries)
+
     def access_logged(self, request_id: str, attempts: Attempts) -> None:
         """Envoy's access log entry for a request: retries, response flags, final status."""
+        self.access_log_seen = True
         record = self._live.get(request_id) or self._recent.get(request_id)
         if record is None or record.access_log is not None:
             return
         record.access_log = attempts
+        if record.response_started_at is None:  # no response headers reached the picker
+            if attempts.status >= 500:  # each attempt failed before its first byte
+                self._pool.health.unanswered(record.picked[: max(1, attempts.count)])
+            elif attempts.status:
+                self._pool.health.answered(record.picked, attempts.upstream or None, attempts.status)
         if attempts.count > 1:
             self._metrics.count_upstream_retry(record.endpoint or "", attempts.count - 1)
         if record.ended:  # the body had already settled it; the log only adds the retries
@@ -239,6 +360,16 @@ class RequestPath:
             self._schedule(self._access_log_grace_s, lambda: self._settle_from_log(record))
             return
         self._settle_from_log(record)
+
+    def await_access_log(self, record: RequestRecord) -> None:
+        """No filter sees this response's body (no observer, or one without bodies): Envoy's access
+        log entry ends it, with who cut it from its flags. No chunks come, so silence is no stall."""
+        if record.ended:
+            return
+        record.tracker = None  # nothing will feed it: token counts and TTFT are not known here
+        record.observer_done = True  # the log settles it the moment it arrives
+        if record.access_log is not None:
+            self._settle_from_log(record)
 
     def _settle_from_log(self, record: RequestRecord) -> None:
         if not record.ended and record.access_log is not None:
@@ -254,7 +385,14 @@ class RequestPath:
         found = 0
         for record in list(self._live.values()):
             tracker = record.tracker
-            if tracker is None or not tracker.streaming or record.stalled:
+            if tracker is None and record.observer_done and self._engine_gauges:
+                # awaiting its access-log entry: should Envoy have dropped it, the engine's gauges
+                # end the request once it is no longer running there (a backstop, never sooner)
+                started = record.response_started_at
+                if started is not None and now - started >= self._stall_after_s:
+                    self.hand_to_engine(record)
+                continue
+            if tracker is None or not tracker.streaming or record.stalled or record.engine_tracked:
                 continue
             last = tracker.last_chunk_at or record.response_started_at
             if last is None or now - last < self._stall_after_s:
@@ -280,8 +418,13 @@ class RequestPath:
         """End a request: release its endpoint slot and count why. Safe to call more than once."""
         if record.ended:
             return
+        if record.engine_tracked:
+            self._engine_tracked -= 1
+        now = self._clock()
+        if reason is EndReason.CLIENT_DISCONNECT and self._silent(record, now):
+            reason = EndReason.STALLED  # the engine had stopped sending: the client left because of it
         record.end_reason = reason
-        record.ended_at = self._clock()
+        record.ended_at = now
         endpoint = record.endpoint
         if record.lease is not None:
             record.lease.release(drain_end(reason))
@@ -296,6 +439,15 @@ class RequestPath:
         if not self._live:
             for listener in list(self._idle_listeners):
                 listener()
+
+    def _silent(self, record: RequestRecord, now: float) -> bool:
+        """A stream whose engine sent tokens, then nothing for `cut_after_silence_s` before it ended
+        (a wait for the first token is queueing, not a cut)."""
+        tracker = record.tracker
+        if tracker is None or not tracker.streaming or tracker.completed:
+            return False
+        last = tracker.last_chunk_at
+        return last is not None and now - last >= self._cut_after_silence_s
 
     def on_idle(self, listener: Callable[[], None]) -> None:
         """Call `listener` each time the last live request ends (shutdown waits on it)."""

@@ -51,13 +51,14 @@ class _PoolCollector(Collector):
         }
         endpoints = self._pool.endpoints()
         for endpoint in endpoints:
-            in_flight.add_metric([endpoint.address], endpoint.in_flight)
+            address = bounded_label(endpoint.address)
+            in_flight.add_metric([address], endpoint.in_flight)
             if endpoint.load is not None:
-                engine["running"].add_metric([endpoint.address], endpoint.load.running)
-                engine["waiting"].add_metric([endpoint.address], endpoint.load.waiting)
-                engine["kv_usage"].add_metric([endpoint.address], endpoint.load.kv_usage)
+                engine["running"].add_metric([address], endpoint.load.running)
+                engine["waiting"].add_metric([address], endpoint.load.waiting)
+                engine["kv_usage"].add_metric([address], endpoint.load.kv_usage)
             for member in EndpointState:
-                state.add_metric([endpoint.address, member.value], 1 if endpoint.state is member else 0)
+                state.add_metric([address, member.value], 1 if endpoint.state is member else 0)
         ready = GaugeMetricFamily("picker_ready_endpoints", "Endpoints the picker may route new work to")
         ready.add_metric([], sum(1 for e in endpoints if e.state is EndpointState.READY))
         total = GaugeMetricFamily("picker_in_flight", "Requests in flight on all endpoints")
@@ -99,21 +100,61 @@ class _DrainCollector(Collector):
             "Endpoints with an open drain record",
             value=sum(1 for e in self._pool.endpoints() if e.drain is not None),
         )
+        health = self._pool.health
+        yield CounterMetricFamily(
+            "picker_endpoint_failures",
+            "Answers that failed before their first byte (5xx, reset, connect failure), any endpoint",
+            value=health.failures,
+        )
+        yield CounterMetricFamily(
+            "picker_endpoint_suspected",
+            "Times an endpoint became suspect (failures in a row, or vLLM's drain 500): last resort only",
+            value=health.suspected,
+        )
+        yield CounterMetricFamily(
+            "picker_endpoint_suspect_cleared",
+            "Suspect endpoints cleared by a good answer",
+            value=health.cleared,
+        )
+        yield GaugeMetricFamily(
+            "picker_suspect_endpoints",
+            "Endpoints suspect now (never a primary pick)",
+            value=len(health.suspects()),
+        )
 
 
 _MAX_MODELS = 32
+# The longest label value exported. Model names come from request bodies and endpoint addresses
+# from sources (or Envoy's upstream host): one 2 MiB name must not make every scrape of /metrics
+# carry it, in every series it labels, forever. 256: a model name the door admits by default
+# (requests.max_model_name_bytes) is never cut.
+MAX_LABEL_CHARS = 256
+TRUNCATED_MARK = "...[truncated]"
+
+
+def bounded_label(value: str) -> str:
+    """`value` as a label value (or in a log line): at most MAX_LABEL_CHARS, a longer one cut and marked."""
+    if len(value) <= MAX_LABEL_CHARS:
+        return value
+    return value[: MAX_LABEL_CHARS - len(TRUNCATED_MARK)] + TRUNCATED_MARK
+
+
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
 class _CappedLabels:
-    """Label values taken from requests (model names): the first N as themselves, the rest as "other"."""
+    """Label values taken from requests (model names): the first N as themselves, the rest as "other".
+
+    Each is bounded in length first, so the set of N holds nothing long either.
+    """
 
     def __init__(self, cap: int) -> None:
         self._cap = cap
         self._seen: set[str] = set()
 
     def label(self, value: str) -> str:
+        value = bounded_label(value)
         if value in self._seen:
             return value
         if len(self._seen) < self._cap and value:
@@ -154,6 +195,11 @@ class Metrics:
         self._requests = Counter("picker_requests", "Requests by admission outcome", ["outcome"], registry=r)
         self._ends = Counter("picker_request_ends", "Requests by end reason", ["reason"], registry=r)
         self._picks = Counter("picker_picks", "Primary picks per endpoint", ["endpoint"], registry=r)
+        self._picks_without_metrics = Counter(
+            "picker_picks_without_metrics",
+            "Picks made by in-flight counts because no endpoint had load data (every scrape failed)",
+            registry=r,
+        )
         self._fallback_served = Counter(
             "picker_fallback_served",
             "Requests Envoy served from a listed fallback, not the primary",
@@ -187,6 +233,7 @@ class Metrics:
             buckets=_ITL_BUCKETS,
             registry=r,
         )
+        self._itl_children: dict[str, Histogram] = {}
         self._output_tokens = Counter(
             "picker_output_tokens", "Tokens streamed to clients, by model", ["model"], registry=r
         )
@@ -249,7 +296,7 @@ class Metrics:
 
     def count_source_event(self, source: str, event: str) -> None:
         """`source` and `event` come from code (closed sets in picker/sources), never from requests."""
-        self._source_events.labels(source, event).inc()
+        self._source_events.labels(bounded_label(source), bounded_label(event)).inc()
 
     def count_admission(self, outcome: Outcome, waited_s: float) -> None:
         """Every request's admission outcome, with the time it spent queued (0 when not queued)."""
@@ -267,29 +314,38 @@ class Metrics:
         if tokens:
             self._output_tokens.labels(self._models.label(model)).inc(tokens)
         if endpoint and reason is EndReason.UPSTREAM_TRUNCATED:
-            self._truncations.labels(endpoint).inc()
+            self._truncations.labels(bounded_label(endpoint)).inc()
 
     def observe_ttft(self, model: str, seconds: float) -> None:
         self._ttft.labels(self._models.label(model)).observe(seconds)
 
     def observe_itl(self, model: str, seconds: float) -> None:
-        self._itl.labels(self._models.label(model)).observe(seconds)
+        """Once per chunk of every stream: the labelled child is looked up once per model name."""
+        child = self._itl_children.get(model)
+        if child is None:
+            child = self._itl.labels(self._models.label(model))
+            if len(self._itl_children) < 2 * _MAX_MODELS:  # names come from requests: bounded
+                self._itl_children[model] = child
+        child.observe(seconds)
 
     def count_stall(self, endpoint: str) -> None:
-        self._stalls.labels(endpoint).inc()
+        self._stalls.labels(bounded_label(endpoint)).inc()
 
     def count_upstream_retry(self, endpoint: str, retries: int) -> None:
-        self._retries.labels(endpoint).inc(retries)
+        self._retries.labels(bounded_label(endpoint)).inc(retries)
 
     def count_pick(self, endpoint: str, seconds: float) -> None:
-        self._picks.labels(endpoint).inc()
+        self._picks.labels(bounded_label(endpoint)).inc()
         self._pick_seconds.observe(seconds)
 
     def count_scrape_failure(self, endpoint: str, kind: str) -> None:
-        self._scrape_failures.labels(endpoint, kind).inc()
+        self._scrape_failures.labels(bounded_label(endpoint), bounded_label(kind)).inc()
 
     def count_fallback_served(self) -> None:
         self._fallback_served.inc()
+
+    def count_pick_without_metrics(self) -> None:
+        self._picks_without_metrics.inc()
 
     def count_unmatched_observer(self) -> None:
         self._unmatched.inc()

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from picker import headers
+from picker.contract import Outcome
 from picker.drain.manifests import Document, FieldPath, Unknown, get, is_placeholder, placeholder_name
 from picker.drain.rules import Budget, Report
 
@@ -18,6 +20,7 @@ ROUTING_HEADER = "x-gateway-destination-endpoint"
 ENVOY_DEFAULTS = {"route_timeout_s": 15.0, "stream_idle_timeout_s": 300.0, "circuit_breaker": 1024}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)s$")
 _HOLDING_BODY_MODES = ("FULL_DUPLEX_STREAMED", "BUFFERED", "BUFFERED_PARTIAL")
+_UNAVAILABLE = Outcome.PICKER_UNAVAILABLE.value
 
 
 def duration_s(value: Any) -> float | Unknown | None:
@@ -130,9 +133,27 @@ def _check_retries(doc: Document, path: FieldPath, policy: Any, report: Report) 
     if "5xx" in retry_on:
         risky.append("5xx")
     if "retriable-status-codes" in retry_on and 500 in codes:
-        risky.append("retriable_status_codes 500")
+        retries = policy.get("num_retries", 1)
+        if isinstance(retries, str):  # a template placeholder: the bound is not known here
+            report.skip("ENVOY-004", doc, f"num_retries is the placeholder {retries}")
+        elif not _bounded(policy):
+            risky.append("retriable_status_codes 500 without previous_hosts and num_retries <= 2")
     if risky:
         report.add("ENVOY-004", doc, (*path, "retry_policy", "retry_on"), f"retries on {' and '.join(risky)}")
+
+
+def _bounded(policy: dict[str, Any]) -> bool:
+    """A 500 retry each replica sees at most once, on at most 3 replicas: a query of death that
+    crashes engines cannot walk a whole pool (issue 13: the drain 500 comes before any token)."""
+    predicates = {
+        str(p.get("name", "")) for p in policy.get("retry_host_predicate") or [] if isinstance(p, dict)
+    }
+    retries = policy.get("num_retries", 1)
+    return (
+        "envoy.retry_host_predicates.previous_hosts" in predicates
+        and isinstance(retries, int)
+        and retries <= 2
+    )
 
 
 def _check_header_removal(doc: Document, hcm: Located, report: Report) -> None:
@@ -156,9 +177,11 @@ def _routing_filters(hcm: Located) -> Iterator[Located]:
                 yield Located((*hcm.path, "http_filters", index, "typed_config"), config)
 
 
-def _check_routing_filter(doc: Document, ext: Located, pool_modes: set[str], report: Report) -> None:
+def _check_routing_filter(
+    doc: Document, ext: Located, pool_modes: set[str], reads_metadata: bool, report: Report
+) -> None:
     namespaces = get(ext.data, ("metadata_options", "receiving_namespaces", "untyped"), []) or []
-    if "envoy.lb" not in namespaces:
+    if reads_metadata and "envoy.lb" not in namespaces:
         report.add(
             "ENVOY-005",
             doc,
@@ -182,14 +205,28 @@ def _check_routing_filter(doc: Document, ext: Located, pool_modes: set[str], rep
             "response_body_mode STREAMED",
         )
     request_body = str(mode.get("request_body_mode", "NONE"))
-    if request_body != "BUFFERED":
+    # The picker decides on the body in BUFFERED and BUFFERED_PARTIAL (the body comes before the
+    # headers answer is due) and FULL_DUPLEX_STREAMED (it holds that answer until the body's end);
+    # NONE and STREAMED are decided on the headers alone (README, "Routing in every ext_proc shape").
+    sees_body = request_body in _HOLDING_BODY_MODES
+    if not sees_body:
         report.add(
             "ENVOY-011",
             doc,
             (*ext.path, "processing_mode", "request_body_mode"),
             f"request_body_mode {request_body}",
         )
+    for side in ("request", "response"):
+        body, trailer = mode.get(f"{side}_body_mode"), mode.get(f"{side}_trailer_mode", "SKIP")
+        if body == "FULL_DUPLEX_STREAMED" and trailer != "SEND":
+            report.add(
+                "ENVOY-013",
+                doc,
+                (*ext.path, "processing_mode", f"{side}_trailer_mode"),
+                f"{side}_body_mode FULL_DUPLEX_STREAMED with {side}_trailer_mode {trailer}",
+            )
     allow = ext.data.get("failure_mode_allow", False)
+    _check_failclose_reply(doc, hcm_of(ext), ext, report)
     if not pool_modes:
         return  # no InferencePool among the inputs to compare with
     if is_placeholder(allow):
@@ -205,6 +242,40 @@ def _check_routing_filter(doc: Document, ext: Located, pool_modes: set[str], rep
             )
 
 
+def hcm_of(ext: Located) -> FieldPath:
+    """The path of the connection manager a filter sits in."""
+    return ext.path[: ext.path.index("http_filters")]
+
+
+def _check_failclose_reply(doc: Document, hcm_path: FieldPath, ext: Located, report: Report) -> None:
+    """ENVOY-015: failClose whose error status no local_reply_config mapper restates as the contract."""
+    if ext.data.get("failure_mode_allow", False) is True:
+        return  # failOpen: no error reply (a placeholder may render either way: checked as failClose)
+    code = get(ext.data, ("status_on_error", "code"), 500)
+    if is_placeholder(code):
+        report.skip("ENVOY-015", doc, f"status_on_error is placeholder {placeholder_name(code)}")
+        return
+    hcm = get(doc.data, hcm_path, {}) or {}
+    for mapper in get(hcm, ("local_reply_config", "mappers"), []) or []:
+        value = get(mapper, ("filter", "status_code_filter", "comparison", "value", "default_value"))
+        op = get(mapper, ("filter", "status_code_filter", "comparison", "op"), "EQ")
+        if op != "EQ" or str(value) != str(code):
+            continue
+        added = {
+            str(get(item, ("header", "key"), "")).lower(): str(get(item, ("header", "value"), ""))
+            for item in mapper.get("headers_to_add") or []
+        }
+        if added.get(headers.DROPPED_REASON) == _UNAVAILABLE and headers.RETRY_AFTER in added:
+            return
+    report.add(
+        "ENVOY-015",
+        doc,
+        (*ext.path, "status_on_error"),
+        f"failure_mode_allow false, status_on_error {code}, and no local_reply_config mapper restates it "
+        f"as 503 {headers.DROPPED_REASON}: {_UNAVAILABLE} with {headers.RETRY_AFTER}",
+    )
+
+
 def _routed_clusters(doc: Document) -> set[str]:
     names: set[str] = set()
     for hcm in connection_managers(doc):
@@ -217,12 +288,64 @@ def _routed_clusters(doc: Document) -> set[str]:
     return names
 
 
-def _check_clusters(doc: Document, report: Report, budget: Budget) -> None:
+def _pool_clusters(doc: Document) -> Iterator[tuple[FieldPath, dict[str, Any]]]:
+    """(path, cluster) of every static cluster a route sends to."""
     routed = _routed_clusters(doc)
     for index, cluster in enumerate(get(doc.data, ("static_resources", "clusters"), []) or []):
-        if not isinstance(cluster, dict) or cluster.get("name") not in routed:
-            continue
-        path = ("static_resources", "clusters", index)
+        if isinstance(cluster, dict) and cluster.get("name") in routed:
+            yield ("static_resources", "clusters", index), cluster
+
+
+def _reads_lb_metadata(cluster: dict[str, Any]) -> bool:
+    """Does the cluster pick its host from the picker's envoy.lb dynamic metadata?"""
+    if cluster.get("type") == "ORIGINAL_DST":
+        return get(cluster, ("original_dst_lb_config", "metadata_key", "key")) == "envoy.lb"
+    for policy in get(cluster, ("load_balancing_policy", "policies"), []) or []:
+        for source in (
+            get(policy, ("typed_extension_config", "typed_config", "override_host_sources"), []) or []
+        ):
+            if get(source, ("metadata", "key")) == "envoy.lb":
+                return True
+    return False
+
+
+def _declares_lists(doc: Document) -> bool:
+    """Does a routing filter tell the picker its data plane walks a fallback list (override_host)?"""
+    for hcm in connection_managers(doc):
+        for ext in _routing_filters(hcm):
+            for item in get(ext.data, ("grpc_service", "initial_metadata"), []) or []:
+                if isinstance(item, dict) and (item.get("key"), item.get("value")) == (
+                    headers.DATA_PLANE,
+                    headers.OVERRIDE_HOST,
+                ):
+                    return True
+    return False
+
+
+def _check_single_destination(
+    doc: Document, path: FieldPath, cluster: dict[str, Any], report: Report
+) -> None:
+    if cluster.get("type") != "ORIGINAL_DST" or not _declares_lists(doc):
+        return
+    config = cluster.get("original_dst_lb_config") or {}
+    if get(config, ("metadata_key", "key")) is not None:
+        source = "the envoy.lb metadata"
+    elif config.get("use_http_header") is True:
+        source = f"header {config.get('http_header_name') or 'x-envoy-original-dst-host'}"
+    else:
+        source = "the connection's original destination"
+    report.add(
+        "ENVOY-012",
+        doc,
+        (*path, "type"),
+        f"cluster {cluster.get('name')!r} is ORIGINAL_DST on {source} (one ip:port), but the routing "
+        f"filter's initial_metadata says {headers.DATA_PLANE}: {headers.OVERRIDE_HOST}",
+    )
+
+
+def _check_clusters(doc: Document, report: Report, budget: Budget) -> None:
+    for path, cluster in _pool_clusters(doc):
+        _check_single_destination(doc, path, cluster, report)
         thresholds = get(cluster, ("circuit_breakers", "thresholds"), []) or []
         default = next(
             (t for t in thresholds if isinstance(t, dict) and t.get("priority", "DEFAULT") == "DEFAULT"), {}
@@ -256,6 +379,8 @@ def _check_clusters(doc: Document, report: Report, budget: Budget) -> None:
 def check(doc: Document, report: Report, budget: Budget, pool_modes: set[str]) -> None:
     """Every Envoy rule on one bootstrap document. `pool_modes`: failureModes of the InferencePools."""
     managers = list(connection_managers(doc))
+    # ENVOY-005 matters only when a pool cluster takes the pick from metadata (not from the header).
+    reads_metadata = any(_reads_lb_metadata(cluster) for _, cluster in _pool_clusters(doc))
     if not managers:
         report.skip("ENVOY-001", doc, "no static listener with an HTTP connection manager")
     for hcm in managers:
@@ -265,5 +390,24 @@ def check(doc: Document, report: Report, budget: Budget, pool_modes: set[str]) -
         if not routing:
             report.skip("ENVOY-005", doc, "no routing ext_proc filter in this connection manager")
         for ext in routing:
-            _check_routing_filter(doc, ext, pool_modes, report)
+            _check_routing_filter(doc, ext, pool_modes, reads_metadata, report)
+        _check_response_view(doc, hcm, routing, report)
     _check_clusters(doc, report, budget)
+
+
+def _check_response_view(doc: Document, hcm: Located, routing: list[Located], report: Report) -> None:
+    """ENVOY-014: neither the routing filter nor an observer sees the response body (its end)."""
+    if not routing:
+        return
+    for item in hcm.data.get("http_filters") or []:
+        config = get(item, ("typed_config",))
+        if isinstance(config, dict) and _type_of(config) == "ExternalProcessor":
+            if str(get(config, ("processing_mode", "response_body_mode"), "NONE")) != "NONE":
+                return  # a routing filter or an observer streams the response past the picker
+    first = routing[0]
+    report.add(
+        "ENVOY-014",
+        doc,
+        (*first.path, "processing_mode", "response_body_mode"),
+        "response_body_mode NONE and no observer ext_proc filter",
+    )

@@ -20,7 +20,14 @@ from picker.drain.workloads import (
 )
 
 SHUTDOWN_TIMEOUT = ("--shutdown-timeout", "--shutdown_timeout")
-DRAINING_HEALTH_SERVICES = ("", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor")
+# "inference-extension": the name the reference charts probe (for liveness too: flagged below).
+DRAINING_HEALTH_SERVICES = (
+    "",
+    "readiness",
+    "envoy.service.ext_proc.v3.ExternalProcessor",
+    "inference-extension",
+)
+READINESS_HEALTH_SERVICES = ("readiness", "inference-extension")
 DEFAULT_PICKER_DRAIN_S = 30.0  # picker/config.py ShutdownConfig.drain_timeout_s
 DEFAULT_HEALTH_PORT = 9003
 
@@ -234,7 +241,7 @@ def _check_picker_probes(container: Container, report: Report) -> None:
     readiness = get(container.data, ("readinessProbe", "grpc"))
     if (
         not isinstance(readiness, dict)
-        or readiness.get("service") != "readiness"
+        or readiness.get("service") not in READINESS_HEALTH_SERVICES
         or readiness.get("port") != port
     ):
         report.add(

@@ -74,10 +74,11 @@ _CATALOGUE = (
     ),
     Rule(
         "PRESTOP-001",
-        W,
+        E,
         "model server without a preStop hook",
         "Endpoint removal takes seconds to reach every router; without a preStop wait, vLLM starts its "
-        "drain at once and answers every request that still arrives with HTTP 500.",
+        "drain at once and answers every request that still arrives with HTTP 500. A model server "
+        "without a drain hook is the failure this tool exists to catch.",
     ),
     Rule(
         "PRESTOP-002",
@@ -108,15 +109,17 @@ _CATALOGUE = (
         "PICKER-002",
         W,
         "picker readiness not on the gRPC readiness service",
-        "The picker turns `readiness` NOT_SERVING when it starts draining; a probe elsewhere keeps "
+        "The picker turns `readiness` (and `inference-extension`) NOT_SERVING when it starts draining; "
+        "a probe elsewhere keeps "
         "sending it new streams while it drains.",
     ),
     Rule(
         "PICKER-003",
         E,
         "picker liveness on a service that drains",
-        "'', `readiness` and the ext_proc service turn NOT_SERVING while the picker drains; a liveness "
-        "probe on them restarts the picker mid-drain. Only `liveness` stays SERVING.",
+        "'', `readiness`, `inference-extension` and the ext_proc service turn NOT_SERVING while the "
+        "picker drains; a liveness probe on them (as the reference charts' on `inference-extension`) "
+        "restarts the picker mid-drain. Only `liveness` stays SERVING.",
     ),
     Rule(
         "ROLLOUT-001",
@@ -200,6 +203,36 @@ _CATALOGUE = (
         "Every routed request would then fail to connect.",
     ),
     Rule(
+        "POOL-005",
+        E,
+        "picker serves another pool than the one routing to it",
+        "The InferencePool's endpointPickerRef Service selects a picker whose --pool-name names another "
+        "pool: it picks from that pool's pods, which the gateway does not route to.",
+    ),
+    Rule(
+        "POOL-006",
+        E,
+        "picker's Service selects other pods than the pool",
+        "With --kube-service the picker picks from that Service's endpoints; a selector other than the "
+        "InferencePool's sends requests to pods outside the pool (or never to some of its pods).",
+    ),
+    Rule(
+        "POOL-007",
+        E,
+        "InferencePool targets a port the pods do not declare",
+        "Each targetPorts number is one endpoint per pod; a port no container of the pool's pods "
+        "declares is most likely a typo, and every request sent there fails to connect.",
+    ),
+    Rule(
+        "POOL-008",
+        E,
+        "picker's RBAC misses what its endpoint source reads",
+        "The picker lists and watches its source (--pool-name: pods, inferencepools, "
+        "inferenceobjectives; --kube-service: endpointslices); without the grant every list is a 403 "
+        "and it never learns of an endpoint, or of a drain. With --drains-configmap it also needs "
+        "get/list/watch/create/update on that ConfigMap, or admin drains are not shared.",
+    ),
+    Rule(
         "ROUTE-001",
         E,
         "HTTPRoute timeout below the longest stream",
@@ -241,8 +274,9 @@ _CATALOGUE = (
         "Envoy never retries once response headers were sent, so retries cannot duplicate tokens; but "
         "a 500 is how vLLM reports a request that crashed its engine (retrying spreads it to the next "
         "replica) and a non-streaming request that failed after its generation ran (retrying runs it "
-        "again). It would also hide drain-time 500s instead of routing around draining engines. Retry "
-        "connect failures, resets and 503 only.",
+        "again). Retry connect failures, resets and 503; a 500 only with the previous_hosts predicate "
+        "and num_retries <= 2 (the shipped config: vLLM's drain 500 comes before any token, and a "
+        "query of death reaches at most 3 replicas, each once).",
     ),
     Rule(
         "ENVOY-005",
@@ -290,8 +324,42 @@ _CATALOGUE = (
         "ENVOY-011",
         W,
         "picker cannot see the request body",
-        "The picker picks from the body (model, size); in any request_body_mode but BUFFERED the host "
-        "is chosen before it answers, by the fallback policy, draining endpoints included.",
+        "The picker picks from the body (model, size); with request_body_mode NONE or STREAMED it "
+        "decides on the headers alone: the model is unknown and bad or oversized bodies reach the "
+        "model servers. Use BUFFERED, BUFFERED_PARTIAL or FULL_DUPLEX_STREAMED.",
+    ),
+    Rule(
+        "ENVOY-012",
+        E,
+        "fallback list for an ORIGINAL_DST pool",
+        "An ORIGINAL_DST cluster (Envoy AI Gateway FailClose pools, kgateway, the GIE guides' Envoy) "
+        "routes to exactly one ip:port and answers a list with 503 no healthy upstream. The routing "
+        "filter's initial_metadata x-picker-data-plane: override-host makes the picker list fallbacks: "
+        "drop it for such a pool (the picker then sends one endpoint).",
+    ),
+    Rule(
+        "ENVOY-013",
+        E,
+        "FULL_DUPLEX_STREAMED without trailers SEND",
+        "Envoy rejects an ext_proc filter whose request or response body is FULL_DUPLEX_STREAMED "
+        "unless the trailer mode of the same side is SEND.",
+    ),
+    Rule(
+        "ENVOY-014",
+        W,
+        "picker cannot see where responses end",
+        "With response_body_mode NONE and no observer filter the picker never learns when a stream "
+        "ends: it takes each endpoint's load from the engine's scraped running count and closes drain "
+        "records when the engine is idle, so its view lags by a scrape interval.",
+    ),
+    Rule(
+        "ENVOY-015",
+        W,
+        "failClose without the contract reply",
+        "With failure_mode_allow false and the picker unreachable, Envoy answers status_on_error with an "
+        "empty body and no Retry-After, so clients following the status contract never retry the one "
+        "503 that is always safe to retry. Give status_on_error a code nothing else answers with and a "
+        "local_reply_config mapper that restates it as 503 picker-unavailable (config/envoy.yaml).",
     ),
 )
 RULES: dict[str, Rule] = {rule.id: rule for rule in _CATALOGUE}

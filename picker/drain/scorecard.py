@@ -3,7 +3,14 @@
 Reads the drain records of a running picker (`GET /admin/drains` on its metrics port) and adds the
 one figure the picker cannot know alone: how much of the model server's termination grace period
 each drain left unused (grace minus time to zero in flight). A drain that needed more than the
-grace was cut by the kubelet's SIGKILL; its `cut` requests are the forced cuts.
+grace was cut by the kubelet's SIGKILL; its `cut` requests are the forced cuts, with the streams its
+engine stopped sending before the client left (vLLM abandons them at its --shutdown-timeout).
+
+`failed_before` counts what clients may have seen before the picker learned of the drain: answers
+that failed on the endpoint (before their first byte) in the seconds before the record opened, e.g.
+vLLM's `500 cannot schedule new futures after shutdown` while the endpoint update was on its way.
+Envoy retries those on the next endpoint of the picker's list, so a client sees one only when the
+list ran out.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ _COLUMNS = (
     "endpoint",
     "started",
     "cause",
+    "failed_before",
     "in_flight",
     "completed",
     "client_gone",
@@ -45,6 +53,7 @@ def score(drains: Sequence[Mapping[str, Any]], grace_s: float | None) -> list[di
                 "endpoint": drain.get("address"),
                 "started": drain.get("started_wall"),
                 "cause": drain.get("cause"),
+                "failed_before_start": drain.get("failed_before_start", 0),
                 "open": drain.get("open"),
                 "in_flight_at_start": drain.get("in_flight_at_start"),
                 "completed": ended.get("completed", 0),
@@ -76,6 +85,7 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
             row["endpoint"],
             _when(row["started"]),
             row["cause"],
+            row["failed_before_start"],
             row["in_flight_at_start"],
             row["completed"],
             ended.get("client-disconnect", 0),

@@ -412,14 +412,18 @@ def run(
     fetch: Callable[[float], Result] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    started: float | None = None,
 ) -> dict[str, Any]:
-    """Poll until the state machine says done; returns the summary. `fetch(budget_s)` polls once."""
+    """Poll until the state machine says done; returns the summary. `fetch(budget_s)` polls once.
+
+    `started` (a `clock()` reading) is when the hook began, if before now: the deadline counts from it.
+    """
     if fetch is None:
 
         def fetch(budget_s: float) -> Result:
             return fetch_metrics(settings.metrics_url, budget_s)
 
-    machine = DrainWait(settings, clock())
+    machine = DrainWait(settings, clock() if started is None else min(started, clock()))
     try:
         while machine.advance(clock()) is not Phase.DONE:
             result = fetch(machine.fetch_budget(clock()))
@@ -538,8 +542,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Interrupted()
 
 
-def main(argv: list[str] | None = None, prog: str = "drain-wait") -> int:
-    """Run the hook; returns 0 in every case."""
+def main(argv: list[str] | None = None, prog: str = "drain-wait", started: float | None = None) -> int:
+    """Run the hook; returns 0 in every case. `started`: the time.monotonic() the process began at."""
     try:
         settings = parse_settings(argv, prog)
     except UsageError as exc:
@@ -548,7 +552,7 @@ def main(argv: list[str] | None = None, prog: str = "drain-wait") -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        summary = run(settings)
+        summary = run(settings, started=started)
     except Exception as exc:  # a bug here must not fail the hook: say so and let the pod stop
         summary = {
             "event": "drain-wait",

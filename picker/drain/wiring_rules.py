@@ -1,13 +1,14 @@
 """Rules over how the Kubernetes objects fit together: rollouts, disruption budgets, and the
-InferencePool / HTTPRoute / Gateway wiring (structure and references)."""
+InferencePool / HTTPRoute / Gateway wiring (structure and references), including which pods the
+picker itself reads: the pool its --pool-name names, or the Service its --kube-service names."""
 
 from __future__ import annotations
 
-from picker.drain import crds
+from picker.drain import crds, rbac_rules
 from picker.drain.k8s_rules import Inputs
-from picker.drain.manifests import Document, get
+from picker.drain.manifests import Document, Unknown, get
 from picker.drain.rules import Budget, Report
-from picker.drain.workloads import int_or_percent, selector_matches, workloads
+from picker.drain.workloads import Container, Workload, int_or_percent, selector_matches, workloads
 
 
 def check_rollouts(inputs: Inputs, report: Report) -> None:
@@ -101,18 +102,21 @@ def check_pool_wiring(inputs: Inputs, report: Report, budget: Budget) -> None:
                 "POOL-002", pool, ("spec", "selector"), "no Deployment/StatefulSet pod template matches"
             )
         target = get(pool.data, ("spec", "targetPorts", 0, "number"))
+        mismatched = False
         for container in (c for w in members for c in w.vllm_containers()):
             port = container.flag("--port")
             serving = (
                 8000 if port is None else (int(port) if isinstance(port, str) and port.isdigit() else None)
             )
             if isinstance(target, int) and serving is not None and target != serving:
+                mismatched = True
                 report.add(
                     "POOL-004",
                     pool,
                     ("spec", "targetPorts", 0, "number"),
                     f"targetPorts {target}, but {container.doc.label} runs vLLM on port {serving}",
                 )
+        _check_target_ports(pool, members, report, skip_first=mismatched)
         ref_name = get(pool.data, ("spec", "endpointPickerRef", "name"))
         ref_port = get(pool.data, ("spec", "endpointPickerRef", "port", "number"))
         if get(pool.data, ("spec", "endpointPickerRef", "kind"), "Service") == "Service" and isinstance(
@@ -132,6 +136,132 @@ def check_pool_wiring(inputs: Inputs, report: Report, budget: Budget) -> None:
                     f"no Service {ref_name!r} with port {ref_port} in namespace {pool.namespace}",
                 )
     _check_routes(inputs, report, budget)
+    _check_picker_sources(inputs, report)
+
+
+def _declared_ports(workload: Workload) -> set[int]:
+    return {
+        port["containerPort"]
+        for container in workload.containers
+        for port in container.data.get("ports") or []
+        if isinstance(port, dict) and isinstance(port.get("containerPort"), int)
+    }
+
+
+def _check_target_ports(pool: Document, members: list[Workload], report: Report, skip_first: bool) -> None:
+    """Every targetPorts number is a port the pool's pods declare (when their templates declare any)."""
+    listed = get(pool.data, ("spec", "targetPorts"), []) or []
+    for workload in members:
+        declared = _declared_ports(workload)
+        if not declared:
+            continue
+        for index, entry in enumerate(listed):
+            number = entry.get("number") if isinstance(entry, dict) else None
+            if not isinstance(number, int) or number in declared or (index == 0 and skip_first):
+                continue
+            report.add(
+                "POOL-007",
+                pool,
+                ("spec", "targetPorts", index, "number"),
+                f"targetPorts {number}, but {workload.doc.label} declares only "
+                f"{', '.join(map(str, sorted(declared)))}",
+            )
+
+
+def _literal(value: str | Unknown | None) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _routing_pools(inputs: Inputs, picker: Workload) -> list[Document]:
+    """The InferencePools whose endpointPickerRef Service selects this picker's pods."""
+    found = []
+    for pool in inputs.of_kind("InferencePool"):
+        service = inputs.service(
+            str(get(pool.data, ("spec", "endpointPickerRef", "name"), "")), pool.namespace
+        )
+        if (
+            service is not None
+            and service.namespace == picker.doc.namespace
+            and selector_matches(get(service.data, ("spec", "selector")), picker.pod_labels, True)
+        ):
+            found.append(pool)
+    return found
+
+
+def _check_picker_sources(inputs: Inputs, report: Report) -> None:
+    """The pods a picker reads (its --pool-name, or its --kube-service) are the pods of the pool that
+    routes to it."""
+    for picker in inputs.pickers:
+        routing = _routing_pools(inputs, picker)
+        for container in picker.picker_containers():
+            # $(POD_NAMESPACE) and other fieldRef values: the picker's own namespace
+            namespace = (
+                _literal(container.flag("--pool-namespace", "--kube-namespace")) or picker.doc.namespace
+            )
+            pool_name = _literal(container.flag("--pool-name"))
+            service_name = _literal(container.flag("--kube-service"))
+            if pool_name is not None:
+                _check_pool_name(inputs, report, container, pool_name, namespace, routing)
+            elif service_name is not None:
+                _check_kube_service(inputs, report, container, service_name, namespace, routing)
+
+
+def _check_pool_name(
+    inputs: Inputs,
+    report: Report,
+    container: Container,
+    name: str,
+    namespace: str,
+    routing: list[Document],
+) -> None:
+    named = [p for p in inputs.of_kind("InferencePool") if (p.name, p.namespace) == (name, namespace)]
+    if not named:
+        report.add(
+            "POOL-003",
+            container.doc,
+            container.args_path,
+            f"--pool-name {name}: no InferencePool {name!r} in namespace {namespace}",
+        )
+        return
+    for pool in routing:
+        if (pool.name, pool.namespace) != (name, namespace):
+            report.add(
+                "POOL-005",
+                pool,
+                ("spec", "endpointPickerRef", "name"),
+                f"{pool.label} routes through the picker {container.doc.label}, which serves "
+                f"--pool-name {name} (namespace {namespace})",
+            )
+
+
+def _check_kube_service(
+    inputs: Inputs,
+    report: Report,
+    container: Container,
+    name: str,
+    namespace: str,
+    routing: list[Document],
+) -> None:
+    service = inputs.service(name, namespace)
+    if service is None:
+        report.add(
+            "POOL-003",
+            container.doc,
+            container.args_path,
+            f"--kube-service {name}: no Service {name!r} in namespace {namespace}",
+        )
+        return
+    service_selector = get(service.data, ("spec", "selector"), {}) or {}
+    for pool in routing:
+        pool_selector = get(pool.data, ("spec", "selector", "matchLabels"), {}) or {}
+        if service_selector != pool_selector:
+            report.add(
+                "POOL-006",
+                service,
+                ("spec", "selector"),
+                f"the picker {container.doc.label} reads Service {name} (selector {service_selector}), "
+                f"but {pool.label} selects {pool_selector}",
+            )
 
 
 def _check_routes(inputs: Inputs, report: Report, budget: Budget) -> None:
@@ -184,3 +314,4 @@ def check(inputs: Inputs, report: Report, budget: Budget) -> None:
     check_rollouts(inputs, report)
     check_disruption_budgets(inputs, report)
     check_pool_wiring(inputs, report, budget)
+    rbac_rules.check(inputs, report)

@@ -13,38 +13,59 @@ from picker.extproc.service import ExtProcService
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 LIVENESS = "liveness"
 READINESS = "readiness"
+# The name the reference charts' kubelet probes and the GIE conformance suite ask for.
+INFERENCE_EXTENSION = "inference-extension"
+# Answer with readiness semantics: NOT_SERVING from the start of the picker's shutdown.
+_READY_NAMES = ("", READINESS, EXT_PROC_SERVICE, INFERENCE_EXTENSION)
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 class HealthState:
-    """The picker's health as the four service names report it."""
+    """The picker's health as its service names report it (liveness, and the readiness ones)."""
 
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
 
     async def serving(self) -> None:
-        for name in ("", LIVENESS, READINESS, EXT_PROC_SERVICE):
+        for name in (LIVENESS, *_READY_NAMES):
             await self.servicer.set(name, _SERVING)
 
     async def not_ready(self) -> None:
         """Draining: load balancers should stop sending new streams; liveness stays SERVING."""
-        for name in ("", READINESS, EXT_PROC_SERVICE):
+        for name in _READY_NAMES:
             await self.servicer.set(name, _NOT_SERVING)
 
 
 def ext_proc_server(
-    service: ExtProcService, access_log: AccessLogService, address: str
+    service: ExtProcService,
+    access_log: AccessLogService,
+    address: str,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """ext_proc and the access-log service share the port Envoy's `picker` cluster points at."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    """ext_proc and the access-log service share the port Envoy's `picker` cluster points at.
+
+    `credentials`: TLS (picker/extproc/tls.py), or None for plaintext (--secure-serving=false).
+    """
+    limit = service.grpc_message_limit  # a BUFFERED body arrives in one message: 4 MiB is too small
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ]
+    )
     ep_grpc.add_ExternalProcessorServicer_to_server(service, server)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
-    port = server.add_insecure_port(address)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     return server, port
 
 
 def health_server(state: HealthState, address: str) -> tuple[grpc.aio.Server, int]:
+    """Plaintext always, as the reference picker's: kubelet gRPC probes cannot speak TLS."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(state.servicer, server)
     port = server.add_insecure_port(address)

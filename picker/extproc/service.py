@@ -1,196 +1,45 @@
-"""The ExternalProcessor service: one session object per ext_proc stream."""
+"""The ExternalProcessor service: one session object per ext_proc stream.
+
+A stream in observability mode is the observer filter's (picker/extproc/observer.py); any other is the
+routing filter's (picker/extproc/routing.py), whatever body modes the gateway configured.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from picker import headers
-from picker.contract import Outcome, Reply, reply_for
+from picker.contract import Outcome, reply_for
 from picker.extproc import translate
-from picker.flow import Ticket
-from picker.inference import parse_request
+from picker.extproc.observer import ObserverSession
+from picker.extproc.routing import Pending, RoutingOptions, RoutingSession
 from picker.pipeline import RequestPath
 from picker.streams import EndReason, RequestRecord
 
 log = logging.getLogger(__name__)
 
 
-def _priority(value: str | None) -> int | None:
-    if value is None or not value.strip():
-        return 0
-    try:
-        return int(value)
-    except ValueError:
-        return None
+class ResponseEnd(enum.Enum):
+    """Who reports a response's end when the routing filter does not see response bodies."""
+
+    # an observer filter once one has attached, else Envoy's access log once an entry has come,
+    # else the engine's gauges
+    AUTO = "auto"
+    OBSERVER = "observer"  # an observer filter; a request none claims is released after the grace
+    ENGINE = "engine"  # no observer in this shape: the engine's scraped gauges end requests
 
 
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """The request is queued: Envoy must be told to wait before the answer comes."""
-
-    ticket: Ticket[RequestRecord]
-    phase: str
+_MIB = 1024 * 1024
 
 
-class _RoutingSession:
-    """The routing filter's stream: decide, then learn who served.
-
-    With the shipped config (response bodies NONE) the observer stream reports how the response
-    ended and this RPC ends at the response headers. If the routing filter is configured with
-    response_body_mode STREAMED instead, this session tracks the body itself.
-    """
-
-    def __init__(self, service: ExtProcService) -> None:
-        self._service = service
-        self._path = service.path
-        self._headers: dict[str, str] = {}
-        self._body = bytearray()
-        self.record: RequestRecord | None = None
-        self.sees_bodies = False
-        self._body_ended = False
-
-    def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse | _Pending | None:
-        match request.WhichOneof("request"):
-            case "request_headers":
-                self._headers = translate.header_map(request.request_headers)
-                self.sees_bodies = translate.streams_response_bodies(request)
-                if request.request_headers.end_of_stream:
-                    return self._decide("request_headers")
-                return translate.continue_response("request_headers")
-            case "request_body":
-                self._body += request.request_body.body
-                if len(self._body) > self._service.max_body_bytes:
-                    return self._decide("request_body")
-                if request.request_body.end_of_stream:
-                    return self._decide("request_body")
-                return translate.continue_response("request_body")
-            case "request_trailers":
-                return translate.continue_response("request_trailers")
-            case "response_headers":
-                if self.record is not None:
-                    response = translate.header_map(request.response_headers)
-                    status = int(response.get(headers.STATUS, "0") or 0)
-                    streaming = response.get(headers.CONTENT_TYPE, "").startswith("text/event-stream")
-                    self._path.response_started(
-                        self.record, status, translate.served_endpoint(request), streaming
-                    )
-                    if self.sees_bodies:
-                        self.record.observed = True  # this stream reports the end, not an observer
-                return translate.continue_response("response_headers")
-            case "response_body":
-                if self.sees_bodies and self.record is not None and not self._body_ended:
-                    self._path.body_chunk(self.record, request.response_body.body)
-                    if request.response_body.end_of_stream:
-                        self._body_ended = True
-                        self._path.observer_ended(self.record, True)
-                return translate.continue_response("response_body")
-            case "response_trailers":
-                return translate.continue_response("response_trailers")
-            case other:
-                log.warning("unexpected ext_proc message kind=%s", other)
-                return None
-
-    def _decide(self, phase: str) -> ep.ProcessingResponse | _Pending:
-        parsed = parse_request(
-            self._headers.get(headers.METHOD, "POST"),
-            self._headers.get(headers.PATH, "/"),
-            self._headers.get(headers.CONTENT_TYPE),
-            bytes(self._body),
-            self._service.max_body_bytes,
-        )
-        self._body = bytearray()
-        if isinstance(parsed, Reply):
-            return translate.immediate_response(self._path.reject(parsed))
-        priority = _priority(self._headers.get(headers.PRIORITY))
-        if priority is None:
-            return translate.immediate_response(
-                self._path.reject(
-                    reply_for(Outcome.BAD_REQUEST, f"header {headers.PRIORITY} must be an integer")
-                )
-            )
-        ticket = self._path.admit(parsed, flow=self._headers.get(headers.FAIRNESS_ID, ""), priority=priority)
-        if ticket.done:
-            return self._answer(ticket, phase)
-        return _Pending(ticket, phase)
-
-    async def wait(self, pending: _Pending) -> ep.ProcessingResponse:
-        """Wait in the admission queue; a cancelled stream (client gone) gives up its place."""
-        try:
-            await pending.ticket.wait()
-        except asyncio.CancelledError:
-            self._path.cancel(pending.ticket)
-            raise
-        return self._answer(pending.ticket, pending.phase)
-
-    def _answer(self, ticket: Ticket[RequestRecord], phase: str) -> ep.ProcessingResponse:
-        decision = self._path.settle(ticket)
-        if isinstance(decision, Reply):
-            return translate.immediate_response(decision)
-        self.record = decision.record
-        return translate.route_response(phase, decision.destinations, decision.record.request_id)
-
-    def close(self) -> None:
-        record = self.record
-        if record is None or record.ended:
-            return
-        if self.sees_bodies:
-            if not self._body_ended:
-                self._body_ended = True
-                self._path.observer_ended(record, False)
-        elif not record.observed:
-            self._service.expect_observer(record)
-
-
-class _ObserverSession:
-    """The observability-mode stream: sees the response body go by, and its end."""
-
-    def __init__(self, service: ExtProcService) -> None:
-        self._path = service.path
-        self.record: RequestRecord | None = None
-        self._ended = False
-
-    def handle(self, request: ep.ProcessingRequest) -> None:
-        kind = request.WhichOneof("request")
-        if kind == "request_headers":
-            request_id = translate.header_map(request.request_headers).get(headers.PICKER_REQUEST_ID)
-            self.record = self._path.attach_observer(request_id) if request_id else None
-            return
-        record = self.record
-        if record is None or self._ended:
-            return
-        match kind:
-            case "response_body":
-                body = request.response_body
-                self._path.body_chunk(record, body.body)
-                if body.end_of_stream:
-                    self._end(True)
-            case "response_headers":
-                response = translate.header_map(request.response_headers)
-                status = int(response.get(headers.STATUS, "0") or 0)
-                streaming = response.get(headers.CONTENT_TYPE, "").startswith("text/event-stream")
-                self._path.response_started(record, status, translate.served_endpoint(request), streaming)
-                if request.response_headers.end_of_stream:
-                    self._end(True)
-            case "response_trailers":
-                self._end(True)
-            case _:
-                pass
-
-    def _end(self, end_of_stream: bool) -> None:
-        if self.record is not None and not self._ended:
-            self._ended = True
-            self._path.observer_ended(self.record, end_of_stream)
-
-    def close(self) -> None:
-        # Stopping without the response's end of stream: the client or the model server went away.
-        self._end(False)
+_LIST_PEERS_KEPT = 256
 
 
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
@@ -203,53 +52,105 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         max_body_bytes: int,
         observer_attach_grace_s: float,
         queue_wait_s: float = 60.0,
+        max_hint_bytes: int = 256,
+        test_hooks: bool = False,
+        response_end: ResponseEnd = ResponseEnd.AUTO,
+        fallbacks: str = "auto",
+        max_model_bytes: int | None = None,
     ) -> None:
         self.path = path
         self.max_body_bytes = max_body_bytes
         self.queue_wait_s = queue_wait_s  # asked of Envoy while queued; <= its max_message_timeout
+        self._routing = RoutingOptions(max_body_bytes, max_hint_bytes, max_model_bytes, test_hooks)
+        self._fallbacks = fallbacks
         self._grace_s = observer_attach_grace_s
+        self._response_end = response_end
         self._timers: set[asyncio.TimerHandle] = set()
         self.open_streams = 0
+        self.observer_seen = False  # an observer stream has attached since start
+        # Connections whose data plane reported a served endpoint (override_host's selected_host_key):
+        # that data plane walks lists. Learned per connection, never picker-wide: a gateway routing
+        # with ORIGINAL_DST on the same picker must keep getting a single endpoint.
+        self._list_peers: set[str] = set()
+
+    @property
+    def grpc_message_limit(self) -> int:
+        """The largest ext_proc message to accept: a BUFFERED body comes whole in one message.
+
+        Twice the body limit (plus protobuf room), so a body up to that size is still read and refused
+        with the contract's 413 rather than failing the RPC; Envoy's own buffer limit should not be
+        larger (above it Envoy answers 413 itself: config/envoy.yaml maps that to the contract's body).
+        """
+        return 2 * self.max_body_bytes + _MIB
 
     async def Process(
         self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ep.ProcessingResponse]:
-        session: _RoutingSession | _ObserverSession | None = None
+        session: RoutingSession | ObserverSession | None = None
         self.open_streams += 1
         try:
             async for request in request_iterator:
                 if session is None:
-                    session = _ObserverSession(self) if request.observability_mode else _RoutingSession(self)
+                    if request.observability_mode:
+                        self.observer_seen = True
+                        session = ObserverSession(self.path)
+                    else:
+                        session = RoutingSession(self.path, self._routing, self._lists_ok(context))
+                if isinstance(session, ObserverSession):
+                    try:
+                        session.handle(request)
+                    except Exception:
+                        log.exception("observer message failed; ending the observer stream")
+                        return
+                    continue
                 try:
-                    response = session.handle(request)
+                    steps = session.handle(request)
                 except Exception:
                     log.exception("ext_proc message failed; answering 500")
-                    if isinstance(session, _RoutingSession) and session.record is None:
+                    if session.record is None:
                         yield translate.immediate_response(
                             self.path.reject(reply_for(Outcome.INTERNAL_ERROR))
                         )
                     return
-                if isinstance(response, _Pending):
-                    yield translate.extend_timeout(self.queue_wait_s)
-                    response = await session.wait(response)  # type: ignore[union-attr]
-                if response is not None:
-                    yield response
-                if (
-                    request.HasField("response_headers")
-                    and isinstance(session, _RoutingSession)
-                    and not session.sees_bodies
-                ):
-                    # Nothing more to decide for this request: end the RPC ourselves. Envoy then
-                    # carries on without the picker, so a picker crash or restart cannot reset
-                    # this stream (an open ext_proc stream that errors takes the request with it).
+                for step in steps:
+                    if isinstance(step, Pending):
+                        # FULL_DUPLEX request bodies have no message timeout to extend.
+                        if session.modes.request_body != translate.FULL_DUPLEX:
+                            yield translate.extend_timeout(self.queue_wait_s)
+                        for response in await session.wait(step):
+                            yield response
+                    else:
+                        yield step
+                if session.finished:
+                    # Nothing more to decide or echo: end the RPC ourselves. Envoy then carries on
+                    # without the picker, so a picker crash or restart cannot reset this stream.
                     return
         finally:
             self.open_streams -= 1
-            if session is not None:
+            if isinstance(session, RoutingSession):
+                if session.record is not None and session.record.served and context is not None:
+                    if len(self._list_peers) >= _LIST_PEERS_KEPT:  # reconnects must not grow it
+                        self._list_peers.clear()
+                    self._list_peers.add(context.peer())
+                unreported = session.close()
+                if unreported is not None:
+                    self.expect_observer(unreported)
+            elif session is not None:
                 session.close()
 
+    def _lists_ok(self, context: grpc.aio.ServicerContext | None) -> bool:
+        """Whether this stream's data plane can use a fallback list (see scheduling.fallbacks)."""
+        if self._fallbacks != "auto":
+            return self._fallbacks == "always"
+        if context is not None and context.peer() in self._list_peers:
+            return True
+        metadata = context.invocation_metadata() if context is not None else None
+        return any(
+            key == headers.DATA_PLANE and value == headers.OVERRIDE_HOST for key, value in metadata or ()
+        )
+
     def expect_observer(self, record: RequestRecord) -> None:
-        """Give the observer stream a grace period to claim a routed request, else end it here."""
+        """Give the observer stream a grace period to claim a routed request, else settle who ends it."""
 
         def expire() -> None:
             self._timers.discard(handle)
@@ -260,8 +161,19 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 # was being routed or connected (Envoy never got as far as tagging it for the logs).
                 self.path.finish(record, EndReason.CLIENT_DISCONNECT)
                 return
-            log.warning("no observer stream for request_id=%s; releasing its slot", record.request_id)
-            self.path.finish(record, EndReason.UNOBSERVED)
+            if self._response_end is ResponseEnd.OBSERVER or (
+                self._response_end is ResponseEnd.AUTO and self.observer_seen
+            ):
+                log.warning("no observer stream for request_id=%s; releasing its slot", record.request_id)
+                self.path.finish(record, EndReason.UNOBSERVED)
+                return
+            if self._response_end is ResponseEnd.AUTO and self.path.access_log_seen:
+                # No observer filter, but Envoy's access log reports every request's end (and who
+                # cut it): the lean shape, no per-chunk cost (README, "Benchmarks").
+                self.path.await_access_log(record)
+                return
+            # No filter will see this response end: the engine's own gauges say when it did.
+            self.path.hand_to_engine(record)
 
         handle = asyncio.get_running_loop().call_later(self._grace_s, expire)
         self._timers.add(handle)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from envoy.config.core.v3 import base_pb2
 from envoy.data.accesslog.v3 import accesslog_pb2
@@ -51,12 +52,58 @@ def access_log_entry(entry: accesslog_pb2.HTTPAccessLogEntry) -> tuple[str | Non
     return entry.request.request_headers.get(headers.PICKER_REQUEST_ID) or None, attempts
 
 
-def streams_response_bodies(request: ep.ProcessingRequest) -> bool:
-    """Whether this filter was configured to send the picker every response body chunk."""
-    return request.HasField("protocol_config") and request.protocol_config.response_body_mode in (
-        processing_mode_pb2.ProcessingMode.STREAMED,
-        processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED,
+_MODE = processing_mode_pb2.ProcessingMode
+BUFFERED = _MODE.BUFFERED
+BUFFERED_PARTIAL = _MODE.BUFFERED_PARTIAL
+STREAMED = _MODE.STREAMED
+FULL_DUPLEX = _MODE.FULL_DUPLEX_STREAMED
+NONE = _MODE.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class Modes:
+    """How this filter sends bodies, from the protocol_config Envoy puts on a stream's first message."""
+
+    request_body: int = BUFFERED  # what the shipped config uses; older Envoys send no protocol_config
+    response_body: int = NONE
+    body_without_waiting: bool = False
+    known: bool = False
+
+    @property
+    def sees_response_bodies(self) -> bool:
+        return self.response_body in (STREAMED, FULL_DUPLEX)
+
+    @property
+    def holds_request_headers(self) -> bool:
+        """Whether the headers answer waits for the body's end (see picker/extproc/routing.py)."""
+        return self.request_body == FULL_DUPLEX
+
+
+def modes(request: ep.ProcessingRequest) -> Modes:
+    if not request.HasField("protocol_config"):
+        return Modes()
+    config = request.protocol_config
+    return Modes(
+        request_body=config.request_body_mode,
+        response_body=config.response_body_mode,
+        body_without_waiting=config.send_body_without_waiting_for_header_response,
+        known=True,
     )
+
+
+def mode_name(mode: int) -> str:
+    return _MODE.BodySendMode.Name(mode)
+
+
+def subset_hint(request: ep.ProcessingRequest) -> tuple[str, ...] | None:
+    """The endpoints the data plane allows for this request (EPP protocol), or None: no restriction."""
+    namespace = request.metadata_context.filter_metadata.get(headers.SUBSET_HINT_NAMESPACE)
+    if namespace is None or headers.DESTINATION_SUBSET not in namespace.fields:
+        return None
+    value = namespace.fields[headers.DESTINATION_SUBSET]
+    if value.HasField("list_value"):
+        return tuple(v.string_value.strip() for v in value.list_value.values if v.string_value.strip())
+    return tuple(p.strip() for p in value.string_value.split(",") if p.strip())
 
 
 def _set(name: str, value: str) -> base_pb2.HeaderValueOption:
@@ -65,20 +112,55 @@ def _set(name: str, value: str) -> base_pb2.HeaderValueOption:
     )
 
 
-def route_response(phase: str, destinations: Iterable[str], request_id: str) -> ep.ProcessingResponse:
-    """Answer the headers or body phase with the pick, in metadata and (for ORIGINAL_DST) a header."""
+def route_response(
+    phase: str, destinations: Iterable[str], request_id: str, remove: Sequence[str] = ()
+) -> ep.ProcessingResponse:
+    """Answer a request phase with the pick: the same value in metadata and (for ORIGINAL_DST) a header.
+
+    `remove` names the client's scheduling hints: they are the picker's, not the model server's.
+    """
     value = ",".join(destinations)
     mutation = ep.HeaderMutation(
-        set_headers=[_set(headers.DESTINATION, value), _set(headers.PICKER_REQUEST_ID, request_id)]
+        set_headers=[_set(headers.DESTINATION, value), _set(headers.PICKER_REQUEST_ID, request_id)],
+        remove_headers=list(remove),
     )
     common = ep.CommonResponse(header_mutation=mutation)
-    metadata = struct_pb2.Struct()
-    metadata.update({headers.LB_METADATA_NAMESPACE: {headers.DESTINATION: value}})
-    if phase == "request_headers":
-        return ep.ProcessingResponse(
-            request_headers=ep.HeadersResponse(response=common), dynamic_metadata=metadata
-        )
-    return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata)
+    metadata = struct_pb2.Struct()  # field by field: Struct.update() is slower pure Python
+    lb = metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value
+    lb.fields[headers.DESTINATION].string_value = value
+    match phase:
+        case "request_headers":
+            return ep.ProcessingResponse(
+                request_headers=ep.HeadersResponse(response=common), dynamic_metadata=metadata
+            )
+        case "request_body":
+            return ep.ProcessingResponse(
+                request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
+            )
+        case "request_trailers":
+            # A trailers answer cannot change request headers: only metadata-reading data planes route.
+            return ep.ProcessingResponse(request_trailers=ep.TrailersResponse(), dynamic_metadata=metadata)
+        case _:
+            raise ValueError(f"no route response for phase {phase!r}")
+
+
+def streamed_body(phase: str, body: bytes, end_of_stream: bool) -> ep.ProcessingResponse:
+    """FULL_DUPLEX: Envoy forwards only what the picker sends back, so every chunk goes back as is."""
+    mutation = ep.BodyMutation(
+        streamed_response=ep.StreamedBodyResponse(body=body, end_of_stream=end_of_stream)
+    )
+    answer = ep.BodyResponse(response=ep.CommonResponse(body_mutation=mutation))
+    if phase == "request_body":
+        return ep.ProcessingResponse(request_body=answer)
+    return ep.ProcessingResponse(response_body=answer)
+
+
+def response_headers_answer(set_headers: Sequence[tuple[str, str]] = ()) -> ep.ProcessingResponse:
+    """Let the response headers through, with headers added (the conformance hook's served endpoint)."""
+    common = ep.CommonResponse()
+    if set_headers:
+        common.header_mutation.CopyFrom(ep.HeaderMutation(set_headers=[_set(k, v) for k, v in set_headers]))
+    return ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
 
 
 def continue_response(phase: str) -> ep.ProcessingResponse:

@@ -1,10 +1,21 @@
-"""The admission queue: priority bands, fair between flows, FIFO within a flow, bounded."""
+"""The admission queue: priority bands, fair between flows, FIFO within a flow, bounded.
+
+Only live entries are held: a removed entry (TTL, cancellation) leaves its flow, its flow leaves its
+band when it has nothing left, and an empty band is dropped, so nothing a request left behind keeps
+its ticket alive or slows the next pop. Push, pop, unpop and remove cost O(1) plus O(log bands)
+for the priority heap, which holds band priorities lazily and is rebuilt when stale entries
+outnumber the live bands.
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import heapq
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
+
+# Stale heap entries allowed beyond twice the live bands before the heap is rebuilt.
+_HEAP_SLACK = 16
 
 
 @dataclass(eq=False, slots=True)
@@ -18,43 +29,56 @@ class QueuedItem:
 
 
 class _Band:
-    """One priority level: a round robin over flows, each a FIFO."""
+    """One priority level: a round robin over the flows with queued items, each a FIFO.
+
+    A flow joins the end of the rotation when it gets its first item, goes to the end after each
+    turn, and leaves when its last item is popped or removed.
+    """
 
     __slots__ = ("flows",)
 
     def __init__(self) -> None:
-        self.flows: OrderedDict[str, deque[QueuedItem]] = OrderedDict()
+        # Each flow's FIFO is an insertion-ordered set of items: O(1) removal from anywhere.
+        self.flows: OrderedDict[str, OrderedDict[QueuedItem, None]] = OrderedDict()
 
     def push(self, item: QueuedItem) -> None:
-        self.flows.setdefault(item.flow, deque()).append(item)
+        fifo = self.flows.get(item.flow)
+        if fifo is None:
+            fifo = self.flows[item.flow] = OrderedDict()
+        fifo[item] = None
 
     def push_front(self, item: QueuedItem) -> None:
-        self.flows.setdefault(item.flow, deque()).appendleft(item)
+        self.push(item)
+        self.flows[item.flow].move_to_end(item, last=False)
         self.flows.move_to_end(item.flow, last=False)
 
-    def pop(self) -> QueuedItem | None:
-        while self.flows:
-            flow, items = next(iter(self.flows.items()))
-            item = items.popleft()
-            if items:
-                self.flows.move_to_end(flow)  # the next pop serves the next flow
-            else:
-                del self.flows[flow]
-            if not item.removed:
-                return item
-        return None
+    def pop(self) -> QueuedItem:
+        flow, fifo = next(iter(self.flows.items()))
+        item, _ = fifo.popitem(last=False)
+        if fifo:
+            self.flows.move_to_end(flow)  # the next pop serves the next flow
+        else:
+            del self.flows[flow]
+        return item
+
+    def remove(self, item: QueuedItem) -> None:
+        fifo = self.flows[item.flow]
+        del fifo[item]
+        if not fifo:
+            del self.flows[item.flow]
+
+    def __len__(self) -> int:
+        return sum(len(fifo) for fifo in self.flows.values())
 
 
 class AdmissionQueue:
-    """Higher priority first; within a priority, flows take turns; bounded by count and bytes.
-
-    Removal of an arbitrary item (TTL, cancellation) is O(1): it is marked and skipped on pop.
-    """
+    """Higher priority first; within a priority, flows take turns; bounded by count and bytes."""
 
     def __init__(self, max_items: int, max_bytes: int) -> None:
         self.max_items = max_items
         self.max_bytes = max_bytes
-        self._bands: dict[int, _Band] = {}
+        self._bands: dict[int, _Band] = {}  # only bands with items
+        self._heap: list[int] = []  # negated priorities; may hold bands since emptied
         self._count = 0
         self._bytes = 0
 
@@ -65,40 +89,51 @@ class AdmissionQueue:
     def bytes(self) -> int:
         return self._bytes
 
+    def held(self) -> int:
+        """Entries the queue holds (O(entries), for tests): always `len(self)`, none left behind."""
+        return sum(len(band) for band in self._bands.values())
+
+    def heap_size(self) -> int:
+        """Priority heap entries, live or stale (for tests: bounded by the live bands)."""
+        return len(self._heap)
+
     def fits(self, size: int) -> bool:
         return self._count < self.max_items and self._bytes + size <= self.max_bytes
 
     def push(self, item: QueuedItem) -> None:
-        band = self._bands.get(item.priority)
-        if band is None:
-            band = self._bands[item.priority] = _Band()
-        band.push(item)
+        item.removed = False
+        self._band(item.priority).push(item)
         self._count += 1
         self._bytes += item.size
 
     def unpop(self, item: QueuedItem) -> None:
         """Put back the item `pop` just returned, at the head of the line it left."""
         item.removed = False
-        band = self._bands.get(item.priority)
-        if band is None:
-            band = self._bands[item.priority] = _Band()
-        band.push_front(item)
+        self._band(item.priority).push_front(item)
         self._count += 1
         self._bytes += item.size
 
     def pop(self) -> QueuedItem | None:
-        for priority in sorted(self._bands, reverse=True):
-            item = self._bands[priority].pop()
-            if not self._bands[priority].flows:
-                del self._bands[priority]
-            if item is not None:
-                self._forget(item)
-                return item
+        while self._heap:
+            priority = -self._heap[0]
+            band = self._bands.get(priority)
+            if band is None:  # a band emptied since it was pushed on the heap
+                heapq.heappop(self._heap)
+                continue
+            item = band.pop()
+            if not band.flows:
+                self._drop_band(priority)
+            self._forget(item)
+            return item
         return None
 
     def remove(self, item: QueuedItem) -> bool:
         if item.removed:
             return False
+        band = self._bands[item.priority]
+        band.remove(item)
+        if not band.flows:
+            self._drop_band(item.priority)
         self._forget(item)
         return True
 
@@ -107,6 +142,19 @@ class AdmissionQueue:
         while (item := self.pop()) is not None:
             items.append(item)
         return items
+
+    def _band(self, priority: int) -> _Band:
+        band = self._bands.get(priority)
+        if band is None:
+            band = self._bands[priority] = _Band()
+            heapq.heappush(self._heap, -priority)
+        return band
+
+    def _drop_band(self, priority: int) -> None:
+        del self._bands[priority]
+        if len(self._heap) > 2 * len(self._bands) + _HEAP_SLACK:  # amortised O(1) per band dropped
+            self._heap = [-p for p in self._bands]
+            heapq.heapify(self._heap)
 
     def _forget(self, item: QueuedItem) -> None:
         item.removed = True

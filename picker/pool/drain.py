@@ -53,6 +53,9 @@ class DrainRecord:
     started_at: float
     started_wall: float  # wall clock (seconds since the epoch), to line up with other logs
     in_flight_at_start: int
+    # answers that failed on the endpoint (before their first byte) in the seconds before the record
+    # opened: a replica that stopped taking work before the picker learned of its drain (vLLM's 500)
+    failed_before_start: int = 0
     ends: Counter[DrainEnd] = field(default_factory=Counter)
     picks_after_start: int = 0
     moved_away: int = 0  # in flight at the start, but served by another endpoint (Envoy fallback)
@@ -106,6 +109,7 @@ class DrainRecord:
             "open": self.open,
             "duration_s": round(self.duration_s(now), 3),
             "in_flight_at_start": self.in_flight_at_start,
+            "failed_before_start": self.failed_before_start,
             "ended": {end.value: self.ends[end] for end in DrainEnd},
             "moved_away": self.moved_away,
             "picks_after_start": self.picks_after_start,
@@ -121,7 +125,8 @@ class DrainRecord:
         return (
             f"drain closed address={self.address} cause={self.cause.value} source={self.source} "
             f"exit={exit_value} duration_s={self.duration_s(now):.3f} "
-            f"in_flight_at_start={self.in_flight_at_start} {ends} moved_away={self.moved_away} "
+            f"in_flight_at_start={self.in_flight_at_start} "
+            f"failed_before_start={self.failed_before_start} {ends} moved_away={self.moved_away} "
             f"picks_after_start={self.picks_after_start} time_to_zero_s={to_zero}"
         )
 

@@ -17,6 +17,7 @@ from typing import assert_never
 
 from picker.pool.drain import DrainCause, DrainEnd, DrainExit, DrainRecord, DrainTotals
 from picker.pool.endpoint import Endpoint, EndpointState
+from picker.pool.health import Health
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,9 @@ class Pool:
         self._recent: deque[DrainRecord] = deque(maxlen=keep_drains)
         self._drain_listeners: list[Callable[[DrainRecord], None]] = []
         self._change_listeners: list[Callable[[], None]] = []
+        # answers that failed before their first byte, per endpoint (suspects; drain records)
+        self.health = Health(clock=clock)
+        self.failed_window_s = 10.0  # a drain record counts failures this long before it opened
 
     def __len__(self) -> int:
         return len(self._endpoints)
@@ -250,6 +254,7 @@ class Pool:
             started_at=now,
             started_wall=self._wall(),
             in_flight_at_start=endpoint.in_flight,
+            failed_before_start=self.health.failed_within(endpoint.address, self.failed_window_s),
         )
         self.totals.opened += 1
         log.info(
@@ -316,6 +321,7 @@ class Pool:
         if endpoint.state is EndpointState.GONE and endpoint.in_flight == 0:
             self._close_drain(endpoint, DrainExit.GONE)
             del self._endpoints[endpoint.address]
+            self.health.forget(endpoint.address)
             log.info("endpoint forgotten address=%s", endpoint.address)
 
     def _changed(self) -> None:

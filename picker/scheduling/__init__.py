@@ -4,7 +4,23 @@ Knows nothing of where endpoints come from; reads only what `Candidate` declares
 in-flight, last load sample). Pure functions, no I/O.
 """
 
-from picker.scheduling.load import LoadPolicy, assess, estimated_load, estimated_waiting, saturated
+from picker.scheduling.load import (
+    LoadPolicy,
+    assess,
+    estimated_load,
+    estimated_waiting,
+    saturated,
+    without_metrics,
+)
 from picker.scheduling.pick import Candidate, pick
 
-__all__ = ["Candidate", "LoadPolicy", "assess", "estimated_load", "estimated_waiting", "pick", "saturated"]
+__all__ = [
+    "Candidate",
+    "LoadPolicy",
+    "assess",
+    "estimated_load",
+    "estimated_waiting",
+    "pick",
+    "saturated",
+    "without_metrics",
+]

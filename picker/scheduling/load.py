@@ -8,6 +8,7 @@ any moment, not only at scrape time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -89,3 +90,23 @@ def assess(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float]
         or kv >= policy.kv_threshold
     )
     return full, policy.weight_load * load + policy.weight_waiting * waiting + policy.weight_kv * kv
+
+
+class ScrapeView(Protocol):
+    @property
+    def load(self) -> LoadSample | None: ...
+
+    @property
+    def scrape_failures(self) -> int: ...
+
+
+def without_metrics(candidates: Sequence[ScrapeView], policy: LoadPolicy) -> bool:
+    """Scraping is on, yet no candidate has load data and every one has failed its scrapes: model
+    servers without vLLM's metrics (echo servers, other engines). Counting them all as saturated
+    would queue every request until its TTL; the caller picks by its own in-flight counts instead
+    (`LoadPolicy(use_metrics=False)`). Before the first scrape (no failure yet) this is False."""
+    return (
+        policy.use_metrics
+        and bool(candidates)
+        and all(c.load is None and c.scrape_failures > 0 for c in candidates)
+    )

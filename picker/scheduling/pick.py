@@ -21,12 +21,17 @@ def pick(
     rng: random.Random,
     now: float = 0.0,
     policy: LoadPolicy | None = None,
+    last_resort: frozenset[str] = frozenset(),
 ) -> list[str]:
     """Up to `count` addresses, primary first; [] when no candidate has room for one more request.
 
     Fallbacks are only used by Envoy when the primary cannot be reached before response headers, so
     they may include saturated endpoints (after every unsaturated one): better queued than failed.
     The random key breaks ties so equal endpoints share a burst.
+
+    `last_resort` (suspect endpoints: their answers kept failing before the first byte) are listed
+    after every other candidate, saturated or not, and are the primary only when no other candidate
+    is left at all (Envoy's outlier detection "panics" alike rather than eject the whole pool).
     """
     policy = policy or LoadPolicy(use_metrics=False)
     if count <= 0 or not candidates:
@@ -34,8 +39,9 @@ def pick(
     keyed = []
     for candidate in candidates:
         full, rank = assess(candidate, now, policy)
-        keyed.append((full, rank, rng.random(), candidate.address))
+        suspect = candidate.address in last_resort
+        keyed.append((suspect, full, rank, rng.random(), candidate.address))
     best = heapq.nsmallest(count, keyed)
-    if best[0][0]:
+    if best[0][1]:
         return []
     return [address for *_, address in best]

@@ -1,22 +1,25 @@
-"""The one configured endpoint source (static list, endpoints file or EndpointSlices), owned end to end.
+"""The one configured endpoint source (static list, endpoints file, EndpointSlices or an InferencePool's
+pods), owned end to end.
 
 `EndpointSources` builds the source from the config, does its first load in `start()` (a static
 list or a file at once, failing loudly; the first Kubernetes list once, retried in the background if
-the API server is not there yet), then runs it as one task it owns: an unexpected exit is logged, and
-`aclose()` cancels only that task.
+the API server is not there yet), then runs it as one task it owns: an unexpected exit is logged in
+one line and is a `problem` for good (the picker stops being ready), and `aclose()` cancels only
+that task.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from picker.config import ConfigError, PickerConfig
+from picker.objectives import Objectives
 from picker.pool import Pool
 from picker.pool.slices import TargetPort
-from picker.sources import kube, static_file
+from picker.sources import kube, kube_pool, static_file
 from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -31,14 +34,28 @@ class EndpointSources:
         self._metrics = metrics
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._api: kube.SliceApi | None = None
+        self._api: kube.SliceApi | kube_pool.PoolApi | None = None
         self.watcher: kube.SliceWatcher | None = None
         self.file: static_file.EndpointsFile | None = None
+        self.pool_source: kube_pool.PoolSource | None = None
+        # InferenceObjective name -> priority (the pool source with kube.objectives on); else None.
+        self.objectives: Objectives | None = (
+            Objectives(config.kube.pool_name)
+            if config.kube.pool_name is not None and config.kube.objectives
+            else None
+        )
+        # Why the source cannot be trusted to say which endpoints exist (a missing InferencePool);
+        # None when it can. Listeners (readiness) hear every change.
+        self.problem: str | None = None
+        self._problem_listeners: list[Callable[[str | None], None]] = []
+        self._stopped = False  # the source task ended on its own
         if config.pool.endpoints:
             pool.apply(ready=config.pool.endpoints, source="static")
 
     @property
     def name(self) -> str:
+        if self._config.kube.pool_name is not None:
+            return kube_pool.SOURCE
         if self._config.kube.enabled:
             return kube.SOURCE
         if self._config.pool.endpoints_file is not None:
@@ -95,6 +112,51 @@ class EndpointSources:
             except kube.SourceError as exc:
                 log.warning("kube first list failed (%s: %s); retrying in the background", exc.kind, exc)
             self._spawn(self.watcher.run())
+        elif kube_config.pool_name is not None:
+            await self._start_pool_source(kube_config.pool_name)
+
+    def on_problem(self, listener: Callable[[str | None], None]) -> None:
+        """`listener(problem)` on every change of `problem` (a string: not ready; None: ready again)."""
+        self._problem_listeners.append(listener)
+
+    async def _start_pool_source(self, pool_name: str) -> None:
+        from picker.sources.kube_api import LightkubePoolApi, load_kubeconfig
+
+        kube_config = self._config.kube
+        api = LightkubePoolApi(
+            load_kubeconfig(kube_config.kubeconfig),
+            namespace=kube_config.namespace,
+            request_timeout_s=kube_config.request_timeout_s,
+            read_timeout_s=kube_config.inactivity_deadline_s + kube_config.request_timeout_s,
+        )
+        self._api = api
+        self.pool_source = kube_pool.PoolSource(
+            api,
+            self._pool,
+            pool_name,
+            kube.WatchSettings(
+                watch_timeout_s=kube_config.watch_timeout_s,
+                inactivity_deadline_s=kube_config.inactivity_deadline_s,
+                backoff_initial_s=kube_config.backoff_initial_s,
+                backoff_max_s=kube_config.backoff_max_s,
+            ),
+            on_event=lambda event: self._metrics.count_source_event(kube_pool.SOURCE, event),
+            on_problem=self._set_problem,
+            objectives=self.objectives,
+        )
+        log.info("kube pool source server=%s pool=%s/%s", api.server, api.namespace, pool_name)
+        try:
+            await self.pool_source.first_load()
+        except kube.SourceError as exc:
+            log.warning("kube first list failed (%s: %s); retrying in the background", exc.kind, exc)
+        self._spawn(self.pool_source.run())
+
+    def _set_problem(self, problem: str | None) -> None:
+        if self._stopped:
+            return  # a source that stopped for good stays a problem
+        self.problem = problem
+        for listener in self._problem_listeners:
+            listener(problem)
 
     async def aclose(self) -> None:
         """Stop the source task this object started, and close its client."""
@@ -112,11 +174,20 @@ class EndpointSources:
         self._task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
+        """The source task ended without `aclose()`: it will never update the pool again.
+
+        The pool keeps its last view, but nothing will drain or remove an endpoint any more, so the
+        picker stops being ready (a `problem` for good): one log line says why.
+        """
         if task.cancelled() and self._closing:
             return
         exc = None if task.cancelled() else task.exception()
-        log.error(
-            "endpoint source %s stopped unexpectedly; the pool keeps its last view",
-            self.name,
-            exc_info=exc,
-        )
+        why = "cancelled" if exc is None and task.cancelled() else "returned"
+        if exc is not None:
+            why = f"{type(exc).__name__}: {str(exc)[:300]}"
+        problem = f"endpoint source {self.name} stopped unexpectedly ({why})"
+        log.error("%s; the pool keeps its last view and the picker is no longer ready", problem)
+        if exc is not None:
+            log.debug("endpoint source %s failure", self.name, exc_info=exc)
+        self._set_problem(problem)
+        self._stopped = True

@@ -1,4 +1,7 @@
-"""`SliceApi` over lightkube: its configuration, auth, HTTP client, paging and decoders; our watch loop.
+"""The Kubernetes collections over lightkube: its configuration, auth, HTTP client, paging and
+decoders; our watch loop. `LightkubeCollection` lists and watches one resource (EndpointSlices, pods,
+InferencePools, InferenceObjectives) by label and field selector; `LightkubeSliceApi` and
+`LightkubePoolApi` are what the two Kubernetes sources use.
 
 What lightkube 1.0.1 does (read in its source; tests/kube/test_lightkube_facts.py pins it):
 - `AsyncClient.watch` reads with no timeout (`Timeout.read = None`): a silently dead connection hangs
@@ -26,12 +29,28 @@ from lightkube.config.client_adapter import ConnectionParams
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core import decoders
 from lightkube.core.generic_client import GenericAsyncClient
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.discovery_v1 import EndpointSlice
 
 from picker.config import ConfigError
 from picker.sources.kube import ApiFailure, BadData, Disconnected, Expired, SourceError, WatchEvent
 
 _MAX_ERROR_BODY = 64 * 1024
+
+InferencePool = create_namespaced_resource(
+    "inference.networking.k8s.io", "v1", "InferencePool", "inferencepools"
+)
+InferenceObjective = create_namespaced_resource(
+    "inference.networking.x-k8s.io", "v1alpha2", "InferenceObjective", "inferenceobjectives"
+)
+# What the 403 message says the picker needs, per resource.
+_RBAC = {
+    EndpointSlice: "endpointslices (discovery.k8s.io)",
+    Pod: "pods (core)",
+    InferencePool: "inferencepools (inference.networking.k8s.io)",
+    InferenceObjective: "inferenceobjectives (inference.networking.x-k8s.io)",
+}
 
 
 class _Meta(msgspec.Struct):
@@ -51,14 +70,14 @@ def load_kubeconfig(path: Path | None) -> KubeConfig:
         raise ConfigError(f"kube: cannot load the Kubernetes client configuration ({where}): {exc}") from exc
 
 
-def decode_event(line: str | bytes) -> WatchEvent:
-    """One line of a watch stream -> WatchEvent; BadData when it is not a well-formed event."""
+def decode_event(line: str | bytes, res: type[Any] = EndpointSlice) -> WatchEvent:
+    """One line of a watch stream of `res` -> WatchEvent; BadData when it is not a well-formed event."""
     raw = line.encode() if isinstance(line, str) else line
     try:
         event = decoders.decode_watch_event(raw)
         match event.type:
             case "ADDED" | "MODIFIED" | "DELETED":
-                obj = decoders.decode_object(event.object, EndpointSlice)
+                obj = decoders.decode_object(event.object, res)
                 version = obj.metadata.resourceVersion if obj.metadata is not None else None
                 return WatchEvent(event.type, obj.to_dict(), version)
             case "BOOKMARK":
@@ -73,7 +92,9 @@ def decode_event(line: str | bytes) -> WatchEvent:
         raise BadData(f"undecodable watch event ({len(raw)} bytes): {exc}") from None
 
 
-def _status_error(code: int, body: bytes, what: str, namespace: str) -> SourceError:
+def _status_error(
+    code: int, body: bytes, what: str, namespace: str, res: type[Any] = EndpointSlice
+) -> SourceError:
     try:
         status = decoders.decode_status(body)
         detail = status.message or status.reason or ""
@@ -87,25 +108,115 @@ def _status_error(code: int, body: bytes, what: str, namespace: str) -> SourceEr
         case 403:
             return ApiFailure(
                 f"{what}: 403 forbidden ({detail}): the picker needs get/list/watch on "
-                f"endpointslices (discovery.k8s.io) in namespace {namespace}"
+                f"{_RBAC.get(res, res.__name__)} in namespace {namespace}"
             )
+        case 404 if res in (InferencePool, InferenceObjective):
+            hint = " (or run the picker with --no-objectives)" if res is InferenceObjective else ""
+            return ApiFailure(f"{what}: 404 not found ({detail}): is the {_RBAC[res]} CRD installed?{hint}")
         case _:
             return ApiFailure(f"{what}: HTTP {code} ({detail})")
 
 
 @contextlib.contextmanager
-def _mapped(what: str, namespace: str) -> Iterator[None]:
+def _mapped(what: str, namespace: str, res: type[Any] = EndpointSlice) -> Iterator[None]:
     """lightkube / httpx2 / msgspec exceptions -> the loop's SourceError kinds."""
     try:
         yield
     except SourceError:
         raise
     except httpx2.HTTPStatusError as exc:
-        raise _status_error(exc.response.status_code, exc.response.content, what, namespace) from None
+        raise _status_error(exc.response.status_code, exc.response.content, what, namespace, res) from None
     except httpx2.HTTPError as exc:  # transport: refused, reset, timeout, broken chunked stream
         raise Disconnected(f"{what}: {type(exc).__name__}: {exc}") from None
     except msgspec.MsgspecError as exc:
         raise BadData(f"{what}: undecodable answer: {exc}") from None
+
+
+def make_client(config: KubeConfig, namespace: str | None, request_timeout_s: float) -> GenericAsyncClient:
+    """The authenticated async client; ConfigError when it cannot even be built."""
+    params = ConnectionParams(timeout=httpx2.Timeout(request_timeout_s))
+    try:
+        return GenericAsyncClient(params, config=config, namespace=namespace)
+    except Exception as exc:  # no current context, unreadable CA or client certificate, ...
+        raise ConfigError(f"kube: cannot build the Kubernetes client: {exc}") from exc
+
+
+class LightkubeCollection:
+    """One resource in one namespace, filtered by label and/or field selector: list (paged) and watch."""
+
+    def __init__(
+        self,
+        client: GenericAsyncClient,
+        res: type[Any],
+        *,
+        namespace: str,
+        label_selector: str = "",
+        field_selector: str = "",
+        request_timeout_s: float,
+        read_timeout_s: float,
+        page_size: int = 500,
+    ) -> None:
+        self._client = client
+        self._res = res
+        self.namespace = namespace
+        self._filters = {
+            key: value
+            for key, value in (("labelSelector", label_selector), ("fieldSelector", field_selector))
+            if value
+        }
+        self._request_timeout_s = request_timeout_s
+        self._read_timeout_s = read_timeout_s
+        self._page_size = page_size
+
+    async def list(self) -> tuple[list[Mapping[str, Any]], str]:
+        request = self._client.prepare_request(
+            "list",
+            res=self._res,
+            namespace=self.namespace,
+            params={**self._filters, "limit": self._page_size},
+        )
+        items: list[Mapping[str, Any]] = []
+        version: str | None = None
+        with _mapped("list", self.namespace, self._res):
+            async for page_version, page in self._client.list_chunks(request):
+                version = page_version
+                items.extend(item.to_dict() for item in page)
+        if not version:
+            raise BadData("list answer without metadata.resourceVersion")
+        return items, version
+
+    @contextlib.asynccontextmanager
+    async def watch(self, version: str, timeout_s: int) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        request = self._client.prepare_request(
+            "list",
+            res=self._res,
+            namespace=self.namespace,
+            watch=True,
+            params={
+                **self._filters,
+                "resourceVersion": version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": timeout_s,
+            },
+        )
+        # A backstop only: the loop's inactivity deadline is meant to fire first.
+        request.timeout = httpx2.Timeout(self._request_timeout_s, read=self._read_timeout_s)
+        with _mapped("watch", self.namespace, self._res):
+            response = await self._client.send(self._client.build_adapter_request(request), stream=True)
+        try:
+            if response.status_code != 200:
+                with _mapped("watch", self.namespace, self._res):
+                    body = await anext(response.aiter_bytes(_MAX_ERROR_BODY), b"")
+                raise _status_error(response.status_code, body, "watch", self.namespace, self._res)
+            yield self._events(response)
+        finally:
+            await response.aclose()
+
+    async def _events(self, response: httpx2.Response) -> AsyncIterator[WatchEvent]:
+        with _mapped("watch", self.namespace, self._res):
+            async for line in response.aiter_lines():
+                if line.strip():
+                    yield decode_event(line, self._res)
 
 
 class LightkubeSliceApi:
@@ -121,67 +232,69 @@ class LightkubeSliceApi:
         read_timeout_s: float,
         page_size: int = 500,
     ) -> None:
-        params = ConnectionParams(timeout=httpx2.Timeout(request_timeout_s))
-        try:
-            self._client = GenericAsyncClient(params, config=config, namespace=namespace)
-        except Exception as exc:  # no current context, unreadable CA or client certificate, ...
-            raise ConfigError(f"kube: cannot build the Kubernetes client: {exc}") from exc
+        self._client = make_client(config, namespace, request_timeout_s)
         self.namespace: str = self._client.namespace
         self.server: str = self._client.config.cluster.server
-        self._selector = selector
+        self._slices = LightkubeCollection(
+            self._client,
+            EndpointSlice,
+            namespace=self.namespace,
+            label_selector=selector,
+            request_timeout_s=request_timeout_s,
+            read_timeout_s=read_timeout_s,
+            page_size=page_size,
+        )
+
+    async def list_slices(self) -> tuple[list[Mapping[str, Any]], str]:
+        return await self._slices.list()
+
+    def watch_slices(
+        self, version: str, timeout_s: int
+    ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
+        return self._slices.watch(version, timeout_s)
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+
+class LightkubePoolApi:
+    """An InferencePool by name, its pods by label selector, and the namespace's InferenceObjectives."""
+
+    def __init__(
+        self,
+        config: KubeConfig,
+        *,
+        namespace: str | None,
+        request_timeout_s: float,
+        read_timeout_s: float,
+        page_size: int = 500,
+    ) -> None:
+        self._client = make_client(config, namespace, request_timeout_s)
+        self.namespace: str = self._client.namespace
+        self.server: str = self._client.config.cluster.server
         self._request_timeout_s = request_timeout_s
         self._read_timeout_s = read_timeout_s
         self._page_size = page_size
 
-    async def list_slices(self) -> tuple[list[Mapping[str, Any]], str]:
-        request = self._client.prepare_request(
-            "list",
-            res=EndpointSlice,
-            namespace=self.namespace,
-            params={"labelSelector": self._selector, "limit": self._page_size},
-        )
-        items: list[Mapping[str, Any]] = []
-        version: str | None = None
-        with _mapped("list", self.namespace):
-            async for page_version, page in self._client.list_chunks(request):
-                version = page_version
-                items.extend(item.to_dict() for item in page)
-        if not version:
-            raise BadData("list answer without metadata.resourceVersion")
-        return items, version
+    def pools(self, name: str) -> LightkubeCollection:
+        return self._collection(InferencePool, field_selector=f"metadata.name={name}")
 
-    @contextlib.asynccontextmanager
-    async def watch_slices(self, version: str, timeout_s: int) -> AsyncIterator[AsyncIterator[WatchEvent]]:
-        request = self._client.prepare_request(
-            "list",
-            res=EndpointSlice,
-            namespace=self.namespace,
-            watch=True,
-            params={
-                "labelSelector": self._selector,
-                "resourceVersion": version,
-                "allowWatchBookmarks": "true",
-                "timeoutSeconds": timeout_s,
-            },
-        )
-        # A backstop only: the loop's inactivity deadline is meant to fire first.
-        request.timeout = httpx2.Timeout(self._request_timeout_s, read=self._read_timeout_s)
-        with _mapped("watch", self.namespace):
-            response = await self._client.send(self._client.build_adapter_request(request), stream=True)
-        try:
-            if response.status_code != 200:
-                with _mapped("watch", self.namespace):
-                    body = await anext(response.aiter_bytes(_MAX_ERROR_BODY), b"")
-                raise _status_error(response.status_code, body, "watch", self.namespace)
-            yield self._events(response)
-        finally:
-            await response.aclose()
+    def pods(self, selector: str) -> LightkubeCollection:
+        return self._collection(Pod, label_selector=selector)
 
-    async def _events(self, response: httpx2.Response) -> AsyncIterator[WatchEvent]:
-        with _mapped("watch", self.namespace):
-            async for line in response.aiter_lines():
-                if line.strip():
-                    yield decode_event(line)
+    def objectives(self) -> LightkubeCollection:
+        return self._collection(InferenceObjective)
+
+    def _collection(self, res: type[Any], **filters: str) -> LightkubeCollection:
+        return LightkubeCollection(
+            self._client,
+            res,
+            namespace=self.namespace,
+            request_timeout_s=self._request_timeout_s,
+            read_timeout_s=self._read_timeout_s,
+            page_size=self._page_size,
+            **filters,
+        )
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -4,7 +4,9 @@ The client is aiohttp's: at 100 endpoints x 10 scrapes/s the client's own CPU is
 and aiohttp spends about a sixth of what httpx does per request (loadtest/bench_flow.py).
 Failures are counted per endpoint and back off exponentially; a failed or stale endpoint counts as
 saturated, never as idle. After each round the pipeline is told, so queued requests can go to room
-that just appeared.
+that just appeared. Each endpoint's page is read from its own host, on `load.metrics_port` when
+set (like the reference picker's --model-server-metrics-port); https is read without verifying the
+model server's certificate, as the reference picker does by default.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import aiohttp
 from picker.config import LoadConfig
 from picker.pool import EndpointState, Pool
 from picker.pool.load import record_failure, record_sample
-from picker.sources.vllm_metrics import MetricsPageError, parse_engine_gauges
+from picker.sources.vllm_metrics import EngineGauges, GaugeScanner, MetricsPageError, gauge_names
 
 log = logging.getLogger(__name__)
+
+
+_CHUNK_BYTES = 65536  # the most of a page scanned between two turns of the event loop
 
 
 class _PageTooLarge(Exception):
@@ -44,6 +49,8 @@ class Scraper:
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
         self._next_due: dict[str, float] = {}
+        self._names = gauge_names(config)
+        self._urls: dict[str, str] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # created on the running loop, on first use
@@ -75,6 +82,7 @@ class Scraper:
         ]
         for address in [a for a in self._next_due if self._pool.get(a) is None]:
             del self._next_due[address]
+            self._urls.pop(address, None)
         if due:
             await asyncio.gather(*(self._scrape(address) for address in due))
         self._on_round()
@@ -83,8 +91,7 @@ class Scraper:
         known = self._pool.get(address)
         arrivals_before = known.arrivals if known is not None else 0
         try:
-            page = await self._fetch(address)
-            gauges = parse_engine_gauges(page)
+            gauges = await self._fetch(address)
         except (aiohttp.ClientError, TimeoutError, MetricsPageError, _PageTooLarge, OSError) as exc:
             self._failed(address, type(exc).__name__, str(exc))
             return
@@ -100,18 +107,34 @@ class Scraper:
             )
         self._next_due[address] = 0.0
 
-    async def _fetch(self, address: str) -> bytes:
-        url = f"http://{address}{self._config.metrics_path}"
+    async def _fetch(self, address: str) -> EngineGauges:
+        """Read and scan the page a chunk at a time, yielding to the loop after each chunk.
+
+        aiohttp hands over buffered chunks without suspending, so without the explicit yield a
+        large page that arrived at once would be scanned in one go.
+        """
+        url = self._urls.get(address) or self._urls.setdefault(address, self._metrics_url(address))
         cap = self._config.max_page_bytes
-        async with self._client().get(url, allow_redirects=False) as response:
+        scanner = GaugeScanner(self._config.max_gauge_lines, self._names)
+        async with self._client().get(url, allow_redirects=False, ssl=False) as response:
             if response.status != 200:
                 raise MetricsPageError(f"HTTP {response.status}")
-            body = bytearray()
-            async for chunk in response.content.iter_chunked(65536):
-                body += chunk
-                if len(body) > cap:
+            size = 0
+            async for chunk in response.content.iter_chunked(_CHUNK_BYTES):
+                size += len(chunk)
+                if size > cap:
                     raise _PageTooLarge(f"page over {cap} bytes")
-            return bytes(body)
+                scanner.feed(chunk)
+                await asyncio.sleep(0)
+        return scanner.result()
+
+    def _metrics_url(self, address: str) -> str:
+        """The endpoint's host, on the metrics port when one is configured (else its serving port)."""
+        config = self._config
+        host, _, port = address.rpartition(":")
+        if config.metrics_port is not None:
+            port = str(config.metrics_port)
+        return f"{config.metrics_scheme}://{host}:{port}{config.metrics_path}"
 
     def _failed(self, address: str, kind: str, detail: str) -> None:
         endpoint = self._pool.get(address)

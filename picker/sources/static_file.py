@@ -9,7 +9,9 @@ or `{endpoints: [...same entries...]}`. Write it atomically (a temp file renamed
 replaced file is read at the next check. A file changed in place is read only once it has stopped
 changing for one check interval, and a file that does not parse or validate (a partial write, a
 typo) is rejected with one log line while the last good view stays in force. An empty file is
-rejected too (the usual partial write); an explicit `[]` empties the pool.
+rejected too (the usual partial write); an explicit `[]` empties the pool. So is anything that
+breaks the reading itself (YAML nested thousands deep, a surprise from the parser): no version
+of the file can stop the watch.
 
 `check()` is the finite step (stat, maybe read, maybe publish); `run()` repeats it every interval.
 """
@@ -46,6 +48,8 @@ def parse_endpoints(text: str) -> dict[str, EndpointState]:
         data: Any = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise EndpointsFileError(f"not valid YAML: {exc}".replace("\n", " ")) from None
+    except RecursionError:
+        raise EndpointsFileError("nested too deeply to read") from None
     if isinstance(data, dict):
         if set(data) != {"endpoints"}:
             raise EndpointsFileError("a mapping must have exactly one key, 'endpoints'")
@@ -153,14 +157,20 @@ class EndpointsFile:
         except EndpointsFileError as exc:
             self._complain(signature, str(exc))
             return False
+        except Exception as exc:  # a parser bug or surprise: this version is bad, not the watch
+            self._complain(signature, f"could not be read ({type(exc).__name__}: {exc})")
+            return False
         self._apply(signature, desired)
         return True
 
     async def run(self) -> None:
-        """Forever: check every poll interval."""
+        """Forever: check every poll interval. Nothing one check raises ends the watch."""
         while True:
             await self._sleep(self._poll_s)
-            self.check()
+            try:
+                self.check()
+            except Exception as exc:
+                self._complain(("check", type(exc).__name__), f"check failed ({type(exc).__name__}: {exc})")
 
     def _read(self) -> tuple[_Signature, str]:
         with self.path.open("rb") as handle:
@@ -184,7 +194,7 @@ class EndpointsFile:
         self._complained = what
         self._on_event("rejected")
         log.error(
-            "endpoints file %s rejected: %s; keeping the last good view (%d endpoints)",
+            "endpoints file %s rejected: %.500s; keeping the last good view (%d endpoints)",
             self.path,
             why,
             len(self._pool),

@@ -17,6 +17,14 @@ UPSTREAM_FLAGS = frozenset(
     }
 )
 IDLE_FLAGS = frozenset({"stream_idle_timeout"})
+# vLLM's answer to new work once SIGTERM has started its drain (HTTP 500, measured on 0.32; see
+# /work/shared/reference/vllm.md): the engine takes no new request, whatever the picker was told.
+_SHUTDOWN_REFUSAL = b"cannot schedule new futures after shutdown"
+
+
+def shutting_down(first_chunk: bytes) -> bool:
+    """Whether a 500's first body chunk is vLLM refusing work because its engine is shutting down."""
+    return _SHUTDOWN_REFUSAL in first_chunk
 
 
 def from_body(record: RequestRecord) -> EndReason | None:

@@ -39,6 +39,8 @@ class RequestRecord:
     model: str = ""
     stream: bool = False
     body_bytes: int = 0
+    fallbacks: bool = True  # list fallbacks after the primary (override_host data planes only)
+    allowed: frozenset[str] | None = None  # the data plane's subset hint (EPP protocol): pick only these
     picked: tuple[str, ...] = ()
     lease: Lease | None = None
     status: int | None = None
@@ -46,6 +48,7 @@ class RequestRecord:
     response_started_at: float | None = None  # the commit point: nothing may retry after it
     observed: bool = False  # an observer stream joined this request
     observer_done: bool = False  # ... and has ended
+    engine_tracked: bool = False  # nothing sees its response end: the engine's gauges settle it
     tracker: ResponseTracker | None = None
     response_ended: bool = False  # the observer saw the response's end of stream
     access_log: Attempts | None = None

@@ -30,8 +30,23 @@ class SSEParser:
         self._skip_lf = False  # the previous chunk ended in CR: a leading LF belongs to it
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        end = len(chunk)
+        if (  # the common chunk: exactly one whole `data:` event, nothing pending (the hot path)
+            end > 6
+            and not self._line
+            and not self._has_data
+            and not self._skip_lf
+            and chunk.startswith(b"data:")
+            and chunk.find(b"\n") == end - 2
+            and chunk[-1] == _LF
+            and b"\r" not in chunk
+        ):
+            value = chunk[6:-2] if chunk[5] == 0x20 else chunk[5:-2]
+            event = SSEEvent(value, self._event)
+            self._event = ""
+            return [event]
         events: list[SSEEvent] = []
-        start, end = 0, len(chunk)
+        start = 0
         if not end:
             return events
         if self._skip_lf and chunk[0] == _LF:

@@ -88,7 +88,7 @@ class ResponseTracker:
             self.done = True
             return
         self.events += 1
-        if any(marker in data for marker in _NULL_FINISH) and b'"error"' not in data[:16]:
+        if (_NULL_FINISH[0] in data or _NULL_FINISH[1] in data) and b'"error"' not in data[:16]:
             self.token_chunks += 1  # the common case: an ordinary token chunk
             return
         try:

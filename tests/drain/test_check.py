@@ -18,6 +18,7 @@ from picker.cli import main as cli_main
 from picker.drain.check import check_paths
 from picker.drain.rules import RULES, Budget, Report, Severity
 from picker.envoyconf import EnvoyParams, render
+from tests.drain.pool_variants import POOL_VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "config" / "k8s"
@@ -135,11 +136,31 @@ def _drop(node: dict[str, Any], key: str) -> None:
     node.pop(key)
 
 
+def _original_dst_pool(m: Manifests) -> None:
+    """The pool cluster Envoy AI Gateway makes for a FailClose InferencePool (and kgateway for any)."""
+    cluster = m.pool_cluster
+    for key in ("load_assignment", "load_balancing_policy", "eds_cluster_config", "common_lb_config"):
+        cluster.pop(key, None)
+    cluster.update(
+        type="ORIGINAL_DST",
+        lb_policy="CLUSTER_PROVIDED",
+        original_dst_lb_config={
+            "use_http_header": True,
+            "http_header_name": "x-gateway-destination-endpoint",
+        },
+    )
+
+
+def _without_observer(m: Manifests) -> None:
+    m.hcm["http_filters"] = [f for f in m.hcm["http_filters"] if "observer" not in f["name"]]
+
+
 def _eds_with_health_checks(m: Manifests) -> None:
     cluster = m.pool_cluster
     cluster["type"] = "EDS"
     cluster["eds_cluster_config"] = {"eds_config": {"ads": {}}}
-    cluster.pop("load_assignment")
+    cluster.pop("load_assignment", None)  # the shipped config is EDS already (without health checks)
+    cluster.pop("ignore_health_on_host_removal", None)
     cluster["health_checks"] = [
         {"timeout": "1s", "interval": "1s", "unhealthy_threshold": 1, "healthy_threshold": 1,
          "http_health_check": {"path": "/health"}}
@@ -211,11 +232,20 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
      lambda m: _set(m.obj("InferencePool")["spec"]["endpointPickerRef"], "failureMode", "FailOpen")),
     ("ENVOY-011", "body not buffered",
      lambda m: _set(m.routing_filter["processing_mode"], "request_body_mode", "STREAMED")),
+    ("ENVOY-012", "ORIGINAL_DST pool on the header", _original_dst_pool),
+    ("ENVOY-013", "FULL_DUPLEX without trailers",
+     lambda m: m.routing_filter["processing_mode"].update(
+         request_body_mode="FULL_DUPLEX_STREAMED", request_trailer_mode="SKIP")),
+    ("ENVOY-014", "no observer, response body NONE",
+     _without_observer),
+    ("ENVOY-015", "failClose without the contract reply",
+     lambda m: m.hcm.pop("local_reply_config")),
+    *POOL_VARIANTS,  # the picker's own source vs its pool: tests/drain/test_pool_wiring.py
 ]  # fmt: skip
 
 
 # Breaking one thing sometimes breaks a second rule too, by design (nothing else may fire).
-ALSO_REPORTED = {"GRACE-002": {"GRACE-004"}, "PICKER-001": {"PDB-003"}}
+ALSO_REPORTED = {"GRACE-002": {"GRACE-004"}, "PICKER-001": {"PDB-003"}, "ENVOY-007": {"ENVOY-013"}}
 
 
 def test_every_rule_has_a_broken_variant() -> None:
@@ -288,3 +318,17 @@ def test_fail_on_warning(tmp_path: Path) -> None:
 def test_missing_path_is_an_input_error(tmp_path: Path) -> None:
     report, _ = check_paths([tmp_path / "nope"], Budget())
     assert ids(report) == {"INPUT-001"}
+
+
+def test_a_model_server_without_prestop_fails_the_check(tmp_path: Path) -> None:
+    """A vLLM pod with no drain hook is the failure this project exists for: an error, exit 1."""
+    manifests = Manifests()
+    _drop(manifests.vllm, "lifecycle")
+    directory = manifests.write(tmp_path)
+    report, _ = check_paths([directory], Budget())
+    (finding,) = [f for f in report.findings if f.rule.id == "PRESTOP-001"]
+    assert finding.rule.severity is Severity.ERROR
+    for fail_on in ("error", "warning"):
+        with pytest.raises(SystemExit) as exited:
+            cli_main(["check", "--fail-on", fail_on, str(directory)])
+        assert exited.value.code == 1

@@ -194,6 +194,22 @@ def test_run_loop_with_polls_that_use_their_whole_budget_ends_at_the_deadline() 
     assert fake.now - start == pytest.approx(4.0)
 
 
+def test_the_deadline_counts_from_when_the_hook_started_not_from_the_loop() -> None:
+    """Time spent starting the process (imports) is part of the preStop budget the kubelet enforces."""
+    fake = FakeTime()
+    started = fake.now
+    fake.now += 1.5  # the command took 1.5 s to get to its loop
+
+    def fetch(budget: float) -> Sample | SampleError:
+        fake.now += budget
+        return TIMEOUT
+
+    summary = run(Settings(deadline_s=4.0), fetch, fake.clock, fake.sleep, started=started)
+    assert summary["outcome"] == "deadline"
+    assert fake.now - started == pytest.approx(4.0)
+    assert summary["total_s"] == pytest.approx(4.0)
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [

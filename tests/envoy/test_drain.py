@@ -1,5 +1,5 @@
 """Draining one replica mid-traffic through the real Envoy, from each endpoint source: Kubernetes
-EndpointSlices (the fake API server), the endpoints file, and the admin API.
+EndpointSlices and an InferencePool's pods (the fake API server), the endpoints file, and the admin API.
 
 Each case: 3 simulated replicas serve 60 concurrent streams of ~3 s; one replica's endpoint starts
 draining mid-load; once the picker shows it DRAINING, the replica answers new work with 500 (as vLLM
@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtest.procs import wait_until
-from loadtest.stack import Stack, StackOptions
+from loadtest.procs import Proc, wait_until
+from loadtest.stack import Stack, StackOptions, sim_argv
 from loadtest.traffic import run_closed_loop
 from picker.drain import scorecard
 from tests.kube.fake_apiserver import FakeApiServer, endpoint, terminating
@@ -65,6 +65,79 @@ class KubeSource:
 
     async def finish(self, stack: Stack, index: int) -> None:
         self.fake.delete_slice(f"vllm-{index}")  # the pod is gone
+
+    async def close(self) -> None:
+        await self.fake.stop()
+
+
+class PodStack(Stack):
+    """Replicas as an InferencePool sees them: each its own pod IP, all on the pool's one targetPort.
+
+    Pod IPs are loopback addresses 127.0.0.2, 127.0.0.3, ... (Linux routes all of 127/8 to `lo`),
+    so nothing listens beyond this host; one simulator process per "pod", each stopped by its PID.
+    """
+
+    def __init__(self, workdir: Path, options: StackOptions) -> None:
+        super().__init__(workdir, options)
+        self.pod_port = self.replica_ports[0]
+        self.pod_sims: list[Proc] = []
+
+    @property
+    def pod_ips(self) -> list[str]:
+        return [f"127.0.0.{index + 2}" for index in range(self.options.replicas)]
+
+    @property
+    def replicas(self) -> list[str]:
+        return [f"{ip}:{self.pod_port}" for ip in self.pod_ips]
+
+    def start_sims(self) -> None:
+        for index, ip in enumerate(self.pod_ips):
+            argv = sim_argv([self.pod_port], [*self.options.sim_args, "--host", ip])
+            sim = Proc(f"sim-{index}", argv, self.workdir / f"sim-{index}.log")
+            self.pod_sims.append(sim)
+            sim.wait_ready(lambda ip=ip: _health(f"{ip}:{self.pod_port}"))
+
+    def stop(self) -> None:
+        super().stop()
+        for sim in self.pod_sims:
+            sim.stop()
+
+
+def _health(address: str) -> bool:
+    try:
+        return httpx.get(f"http://{address}/health", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class PoolSource:
+    """The pods of InferencePool "vllm" on the fake API server: `kubectl delete pod` sets their
+    deletionTimestamp (the drain), then the pod goes (the end)."""
+
+    static = False
+    exit = "gone"
+    stack_type = PodStack
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.fake = FakeApiServer()
+
+    async def setup(self, stack: Stack) -> list[str]:
+        assert isinstance(stack, PodStack)
+        await self.fake.start()
+        self.fake.put_pool("vllm", ports=(stack.pod_port,))
+        for index, ip in enumerate(stack.pod_ips):
+            self.fake.put_pod(f"vllm-{index}", ip)
+        self.fake.put_pod("elsewhere", "127.0.0.250", labels={"app": "other"})  # not the pool's
+        kubeconfig = self.fake.write_kubeconfig(self.workdir / "kubeconfig")
+        return ["--pool-name", "vllm", "--pool-namespace", "default", "--kubeconfig", str(kubeconfig)]
+
+    async def drain(self, stack: Stack, index: int) -> None:
+        assert isinstance(stack, PodStack)
+        self.fake.put_pod(f"vllm-{index}", stack.pod_ips[index], deleting=True)
+
+    async def finish(self, stack: Stack, index: int) -> None:
+        self.fake.delete("pods", f"vllm-{index}")  # the pod is gone
 
     async def close(self) -> None:
         await self.fake.stop()
@@ -130,7 +203,7 @@ class AdminSource:
         pass
 
 
-SOURCES = {"kube": KubeSource, "file": FileSource, "admin": AdminSource}
+SOURCES = {"kube": KubeSource, "pool": PoolSource, "file": FileSource, "admin": AdminSource}
 
 
 def admin_view(stack: Stack) -> dict[str, Any]:
@@ -148,7 +221,8 @@ async def until(predicate: Any, within: float, what: str) -> None:
 @pytest.mark.parametrize("kind", list(SOURCES))
 async def test_drain_mid_traffic_cuts_nothing_and_sends_nothing_new(tmp_path: Path, kind: str) -> None:
     source = SOURCES[kind](tmp_path)
-    stack = Stack(tmp_path, StackOptions(replicas=3, sim_args=SIM_ARGS, static_endpoints=source.static))
+    stack_type = getattr(source, "stack_type", Stack)
+    stack = stack_type(tmp_path, StackOptions(replicas=3, sim_args=SIM_ARGS, static_endpoints=source.static))
     stack.options.picker_args = await source.setup(stack)
     drained, others = stack.replicas[0], stack.replicas[1:]
     try:
@@ -279,11 +353,16 @@ async def test_watch_faults_keep_routing_on_the_last_good_view(tmp_path: Path) -
         await source.close()
 
 
-async def test_demo_drains_a_replica_and_prints_its_record(capsys: pytest.CaptureFixture[str]) -> None:
+async def test_demo_drains_a_replica_and_prints_its_record(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     from picker.demo import run_demo
 
-    assert await run_demo(seconds=4.0) == 0
+    picture = tmp_path / "rollout.png"
+    assert await run_demo(seconds=4.0, picture=picture) == 0
     out = capsys.readouterr().out
     assert "is DRAINING with" in out and "failed or incomplete streams: 0" in out
     assert "new picks after start     0" in out and "exit                      gone" in out
+    assert f"the rollout picture: {picture}" in out
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the PNG signature
     assert "drain closed address=" in out

@@ -1,4 +1,4 @@
-"""Fixtures for the EndpointSlice source: the fake API server, a kubeconfig for it, a watcher on a pool."""
+"""Fixtures for the Kubernetes sources: the fake API server, a kubeconfig for it, watchers on a pool."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from picker.objectives import Objectives
 from picker.pool import Pool
 from picker.pool.slices import TargetPort
 from picker.sources.kube import SliceWatcher, WatchSettings
-from picker.sources.kube_api import LightkubeSliceApi, load_kubeconfig
+from picker.sources.kube_api import LightkubePoolApi, LightkubeSliceApi, load_kubeconfig
+from picker.sources.kube_pool import PoolSource
 from tests.kube.fake_apiserver import FakeApiServer
 
 # Short deadlines so fault recovery takes well under a second; still far above loopback latency.
@@ -58,6 +60,42 @@ async def make_watcher(kubeconfig: Path) -> AsyncIterator[WatcherFactory]:
         )
         apis.append(api)
         return SliceWatcher(api, pool if pool is not None else Pool(), TargetPort.parse(target), settings)
+
+    yield make
+    for api in apis:
+        await api.aclose()
+
+
+PoolSourceFactory = Callable[..., PoolSource]
+
+
+@pytest.fixture
+async def make_pool_source(kubeconfig: Path) -> AsyncIterator[PoolSourceFactory]:
+    """Factory: a lightkube-backed InferencePool source feeding a fresh pool (closed after the test)."""
+    apis: list[LightkubePoolApi] = []
+
+    def make(
+        pool: Pool | None = None,
+        name: str = "vllm",
+        settings: WatchSettings = FAST,
+        on_problem: Callable[[str | None], None] = lambda _: None,
+        objectives: Objectives | None = None,
+    ) -> PoolSource:
+        api = LightkubePoolApi(
+            load_kubeconfig(kubeconfig),
+            namespace=None,
+            request_timeout_s=5.0,
+            read_timeout_s=settings.inactivity_deadline_s + 5.0,
+        )
+        apis.append(api)
+        return PoolSource(
+            api,
+            pool if pool is not None else Pool(),
+            name,
+            settings,
+            on_problem=on_problem,
+            objectives=objectives,
+        )
 
     yield make
     for api in apis:

@@ -1,8 +1,9 @@
-"""A fake Kubernetes API server for EndpointSlices (discovery.k8s.io/v1), faithful to list/watch.
+"""A fake Kubernetes API server for EndpointSlices, pods, InferencePools and InferenceObjectives.
 
-What it speaks, as kube-apiserver does:
-- GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices[?labelSelector=&limit=&continue=]
-  -> an EndpointSliceList: items (without kind/apiVersion, like a real list), metadata.resourceVersion,
+What it speaks, as kube-apiserver does, for each collection in `RESOURCES` (one resourceVersion
+counter across all of them, as etcd has):
+- GET {collection path}/namespaces/{ns}/{plural}[?labelSelector=&fieldSelector=&limit=&continue=]
+  -> a list: items (without kind/apiVersion, like a real list), metadata.resourceVersion,
   and metadata.continue when paged (an expired continue token: HTTP 410 Expired);
 - the same path with watch=1|true[&resourceVersion=X][&allowWatchBookmarks=true][&timeoutSeconds=N]
   -> HTTP 200, chunked, one JSON event per line: ADDED / MODIFIED / DELETED with the object at its new
@@ -14,10 +15,15 @@ What it speaks, as kube-apiserver does:
   has code 410 (the watch cache's way, `gone_as="event"`) or an HTTP 410 Status (`gone_as="http"`);
 - bearer-token auth (401 Status otherwise); other errors as Status objects.
 
-Test controls (call them from the test, on the same event loop): put/delete slices, `compact()` (drop
+Field selectors: `metadata.name=` and `metadata.namespace=` (what a client asks of a single object).
+Single objects (the drain-record ConfigMap's writers): GET, POST (409 when it exists) and PUT (409
+unless metadata.resourceVersion is the current one), each recorded like a `put` (watches see it).
+Test controls (call them from the test, on the same event loop): put/delete slices, pods, pools and
+objectives (`put_slice`, `put_pod`, `put_pool`, `put_objective`, `delete(kind, name)`), `compact()` (drop
 the history: older versions get 410), `drop_watches()` (abort every watch connection mid-stream),
 `stall_watches()` (keep them open, send nothing: a silently dead connection), `inject(raw)` (any line,
-e.g. garbage JSON), `send_bookmarks()`, `fail_next(n, status)`; `requests` logs what was asked.
+e.g. garbage JSON), `send_bookmarks()`, `fail_next(n, status)`; `requests` logs what was asked. The
+faults apply to every collection's watches alike.
 In-process only: `await FakeApiServer().start()` binds 127.0.0.1 on a free port.
 """
 
@@ -34,18 +40,32 @@ from typing import Any
 from aiohttp import web
 
 from tests.kube.kube_objects import (
+    GROUP_PATH,
+    RESOURCES,
     SERVICE_LABEL,
     Requirement,
     endpoint,
+    field_name,
+    inference_objective,
+    inference_pool,
+    kubeconfig,
     matches,
     parse_selector,
+    pod,
     status,
     terminating,
 )
 
-__all__ = ["SERVICE_LABEL", "FakeApiServer", "endpoint", "parse_selector", "status", "terminating"]
+__all__ = [
+    "GROUP_PATH",
+    "SERVICE_LABEL",
+    "FakeApiServer",
+    "endpoint",
+    "parse_selector",
+    "status",
+    "terminating",
+]
 
-GROUP_PATH = "/apis/discovery.k8s.io/v1"
 JSON = "application/json"  # exactly, as the API server sends it (lightkube compares it verbatim)
 _DEFAULT_WATCH_TIMEOUT_S = 1800.0
 
@@ -56,8 +76,10 @@ def _status_response(code: int, reason: str, message: str) -> web.Response:
 
 @dataclass(eq=False)
 class _Watch:
+    resource: str
     namespace: str
     selector: list[Requirement]
+    name: str | None  # fieldSelector metadata.name=
     bookmarks: bool
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     stalled: asyncio.Event | None = None  # set: the connection is silently dead (released on stop)
@@ -74,13 +96,13 @@ class FakeApiServer:
         self.gone_as = gone_as
         self._rv = itertools.count(1000)
         self.resource_version = next(self._rv)
-        self._objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self._objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (plural, namespace, name)
         self._history: list[tuple[int, str, dict[str, Any], dict[str, Any] | None]] = []
         self._compacted_at = self.resource_version
         self._watches: set[_Watch] = set()
         self._pages: dict[str, list[dict[str, Any]]] = {}
         self._page_ids = itertools.count(1)
-        self._failures: list[int] = []
+        self._failures: list[tuple[int, str | None]] = []  # (status, only for this plural)
         self._released = asyncio.Event()
         self.requests: list[dict[str, Any]] = []
         self._runner: web.AppRunner | None = None
@@ -90,7 +112,9 @@ class FakeApiServer:
 
     async def start(self) -> FakeApiServer:
         app = web.Application()
-        app.router.add_get(GROUP_PATH + "/namespaces/{namespace}/endpointslices", self._collection)
+        for plural, (path, _, _) in RESOURCES.items():
+            app.router.add_get(f"{path}/namespaces/{{namespace}}/{plural}", self._collection)
+        self._add_write_routes(app)
         # handler_cancellation: a watch whose client hung up ends at once, as on a real API server.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
@@ -113,23 +137,7 @@ class FakeApiServer:
 
     def write_kubeconfig(self, path: Path, namespace: str = "default", token: str | None = None) -> Path:
         """A kubeconfig pointing at this server (plain http, bearer token)."""
-        path.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-                    "users": [{"name": "fake", "user": {"token": token or self.token}}],
-                    "contexts": [
-                        {
-                            "name": "fake",
-                            "context": {"cluster": "fake", "user": "fake", "namespace": namespace},
-                        }
-                    ],
-                    "current-context": "fake",
-                }
-            )
-        )
+        path.write_text(json.dumps(kubeconfig(self.url, token or self.token, namespace)))
         return path
 
     # -- scripting ---------------------------------------------------------------------------------
@@ -146,33 +154,65 @@ class FakeApiServer:
         labels: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Create (ADDED) or replace (MODIFIED) a slice; returns it at its new resourceVersion."""
-        key = (namespace, name)
-        previous = self._objects.get(key)
         all_labels = dict(labels or {})
         if service is not None:
             all_labels[SERVICE_LABEL] = service
-        rv = next(self._rv)
-        obj = {
-            "kind": "EndpointSlice",
-            "apiVersion": "discovery.k8s.io/v1",
-            "metadata": {
-                "name": name,
-                "namespace": namespace,
-                "uid": previous["metadata"]["uid"] if previous else f"uid-{name}-{rv}",
-                "resourceVersion": str(rv),
-                "generation": (previous["metadata"]["generation"] + 1) if previous else 1,
-                "labels": all_labels,
-            },
+        body = {
             "addressType": address_type,
             "endpoints": copy.deepcopy(endpoints),
             "ports": [{"name": "http", "port": 8000, "protocol": "TCP"}] if ports is None else ports,
         }
+        return self.put("endpointslices", name, body, namespace=namespace, labels=all_labels)
+
+    def put_pod(
+        self, name: str, ip: str | None, *, namespace: str = "default", **fields: Any
+    ) -> dict[str, Any]:
+        """A pod (see kube_objects.pod for `fields`: labels, ready, phase, deleting, container_ports)."""
+        labels, metadata, body = pod(ip, **fields)
+        return self.put("pods", name, body, namespace=namespace, labels=labels, metadata=metadata)
+
+    def put_pool(self, name: str, *, namespace: str = "default", **fields: Any) -> dict[str, Any]:
+        """An InferencePool (see kube_objects.inference_pool: selector, ports, picker)."""
+        return self.put("inferencepools", name, inference_pool(**fields), namespace=namespace)
+
+    def put_objective(self, name: str, *, namespace: str = "default", **fields: Any) -> dict[str, Any]:
+        """An InferenceObjective (see kube_objects.inference_objective: priority, pool)."""
+        return self.put("inferenceobjectives", name, inference_objective(**fields), namespace=namespace)
+
+    def put(
+        self,
+        resource: str,
+        name: str,
+        body: dict[str, Any],
+        *,
+        namespace: str = "default",
+        labels: dict[str, str] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Create (ADDED) or replace (MODIFIED) any object; `body` is all but kind/apiVersion/metadata."""
+        _, kind, api_version = RESOURCES[resource]
+        key = (resource, namespace, name)
+        previous = self._objects.get(key)
+        rv = next(self._rv)
+        meta = {
+            "name": name,
+            "namespace": namespace,
+            "uid": previous["metadata"]["uid"] if previous else f"uid-{name}-{rv}",
+            "resourceVersion": str(rv),
+            "generation": (previous["metadata"]["generation"] + 1) if previous else 1,
+            "labels": dict(labels or {}),
+            **(metadata or {}),
+        }
+        obj = {"kind": kind, "apiVersion": api_version, "metadata": meta, **copy.deepcopy(body)}
         self._objects[key] = obj
         self._record(rv, "MODIFIED" if previous else "ADDED", obj, previous)
         return obj
 
     def delete_slice(self, name: str, namespace: str = "default") -> None:
-        previous = self._objects.pop((namespace, name))
+        self.delete("endpointslices", name, namespace)
+
+    def delete(self, resource: str, name: str, namespace: str = "default") -> None:
+        previous = self._objects.pop((resource, namespace, name))
         rv = next(self._rv)
         obj = copy.deepcopy(previous)
         obj["metadata"]["resourceVersion"] = str(rv)
@@ -208,33 +248,40 @@ class FakeApiServer:
     def send_bookmarks(self) -> int:
         live = [w for w in self._watches if w.stalled is None and w.bookmarks]
         for watch in live:
-            watch.queue.put_nowait(self._bookmark())
+            watch.queue.put_nowait(self._bookmark(watch.resource))
         return len(live)
 
-    def fail_next(self, count: int, code: int = 500) -> None:
-        """The next `count` requests (list or watch) get this status."""
-        self._failures.extend([code] * count)
+    def fail_next(self, count: int, code: int = 500, resource: str | None = None) -> None:
+        """The next `count` requests (list or watch; of `resource` only, if named) get this status."""
+        self._failures.extend([(code, resource)] * count)
 
     def clear_failures(self) -> None:
         self._failures.clear()
 
     def objects(
-        self, namespace: str = "default", selector: str = f"{SERVICE_LABEL}=vllm"
+        self,
+        namespace: str = "default",
+        selector: str = f"{SERVICE_LABEL}=vllm",
+        resource: str = "endpointslices",
     ) -> list[dict[str, Any]]:
-        """The slices a list would return now: the truth a client should converge to."""
+        """The objects a list would return now: the truth a client should converge to."""
         requirements = parse_selector(selector)
         return [
             copy.deepcopy(obj)
             for key, obj in sorted(self._objects.items())
-            if key[0] == namespace and matches(requirements, obj)
+            if key[:2] == (resource, namespace) and matches(requirements, obj)
         ]
 
     @property
     def live_watches(self) -> int:
         return sum(1 for w in self._watches if w.stalled is None)
 
-    def watch_requests(self) -> list[dict[str, str]]:
-        return [r["query"] for r in self.requests if r["query"].get("watch") in ("1", "true")]
+    def watch_requests(self, resource: str = "endpointslices") -> list[dict[str, str]]:
+        return [
+            r["query"]
+            for r in self.requests
+            if r["query"].get("watch") in ("1", "true") and r["path"].endswith("/" + resource)
+        ]
 
     # -- protocol ----------------------------------------------------------------------------------
 
@@ -249,7 +296,7 @@ class FakeApiServer:
     def _line_for(
         self, watch: _Watch, kind: str, obj: dict[str, Any], previous: dict[str, Any] | None
     ) -> str | None:
-        if obj["metadata"]["namespace"] != watch.namespace:
+        if not self._in_watch(watch, obj):
             return None
         now_in, was_in = matches(watch.selector, obj), matches(watch.selector, previous)
         if kind == "DELETED":
@@ -262,10 +309,20 @@ class FakeApiServer:
             kind = ""
         return json.dumps({"type": kind, "object": obj}) + "\n" if kind else None
 
-    def _bookmark(self) -> str:
+    @staticmethod
+    def _in_watch(watch: _Watch, obj: dict[str, Any]) -> bool:
+        meta = obj["metadata"]
+        return (
+            obj["kind"] == RESOURCES[watch.resource][1]
+            and meta["namespace"] == watch.namespace
+            and (watch.name is None or meta["name"] == watch.name)
+        )
+
+    def _bookmark(self, resource: str) -> str:
+        _, kind, api_version = RESOURCES[resource]
         mark = {
-            "kind": "EndpointSlice",
-            "apiVersion": "discovery.k8s.io/v1",
+            "kind": kind,
+            "apiVersion": api_version,
             "metadata": {"resourceVersion": str(self.resource_version)},
         }
         return json.dumps({"type": "BOOKMARK", "object": mark}) + "\n"
@@ -275,19 +332,36 @@ class FakeApiServer:
         self.requests.append({"method": request.method, "path": request.path, "query": query})
         if request.headers.get("Authorization") != f"Bearer {self.token}":
             return _status_response(401, "Unauthorized", "Unauthorized")
-        if self._failures:
-            code = self._failures.pop(0)
+        plural = request.path.rsplit("/", 1)[1]
+        failure = next((f for f in self._failures if f[1] in (None, plural)), None)
+        if failure is not None:
+            self._failures.remove(failure)
+            code = failure[0]
             return _status_response(code, "InternalError" if code >= 500 else "Forbidden", f"injected {code}")
         try:
             selector = parse_selector(query.get("labelSelector", ""))
+            name = field_name(query.get("fieldSelector", ""), request.match_info["namespace"])
         except ValueError as exc:
             return _status_response(400, "BadRequest", str(exc))
-        namespace = request.match_info["namespace"]
+        watch = _Watch(
+            plural,
+            request.match_info["namespace"],
+            selector,
+            name,
+            query.get("allowWatchBookmarks") == "true",
+        )
         if query.get("watch") in ("1", "true"):
-            return await self._watch(request, namespace, selector, query)
-        return self._list(namespace, selector, query)
+            return await self._watch(request, watch, query)
+        return self._list(watch, query)
 
-    def _list(self, namespace: str, selector: list[Requirement], query: dict[str, str]) -> web.Response:
+    def _current(self, watch: _Watch) -> list[dict[str, Any]]:
+        return [
+            obj
+            for _, obj in sorted(self._objects.items())
+            if self._in_watch(watch, obj) and matches(watch.selector, obj)
+        ]
+
+    def _list(self, watch: _Watch, query: dict[str, str]) -> web.Response:
         token = query.get("continue")
         if token:
             items = self._pages.pop(token, None)
@@ -301,8 +375,7 @@ class FakeApiServer:
                     **{k: copy.deepcopy(v) for k, v in obj.items() if k not in ("kind", "apiVersion")},
                     "_rv": version,
                 }
-                for key, obj in sorted(self._objects.items())
-                if key[0] == namespace and matches(selector, obj)
+                for obj in self._current(watch)
             ]
         limit = int(query["limit"]) if query.get("limit", "").isdigit() and int(query["limit"]) > 0 else None
         page, rest = (items[:limit], items[limit:]) if limit else (items, [])
@@ -311,27 +384,21 @@ class FakeApiServer:
             next_token = f"page-{next(self._page_ids)}"
             self._pages[next_token] = rest
             metadata["continue"] = next_token
+        _, kind, api_version = RESOURCES[watch.resource]
         body = {
-            "kind": "EndpointSliceList",
-            "apiVersion": "discovery.k8s.io/v1",
+            "kind": kind + "List",
+            "apiVersion": api_version,
             "metadata": metadata,
             "items": [{k: v for k, v in item.items() if k != "_rv"} for item in page],
         }
         return web.Response(body=json.dumps(body), content_type=JSON)
 
-    async def _watch(
-        self, request: web.Request, namespace: str, selector: list[Requirement], query: dict[str, str]
-    ) -> web.StreamResponse:
+    async def _watch(self, request: web.Request, watch: _Watch, query: dict[str, str]) -> web.StreamResponse:
         since = query.get("resourceVersion", "")
         timeout = float(query.get("timeoutSeconds") or _DEFAULT_WATCH_TIMEOUT_S)
-        watch = _Watch(namespace, selector, query.get("allowWatchBookmarks") == "true")
         # Replay and registration happen in one synchronous step: no event can fall in between.
         if since in ("", "0"):
-            replay = [
-                json.dumps({"type": "ADDED", "object": obj}) + "\n"
-                for key, obj in sorted(self._objects.items())
-                if key[0] == namespace and matches(selector, obj)
-            ]
+            replay = [json.dumps({"type": "ADDED", "object": obj}) + "\n" for obj in self._current(watch)]
         elif not since.isdigit():
             return _status_response(400, "BadRequest", f"invalid resource version {since!r}")
         elif int(since) < self._compacted_at:
@@ -385,3 +452,65 @@ class FakeApiServer:
         await response.write((json.dumps(event) + "\n").encode())
         await response.write_eof()
         return response
+
+    # -- single objects: get, create (POST), replace (PUT, optimistic on resourceVersion) ---------------
+
+    def _add_write_routes(self, app: web.Application) -> None:
+        for plural, (path, _, _) in RESOURCES.items():
+            collection = f"{path}/namespaces/{{namespace}}/{plural}"
+            app.router.add_post(collection, self._create)
+            app.router.add_get(collection + "/{name}", self._get_one)
+            app.router.add_put(collection + "/{name}", self._replace)
+
+    def _write_target(self, request: web.Request) -> tuple[str, str, str | None] | web.Response:
+        self.requests.append({"method": request.method, "path": request.path, "query": dict(request.query)})
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return _status_response(401, "Unauthorized", "Unauthorized")
+        plural = request.path.split("/namespaces/", 1)[1].split("/")[1]
+        failure = next((f for f in self._failures if f[1] in (None, plural)), None)
+        if failure is not None:
+            self._failures.remove(failure)
+            return _status_response(failure[0], "InternalError", f"injected {failure[0]}")
+        return plural, request.match_info["namespace"], request.match_info.get("name")
+
+    async def _get_one(self, request: web.Request) -> web.Response:
+        target = self._write_target(request)
+        if isinstance(target, web.Response):
+            return target
+        obj = self._objects.get(target)  # type: ignore[arg-type]
+        if obj is None:
+            return _status_response(404, "NotFound", f"{target[0]} {target[2]!r} not found")
+        return web.Response(body=json.dumps(obj), content_type=JSON)
+
+    async def _create(self, request: web.Request) -> web.Response:
+        target = self._write_target(request)
+        if isinstance(target, web.Response):
+            return target
+        plural, namespace, _ = target
+        body = await request.json()
+        name = body["metadata"]["name"]
+        if (plural, namespace, name) in self._objects:
+            return _status_response(409, "AlreadyExists", f"{plural} {name!r} already exists")
+        return self._stored(plural, namespace, name, body, 201)
+
+    async def _replace(self, request: web.Request) -> web.Response:
+        target = self._write_target(request)
+        if isinstance(target, web.Response):
+            return target
+        plural, namespace, name = target
+        assert name is not None
+        body = await request.json()
+        current = self._objects.get((plural, namespace, name))
+        if current is None:
+            return _status_response(404, "NotFound", f"{plural} {name!r} not found")
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return _status_response(409, "Conflict", "the object has been modified; apply your changes again")
+        return self._stored(plural, namespace, name, body, 200)
+
+    def _stored(
+        self, plural: str, namespace: str, name: str, body: dict[str, Any], code: int
+    ) -> web.Response:
+        meta = body.get("metadata") or {}
+        rest = {k: v for k, v in body.items() if k not in ("kind", "apiVersion", "metadata")}
+        obj = self.put(plural, name, rest, namespace=namespace, labels=meta.get("labels"))
+        return web.Response(status=code, body=json.dumps(obj), content_type=JSON)

@@ -121,3 +121,28 @@ async def test_an_unexpected_exit_is_logged(
         await async_wait_until(lambda: "stopped unexpectedly" in caplog.text, 5, what="the log line")
     await sources.aclose()
     assert "RuntimeError: a bug" in caplog.text
+
+
+async def test_pool_source_loads_its_pods_before_start_returns_and_reports_a_missing_pool(
+    fake: FakeApiServer, kubeconfig: Path
+) -> None:
+    fake.put_pool("vllm", ports=(8000, 8001))
+    fake.put_pod("vllm-0", "10.0.0.1")
+    pool, metrics = Pool(), Metrics()
+    config = load_config(
+        overrides={"kube": {"pool_name": "vllm", "kubeconfig": str(kubeconfig), "backoff_initial_s": 0.02}}
+    )
+    sources = EndpointSources(config, pool, metrics)
+    heard: list[str | None] = []
+    sources.on_problem(heard.append)
+    await sources.start()
+    try:
+        assert sources.name == "kube-pool" and sources.problem is None
+        assert sorted(e.address for e in pool.ready()) == ["10.0.0.1:8000", "10.0.0.1:8001"]
+        fake.delete("inferencepools", "vllm")
+        await async_wait_until(lambda: sources.problem is not None, 5, what="the problem")
+        assert heard == ["InferencePool default/vllm not found"]
+        assert b'event="relist",source="kube-pool"' in metrics.exposition()
+    finally:
+        await sources.aclose()
+    await async_wait_until(lambda: fake.live_watches == 0, 5, what="the watches to close")

@@ -172,3 +172,41 @@ def test_selector_parsing() -> None:
     assert not all(r.matches(labels) for r in parse_selector("app==other"))
     with pytest.raises(ValueError):
         parse_selector("app in (a,b)")
+
+
+async def test_pods_pools_and_objectives_each_in_their_own_collection(fake: FakeApiServer) -> None:
+    fake.put_pod("vllm-0", "10.0.0.1")
+    fake.put_pod("web", "10.0.0.2", labels={"app": "web"})
+    fake.put_pool("vllm")
+    fake.put_pool("other")
+    fake.put_objective("critical", priority=5)
+    pools = "/apis/inference.networking.k8s.io/v1/namespaces/default/inferencepools"
+    async with client(fake) as http:
+        pods = (
+            await http.get("/api/v1/namespaces/default/pods", params={"labelSelector": "app=vllm"})
+        ).json()
+        named = (await http.get(pools, params={"fieldSelector": "metadata.name=vllm"})).json()
+        objectives = (
+            await http.get(
+                "/apis/inference.networking.x-k8s.io/v1alpha2/namespaces/default/inferenceobjectives"
+            )
+        ).json()
+        unsupported = await http.get(pools, params={"fieldSelector": "status.phase=Running"})
+        slices = (await http.get(PATH)).json()
+        async with http.stream(
+            "GET", pools, params={"watch": "1", "fieldSelector": "metadata.name=vllm"}
+        ) as r:
+            lines = r.aiter_lines()
+            first = json.loads(await anext(lines))
+            fake.put_pool("other", ports=(9000,))  # another pool: not for this watch
+            fake.put_pod("vllm-0", "10.0.0.1", deleting=True)  # another collection: not for it either
+            fake.put_pool("vllm", ports=(8000, 8001))
+            second = json.loads(await anext(lines))
+    assert pods["kind"] == "PodList" and [p["metadata"]["name"] for p in pods["items"]] == ["vllm-0"]
+    assert [p["metadata"]["name"] for p in named["items"]] == ["vllm"] and named[
+        "kind"
+    ] == "InferencePoolList"
+    assert [o["spec"]["priority"] for o in objectives["items"]] == [5]
+    assert unsupported.status_code == 400 and slices["items"] == []
+    assert (first["type"], first["object"]["metadata"]["name"]) == ("ADDED", "vllm")
+    assert second["type"] == "MODIFIED" and second["object"]["spec"]["targetPorts"][1] == {"number": 8001}

@@ -106,8 +106,8 @@ def test_rolling_drain_record(pool: Pool, clock: FakeClock, caplog: pytest.LogCa
     closed_lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("drain closed")]
     assert closed_lines == [
         "drain closed address=a:1 cause=source source=kube exit=gone duration_s=10.000 in_flight_at_start=4 "
-        "completed=2 client_disconnect=1 upstream_error=1 cut=0 unknown=0 moved_away=0 picks_after_start=0 "
-        "time_to_zero_s=4.000"
+        "failed_before_start=0 completed=2 client_disconnect=1 upstream_error=1 cut=0 unknown=0 "
+        "moved_away=0 picks_after_start=0 time_to_zero_s=4.000"
     ]
     assert pool.totals.opened == 1 and pool.totals.closed[DrainExit.GONE] == 1
     assert pool.totals.ends[DrainEnd.COMPLETED] == 2
@@ -262,6 +262,7 @@ def test_summary_is_plain_json_values(pool: Pool, clock: FakeClock) -> None:
         "open": True,
         "duration_s": 2.5,
         "in_flight_at_start": 1,
+        "failed_before_start": 0,
         "ended": {"completed": 0, "client-disconnect": 0, "upstream-error": 0, "cut": 0, "unknown": 0},
         "moved_away": 0,
         "picks_after_start": 0,

@@ -170,3 +170,56 @@ async def test_run_checks_every_interval(path: Path) -> None:
     with pytest.raises(Stop):
         await source.run()
     assert delays == [0.25, 0.25, 0.25] and state(pool) == {"10.0.0.5:8000": READY} and source.loads == 2
+
+
+def test_a_deeply_nested_file_is_rejected_and_a_later_valid_one_applied(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    pool = Pool()
+    source = EndpointsFile(path, pool, poll_s=1)
+    source.load()
+    replace_atomically(path, "[" * 3000 + "]" * 3000)
+    with caplog.at_level(logging.ERROR):
+        assert source.check() is False
+        assert source.check() is False  # read again (it may be rewritten in place), logged once
+    rejected = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+    assert len(rejected) == 1 and "nested too deeply" in rejected[0]
+    assert len(pool) == 2
+    replace_atomically(path, "- 10.0.0.7:8000\n")
+    assert source.check() or source.check()  # a reused inode number counts as changed in place
+    assert state(pool) == {"10.0.0.7:8000": READY}
+
+
+async def test_no_version_of_the_file_ends_the_watch(
+    path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever reading one version raises (a parser surprise, a check bug), run() keeps watching."""
+    from picker.sources import static_file
+
+    pool = Pool()
+    real_parse = static_file.parse_endpoints
+
+    def surprising_parse(text: str) -> dict[str, EndpointState]:
+        if "10.0.0.6" in text:
+            raise KeyError("surprise")
+        return real_parse(text)
+
+    monkeypatch.setattr(static_file, "parse_endpoints", surprising_parse)
+    versions = ["[" * 3000 + "]" * 3000, "- 10.0.0.6:8000\n", "- 10.0.0.8:8000\n"]
+    delays: list[float] = []
+
+    async def sleep(delay: float) -> None:
+        # Each version stays for two checks: a new file may reuse the old inode number, and then it
+        # counts as changed in place and is read at the second look.
+        delays.append(delay)
+        if len(delays) > 2 * len(versions):
+            raise Stop
+        if len(delays) % 2:
+            replace_atomically(path, versions[len(delays) // 2])
+
+    source = EndpointsFile(path, pool, poll_s=0.25, sleep=sleep)
+    source.load()
+    with caplog.at_level(logging.ERROR), pytest.raises(Stop):
+        await source.run()
+    assert state(pool) == {"10.0.0.8:8000": READY} and source.loads == 2
+    assert "KeyError" in caplog.text and "nested too deeply" in caplog.text

@@ -65,3 +65,65 @@ def test_address_parsing() -> None:
     assert parse_address("pod.ns.svc:8000") == ("pod.ns.svc", 8000)
     with pytest.raises(ValueError):
         parse_address("[zz]:1")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("10.0.0.1:8000", ("10.0.0.1:8000",)),
+        ("10.0.0.1:8000,10.0.0.2:8000", ("10.0.0.1:8000", "10.0.0.2:8000")),
+        (" 10.0.0.1:8000 , 10.0.0.2:8000 ", ("10.0.0.1:8000", "10.0.0.2:8000")),
+        ('["10.0.0.1:8000", "10.0.0.2:8000"]', ("10.0.0.1:8000", "10.0.0.2:8000")),
+        ("[fd00::1]:8000,[fd00::2]:8000", ("[fd00::1]:8000", "[fd00::2]:8000")),
+        ("[fd00::1]:8000", ("[fd00::1]:8000",)),
+    ],
+)
+def test_env_endpoints_take_the_flag_forms_and_json(value: str, expected: tuple[str, ...]) -> None:
+    assert load_config(environ={"PICKER_POOL__ENDPOINTS": value}).pool.endpoints == expected
+    if not value.startswith('["'):  # the flag takes the list form only
+        assert load_config(overrides={"pool": {"endpoints": value}}).pool.endpoints == expected
+
+
+def test_env_scalars_and_whole_groups() -> None:
+    config = load_config(
+        environ={
+            "PICKER_SERVER": '{"grpc_port": 1001, "health_port": 1002}',
+            "PICKER_SERVER__HEALTH_PORT": "2002",
+            "PICKER_LOAD__SCRAPE": "false",
+            "PICKER_LOG_LEVEL": "DEBUG",
+            "PICKER_SKIP_REAL_VLLM": "1",  # not a setting, and known not to be one
+            "PICKER_EVENT_LOOP": "asyncio",
+        }
+    )
+    assert (config.server.grpc_port, config.server.health_port) == (1001, 2002)
+    assert config.load.scrape is False
+    assert config.log_level == "DEBUG"
+
+
+@pytest.mark.parametrize(
+    ("variable", "hint"),
+    [
+        ("PICKER_LOGLEVEL", "PICKER_LOG_LEVEL"),
+        ("PICKER_POOL__ENDPOINTZ", "PICKER_POOL__ENDPOINTS"),
+        ("PICKER_ADMIN_TOKEN", "PICKER_ADMIN__TOKEN"),
+        ("PICKER_SERVER__GRPC_PORT__X", "PICKER_SERVER__GRPC_PORT"),
+        ("PICKER_NOTHING_LIKE_IT", None),
+    ],
+)
+def test_env_typos_are_errors_naming_the_variable(variable: str, hint: str | None) -> None:
+    with pytest.raises(ConfigError, match=f"environment variable {variable}: no such setting") as caught:
+        load_config(environ={variable: "1"})
+    if hint is not None:
+        assert f"did you mean {hint}?" in str(caught.value)
+
+
+def test_env_errors_name_the_field_and_the_variable() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(environ={"PICKER_SERVER__GRPC_PORT": "abc", "PICKER_POOL__ENDPOINTS": "nope"})
+    text = str(caught.value)
+    assert "server.grpc_port (from PICKER_SERVER__GRPC_PORT)" in text
+    assert "pool.endpoints (from PICKER_POOL__ENDPOINTS)" in text
+    # A flag that overrides the variable is what was wrong, not the variable.
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides={"server": {"grpc_port": 70000}}, environ={"PICKER_SERVER__GRPC_PORT": "1"})
+    assert "server.grpc_port: " in str(caught.value) and "PICKER_" not in str(caught.value)

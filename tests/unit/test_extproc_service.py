@@ -13,7 +13,7 @@ from google.protobuf import struct_pb2
 
 from loadtest.procs import async_wait_until
 from picker import headers
-from picker.extproc.service import ExtProcService
+from picker.extproc.service import ExtProcService, ResponseEnd
 from picker.flow import FlowLimits
 from picker.pipeline import RequestPath
 from picker.pool import Pool
@@ -24,13 +24,24 @@ from picker.telemetry import Metrics
 
 
 class Harness:
-    def __init__(self, endpoints: Sequence[str], grace: float, **path_options: object) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        grace: float,
+        service_options: dict[str, object] | None = None,
+        **path_options: object,
+    ) -> None:
         self.pool = Pool()
         self.pool.apply(ready=endpoints)
         self.metrics = Metrics()
         self.metrics.register_pool(self.pool)
         self.path = RequestPath(self.pool, self.metrics, fallback_count=2, **path_options)  # type: ignore[arg-type]
-        self.service = ExtProcService(self.path, max_body_bytes=4096, observer_attach_grace_s=grace)
+        self.service = ExtProcService(
+            self.path,
+            max_body_bytes=4096,
+            observer_attach_grace_s=grace,
+            **{"fallbacks": "always", **(service_options or {})},  # type: ignore[arg-type]
+        )
 
     def value(self, name: str, **labels: str) -> float:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
@@ -39,9 +50,10 @@ class Harness:
 def make(
     endpoints: Sequence[str] = ("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"),
     grace: float = 0.05,
+    service_options: dict[str, object] | None = None,
     **path_options: object,
 ) -> Harness:
-    return Harness(endpoints, grace, **path_options)
+    return Harness(endpoints, grace, service_options, **path_options)
 
 
 def hdrs(pairs: dict[str, str], eos: bool = False) -> ep.HttpHeaders:
@@ -174,7 +186,8 @@ async def test_access_log_alone_ends_a_request_without_observer() -> None:
 
 
 async def test_unobserved_request_is_released_after_the_grace() -> None:
-    h = make(grace=0.01)
+    # the observer shape: a request no observer claims is released (its filter is missing)
+    h = make(grace=0.01, service_options={"response_end": ResponseEnd.OBSERVER})
     await run(h.service, [request_headers(), body(BODY), response_headers(200)])
     assert h.path.live == 1
     await async_wait_until(lambda: h.path.live == 0, 2, what="the unobserved request to expire")

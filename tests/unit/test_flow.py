@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -156,3 +158,20 @@ async def test_every_ticket_gets_exactly_one_outcome() -> None:
     await asyncio.gather(*(t.wait() for t in tickets if t.queued and not t.done))
     assert all(t.done for t in tickets)
     assert len(flow.outcomes) == 8  # type: ignore[attr-defined]
+
+
+async def test_expired_and_cancelled_tickets_are_freed_at_once() -> None:
+    """Each in its own priority band, as requests of many priorities leave the queue by TTL or cancel."""
+
+    class Payload:
+        pass
+
+    flow: FlowController[Payload] = FlowController(lambda _: False, lambda: True, FlowLimits(ttl_s=0.01))
+    tickets = [flow.submit(Payload(), priority=-i) for i in range(200)]
+    flow.cancel(tickets[0])
+    refs = [weakref.ref(t.payload) for t in tickets]
+    await asyncio.gather(*(t.wait() for t in tickets[1:]))
+    assert {t.outcome for t in tickets[1:]} == {Outcome.REJECTED_TTL_EXPIRED} and flow.queued == 0
+    del tickets
+    gc.collect()
+    assert not any(ref() is not None for ref in refs)

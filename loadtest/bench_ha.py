@@ -1,0 +1,184 @@
+"""Benchmark: load spread over the replicas with one picker vs two active-active pickers.
+
+Two pickers behind one Envoy (the `picker` cluster with both hosts, ext_proc streams spread round
+robin) each count only their own in-flight requests; the engines' scraped running counts are the
+shared truth. Same traffic for each variant (a closed loop of streams through the real Envoy), and
+every replica's running count (GET /sim/state) sampled while it runs: the spread is max/mean running
+per replica over the samples (1.0 = perfectly even).
+
+Variants: `one` (one picker), `two` (two pickers, engine scrape on: the default), `two-noscrape`
+(two pickers, in-flight only: what each picker alone can know).
+Run: `python -m loadtest.bench_ha [--streams 24] [--seconds 15] [--replicas 4]` (about 1.5 min).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+import loadtest.stack as stack_module
+from loadtest.procs import Proc, free_port
+from loadtest.stack import Stack, StackOptions, parse_metrics
+from loadtest.traffic import run_closed_loop
+
+VARIANTS = ("one", "two", "two-noscrape")
+
+
+def with_second_picker(port: int) -> None:
+    """Make the stack's Envoy config list a second host in the `picker` cluster."""
+    original = stack_module.render
+
+    def render_two(params: Any, template: Path | None = None) -> str:
+        text = original(params) if template is None else original(params, template)
+        config = yaml.safe_load(text)
+        for cluster in config["static_resources"]["clusters"]:
+            if cluster["name"] == "picker":
+                endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+                endpoints.append(
+                    {
+                        "endpoint": {
+                            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}
+                        }
+                    }
+                )
+        return yaml.safe_dump(config, sort_keys=False)
+
+    stack_module.render = render_two  # type: ignore[assignment]
+
+
+def second_picker(workdir: Path, grpc_port: int, metrics_port: int, extra: Sequence[str]) -> Proc:
+    argv = [
+        sys.executable, "-m", "picker", "serve", "--bind-address", "127.0.0.1",
+        "--grpc-port", str(grpc_port), "--health-port", str(free_port()), "--metrics-port", str(metrics_port),
+        "--quiet-interval", "0.2", *extra,
+    ]  # fmt: skip
+    proc = Proc("picker-2", argv, workdir / "picker-2.log")
+    proc.wait_ready(lambda: "picker ready" in proc.log_text())
+    return proc
+
+
+def picks(metrics_port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    return sum(v for (name, _), v in parse_metrics(text).items() if name == "picker_picks_total")
+
+
+class Sampler:
+    """Every replica's running count, every `interval_s`, on a thread (the load loop owns the loop)."""
+
+    def __init__(self, replicas: list[str], interval_s: float = 0.1) -> None:
+        self.replicas = replicas
+        self.interval_s = interval_s
+        self.samples: list[list[int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=2) as client:
+            while not self._stop.wait(self.interval_s):
+                try:
+                    row = [int(client.get(f"http://{r}/sim/state").json()["running"]) for r in self.replicas]
+                except (httpx.HTTPError, KeyError, ValueError):
+                    continue
+                self.samples.append(row)
+
+    def spread(self) -> tuple[float, float, float]:
+        """(mean, p95, max) over samples of max/mean running per replica (samples with any load)."""
+        ratios = [max(row) / statistics.fmean(row) for row in self.samples if sum(row) > 0]
+        if not ratios:
+            return float("nan"), float("nan"), float("nan")
+        ratios.sort()
+        return statistics.fmean(ratios), ratios[int(0.95 * (len(ratios) - 1))], ratios[-1]
+
+
+async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str:
+    workdir = root / variant
+    workdir.mkdir()
+    endpoints_file = workdir / "endpoints.yaml"
+    scrape = () if variant != "two-noscrape" else ("--no-scrape",)
+    source = ("--endpoints-file", str(endpoints_file), *scrape)
+    options = StackOptions(
+        replicas=args.replicas,
+        static_endpoints=False,
+        picker_args=source,
+        sim_args=("--ttft-ms", "20", "--itl-ms", "25", "--max-num-seqs", str(args.slots)),
+    )
+    stack = Stack(workdir, options)
+    endpoints_file.write_text("".join(f"- {r}\n" for r in stack.replicas))
+    render = stack_module.render
+    second: Proc | None = None
+    second_metrics = 0
+    try:
+        stack.start_sims()
+        stack.start_picker()
+        if variant != "one":
+            port, second_metrics = free_port(), free_port()
+            second = second_picker(workdir, port, second_metrics, source)
+            with_second_picker(port)
+        stack.start_envoy()
+        with Sampler(stack.replicas) as sampler:
+            report = await run_closed_loop(
+                stack.url,
+                concurrency=args.streams,
+                max_requests=args.streams * 1000,
+                deadline_s=args.seconds,
+                max_tokens=args.tokens,
+            )
+        failed = sum(1 for r in report.results if not r.ok)
+        first_picks = picks(stack.metrics_port)
+        second_picks = picks(second_metrics) if second is not None else 0.0
+        share = second_picks / max(1.0, first_picks + second_picks)
+        mean, p95, worst = sampler.spread()
+        return (
+            f"{variant:<13} | {len(report.results):>8} | {failed:>6} | {len(sampler.samples):>7} | "
+            f"{mean:>9.2f} | {p95:>8.2f} | {worst:>8.2f} | {share:>9.0%}"
+        )
+    finally:
+        stack_module.render = render  # type: ignore[assignment]
+        if second is not None:
+            second.stop()
+        stack.stop()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--streams", type=int, default=24, help="concurrent streams (closed loop)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="load per variant")
+    parser.add_argument("--tokens", type=int, default=40, help="tokens per stream (25 ms apart)")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--slots", type=int, default=256, help="each replica's --max-num-seqs")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    print(f"{args.streams} streams x {args.tokens} tokens, {args.replicas} replicas, {args.seconds:g} s each")
+    print("variant       | requests | failed | samples | max/mean  | p95      | worst    | picker 2")
+    with tempfile.TemporaryDirectory(prefix="bench-ha-") as root:
+        for variant in variants:
+            started = time.monotonic()
+            line = await one_variant(variant, args, Path(root))
+            print(f"{line}   ({time.monotonic() - started:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

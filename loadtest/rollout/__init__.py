@@ -1,0 +1,8 @@
+"""The rollout benchmark: a rolling update of vLLM replicas under streaming load, with and without the
+picker, as tables and a timeline picture (`python -m loadtest.rollout`, `make rollout`).
+
+Modules: `load` (seeded open-loop Poisson arrivals and what each client saw), `fleet` (one simulator
+process per replica, its state history), `setups` (the two pools and how each takes a replica out),
+`rolling` (the maxSurge/maxUnavailable controller and one run), `report` (tables), `timeline` (the
+picture, drawable from any list of events: `picker demo` reuses it).
+"""

@@ -1,0 +1,127 @@
+"""A rolling update as a Deployment controller does it, and one run of it under load.
+
+`roll` follows maxSurge / maxUnavailable: a replacement is started while the replicas that are not
+terminating number fewer than N + surge; an old replica is terminated while the ready ones would still
+number at least N - unavailable without it. Terminations run concurrently (the controller does not
+wait for a terminating pod to exit before it goes on), each with the setup's own sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadtest.rollout.fleet import Fleet
+from loadtest.rollout.load import Arrival, LoadReport, replay
+from loadtest.rollout.setups import PickerSetup, PoolSetup, RoundRobinSetup
+from loadtest.rollout.timeline import Panel, TimelineEvent, state_event
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    replicas: int = 3
+    rate: float = 20.0  # requests per second, Poisson
+    duration_s: float = 20.0  # arrivals are sent for this long
+    tokens: tuple[int, int] = (20, 120)  # max_tokens, uniform
+    surge: int = 1
+    unavailable: int = 0
+    source: str = "file"  # the picker's endpoint source: file | admin
+    rollout_at_s: float = 3.0  # the rollout begins this long after the load
+    propagation_s: float = 1.0  # endpoint removal reaching the router
+    shutdown_timeout_s: float = 20.0  # the replicas' vLLM --shutdown-timeout (drain mode)
+    seed: int = 7
+    sim_args: tuple[str, ...] = ("--ttft-ms", "40", "--itl-ms", "25", "--itl-jitter-ms", "3")
+
+
+@dataclass
+class SetupRun:
+    title: str
+    load: LoadReport
+    events: list[TimelineEvent]
+    drains: list[dict[str, Any]] | None = None
+    rollout_s: float = 0.0
+    lane_names: dict[str, str] = field(default_factory=dict)
+    load_avg: tuple[float, float] = (0.0, 0.0)  # the machine's 1-min load average at start and end
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of the routers, whole run
+
+
+async def roll(fleet: Fleet, setup: PoolSetup, surge: int, unavailable: int) -> None:
+    """Replace every replica of `fleet.first` by one of `fleet.replacements`."""
+    if surge < 0 or unavailable < 0 or surge + unavailable < 1:
+        raise ValueError("surge and unavailable must be >= 0 and not both 0")
+    n = len(fleet.first)
+    old, unstarted = list(fleet.first), list(fleet.replacements)
+    starting: set[asyncio.Task[None]] = set()
+    ready_new = 0
+
+    async def bring_up(address: str) -> None:
+        await fleet.start(address)
+        await setup.add(address)
+
+    async with asyncio.TaskGroup() as group:
+        while old or unstarted or starting:
+            moved = False
+            while unstarted and len(old) + (n - len(unstarted)) < n + surge:
+                starting.add(group.create_task(bring_up(unstarted.pop(0))))
+                moved = True
+            while old and len(old) + ready_new - 1 >= n - unavailable:
+                group.create_task(setup.terminate(old.pop(0)))
+                moved = True
+            if not starting:
+                if moved:
+                    continue
+                if old or unstarted:
+                    raise RuntimeError("rollout stuck: nothing starting and nothing may be terminated")
+                break
+            done, _ = await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()
+            starting -= done
+            ready_new += len(done)
+
+
+async def run_setup(kind: str, options: RolloutOptions, arrivals: list[Arrival], workdir: Path) -> SetupRun:
+    """Start a fleet and a setup, replay `arrivals` through it, roll every replica; stop everything."""
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    sim_args = [*options.sim_args, "--shutdown-timeout", str(options.shutdown_timeout_s)]
+    fleet = Fleet(workdir, options.replicas, sim_args)
+    grace_s = options.shutdown_timeout_s + 5
+    setup: PoolSetup
+    if kind == "round-robin":
+        setup = RoundRobinSetup(workdir, fleet, propagation_s=options.propagation_s, grace_s=grace_s)
+    else:
+        setup = PickerSetup(
+            workdir, fleet, propagation_s=options.propagation_s, grace_s=grace_s, source=options.source
+        )
+    try:
+        await asyncio.gather(*(fleet.start(a) for a in fleet.first))
+        await setup.start()
+        load_before = os.getloadavg()[0]
+        fleet.origin = time.monotonic()
+        fleet.events = [state_event(0.0, a, "ready") for a in fleet.first]
+        load = asyncio.create_task(replay(setup.url, arrivals, origin=fleet.origin))
+        await asyncio.sleep(options.rollout_at_s)  # the rollout starts into steady load
+        began = time.monotonic()
+        bound = 60.0 + options.replicas * (options.shutdown_timeout_s + 10)
+        await asyncio.wait_for(roll(fleet, setup, options.surge, options.unavailable), bound)
+        rollout_s = time.monotonic() - began
+        report = await load
+        drains = await asyncio.to_thread(setup.drain_rows)
+        events = [*fleet.events, *report.timeline_events()]
+        load_avg = (load_before, os.getloadavg()[0])
+        return SetupRun(
+            setup.title, report, events, drains, rollout_s, fleet.lane_names(), load_avg, setup.cpu()
+        )
+    finally:
+        await asyncio.to_thread(setup.stop)
+        await asyncio.to_thread(fleet.stop_all)
+
+
+def panels(runs: list[SetupRun], verdicts: list[str]) -> list[Panel]:
+    return [
+        Panel(run.title, run.events, note, run.lane_names) for run, note in zip(runs, verdicts, strict=True)
+    ]

@@ -1,0 +1,321 @@
+"""The proxy's frontend: one `serve()` per request, wire format in (downstream.py), core calls out.
+
+Admission, picking, tracking and the end reason all happen in the core (`RequestPath`); this module
+reads the request, waits in the queue when told to, streams the upstream response chunk by chunk
+(awaiting each client write before the next upstream read: a slow client slows its upstream, memory
+stays bounded) and tells the core how the response ended. HTTP/1.1 and h2c share all of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from aiohttp import web
+
+from picker import headers
+from picker.config import canonical_address
+from picker.contract import Outcome, Reply, reply_for
+from picker.inference import parse_request
+from picker.objectives import request_priority
+from picker.pipeline import RequestPath, Routed
+from picker.pool import Pool
+from picker.proxy import translate
+from picker.proxy.downstream import Downstream, Http1Downstream
+from picker.proxy.upstream import UPSTREAM_READ_ERRORS, Opened, Upstream, UpstreamUnavailable
+from picker.streams import EndReason
+
+log = logging.getLogger(__name__)
+
+_READ_SIZE = 64 * 1024
+_MODELS = "/v1/models"
+_CLIENT_GONE = (ConnectionError,)  # what a write raises once the client went away
+
+
+def _endpoints(values: list[str]) -> frozenset[str]:
+    """Canonical addresses; entries that are not ip:port cannot match any endpoint and are dropped."""
+    out = set()
+    for value in values:
+        try:
+            out.add(canonical_address(value.strip()))
+        except ValueError:
+            continue
+    return frozenset(out)
+
+
+class _UpstreamCut(Exception):
+    """The model server's response broke off (reset, or closed in the middle of the body)."""
+
+
+class Exchange:
+    """One routed request on its way through: its upstream response and the client's."""
+
+    __slots__ = ("_cut", "_task", "body", "routed")
+
+    def __init__(self, routed: Routed, body: bytes, task: asyncio.Task[object] | None) -> None:
+        self.routed = routed
+        self.body = body  # kept for retries until the first response byte, then dropped
+        self._task = task
+        self._cut: Reply | None = None
+
+    def cut(self, reply: Reply) -> None:
+        """The drain deadline: end this exchange with `reply` (a stream gets it as an error event)."""
+        if self._cut is None and self._task is not None:
+            self._cut = reply
+            self._task.cancel()
+
+    def take_cut(self) -> Reply | None:
+        """The cut reply, if this cancellation is only the cut (not the client going away too)."""
+        task = self._task
+        if self._cut is None or task is None:
+            return None
+        return self._cut if task.uncancel() == 0 else None
+
+
+class ProxyFrontend:
+    def __init__(
+        self,
+        path: RequestPath,
+        pool: Pool,
+        upstream: Upstream,
+        *,
+        max_body_bytes: int,
+        max_hint_bytes: int = 256,
+        max_model_bytes: int | None = None,
+        test_hooks: bool = False,
+    ) -> None:
+        self.path = path
+        self._test_hooks = test_hooks  # GIE conformance hooks (requests.enable_test_hooks)
+        self._pool = pool
+        self._upstream = upstream
+        self._max_body_bytes = max_body_bytes
+        self._max_hint_bytes = max_hint_bytes
+        self._max_model_bytes = max_model_bytes
+        self._exchanges: set[Exchange] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def open_exchanges(self) -> int:
+        return len(self._exchanges)
+
+    async def handle_http1(self, request: web.BaseRequest) -> web.StreamResponse:
+        """aiohttp's handler: one HTTP/1.1 request."""
+        down = Http1Downstream(request)
+        await self.serve(down)
+        if down.response is None:  # unreachable: every path answers; never a bare 500 from aiohttp
+            return translate.reply_response(reply_for(Outcome.INTERNAL_ERROR))
+        return down.response
+
+    async def serve(self, down: Downstream) -> None:
+        if down.method == "GET" and down.path == _MODELS:
+            await self._models(down)
+            return
+        body = await self._read_body(down)
+        if isinstance(body, Reply):
+            await down.reply(self.path.reject(body))
+            return
+        parsed = parse_request(
+            down.method,
+            down.path,
+            down.header(headers.CONTENT_TYPE),
+            body,
+            self._max_body_bytes,
+            self._max_model_bytes,
+        )
+        if isinstance(parsed, Reply):
+            await down.reply(self.path.reject(parsed))
+            return
+        hints = self._hints(down)
+        if isinstance(hints, Reply):
+            await down.reply(self.path.reject(hints))
+            return
+        flow, priority, allowed = hints
+        ticket = self.path.admit(parsed, flow=flow, priority=priority, allowed=allowed)
+        if not ticket.done:
+            try:
+                await ticket.wait()
+            except asyncio.CancelledError:
+                self.path.cancel(ticket)  # the client left while queued
+                raise
+        decision = self.path.settle(ticket)
+        if isinstance(decision, Reply):
+            await down.reply(decision)
+            return
+        exchange = Exchange(decision, body, asyncio.current_task())
+        del body
+        self._exchanges.add(exchange)
+        self._idle.clear()
+        try:
+            await self._relay(down, exchange)
+        finally:
+            self._exchanges.discard(exchange)
+            if not self._exchanges:
+                self._idle.set()
+
+    def _hints(self, down: Downstream) -> tuple[str, int, frozenset[str] | None] | Reply:
+        """The client's scheduling hints (fairness id, priority) and, with the test hooks on, the
+        endpoints a conformance test allows; or the contract reply refusing them."""
+        bound = self._max_hint_bytes
+        for name in headers.CLIENT_HINTS:
+            if len((down.header(name) or "").encode()) > bound:
+                return reply_for(Outcome.BAD_REQUEST, f"header {name} is longer than {bound} bytes")
+        priority = request_priority(
+            down.header(headers.PRIORITY), down.header(headers.OBJECTIVE), self.path.objectives
+        )
+        if priority is None:
+            return reply_for(Outcome.BAD_REQUEST, f"header {headers.PRIORITY} must be an integer")
+        allowed = None
+        selection = down.header(headers.TEST_ENDPOINT_SELECTION) if self._test_hooks else None
+        if selection is not None:
+            allowed = _endpoints(selection.split(","))
+            if not self.path.eligible(allowed):
+                return reply_for(
+                    Outcome.REJECTED_NO_ENDPOINTS,
+                    f"none of the {len(allowed)} endpoints the test allows for this request is ready",
+                )
+        return down.header(headers.FAIRNESS_ID) or "", priority, allowed
+
+    async def _read_body(self, down: Downstream) -> bytes | Reply:
+        limit = self._max_body_bytes
+        too_large = reply_for(Outcome.TOO_LARGE, f"request body is larger than the limit of {limit} bytes")
+        declared = down.content_length
+        if declared is not None and declared > limit:
+            return too_large  # refused unread: the connection closes after the reply
+        body = bytearray()
+        while chunk := await down.read(_READ_SIZE):
+            body += chunk
+            if len(body) > limit:
+                return too_large
+        return bytes(body)
+
+    async def _relay(self, down: Downstream, exchange: Exchange) -> None:
+        record = exchange.routed.record
+        path = self.path
+        outgoing = translate.upstream_headers(down.header_items(), record.request_id)
+        try:
+            opened = await self._upstream.open(
+                exchange.routed.destinations, down.method, down.target, outgoing, exchange.body
+            )
+        except UpstreamUnavailable as exc:
+            log.warning("no upstream took request_id=%s: %s", record.request_id, exc)
+            path.upstream_retried(record, exc.attempts - 1)
+            path.finish(record, EndReason.UPSTREAM_ERROR_STATUS)
+            message = "no model server answered: refused, reset or timed out"
+            await down.reply(reply_for(Outcome.REJECTED_NO_ENDPOINTS, message))
+            return
+        except asyncio.CancelledError:
+            cut = exchange.take_cut()
+            if cut is None:
+                path.finish(record, EndReason.CLIENT_DISCONNECT)
+                raise
+            path.finish(record, EndReason.REJECTED)
+            await down.reply(cut)
+            return
+        exchange.body = b""  # the commit point: nothing is replayed from here on
+        try:
+            await self._stream(down, exchange, opened)
+        finally:
+            opened.response.close()  # unfinished: its connection closes, so vLLM aborts (else: pooled)
+
+    async def _stream(self, down: Downstream, exchange: Exchange, opened: Opened) -> None:
+        record = exchange.routed.record
+        path = self.path
+        upstream = opened.response
+        streaming = translate.is_event_stream(upstream.headers)
+        path.response_started(record, upstream.status, opened.served, streaming)
+        path.upstream_retried(record, opened.attempts - 1)  # counted against who served, as Envoy's log
+        tail = b""
+        try:
+            response_headers = translate.downstream_headers(
+                upstream.headers.items(), opened.served, record.request_id
+            )
+            if self._test_hooks:
+                response_headers.append((headers.TEST_SERVED_ENDPOINT, opened.served))
+            await down.start(upstream.status, response_headers)
+            if opened.head is not None:
+                path.body_chunk(record, opened.head)
+                await down.write(opened.head)
+            else:
+                reader = upstream.content
+                while True:
+                    try:
+                        chunk = await reader.readany()
+                    except UPSTREAM_READ_ERRORS as exc:
+                        raise _UpstreamCut(type(exc).__name__) from exc
+                    if not chunk:
+                        break
+                    path.body_chunk(record, chunk)
+                    tail = chunk
+                    await down.write(chunk)  # back-pressure: waits while the client's buffer is full
+            await down.finish()
+        except asyncio.CancelledError:
+            cut = exchange.take_cut()
+            if cut is None:
+                path.response_ended(record, False, EndReason.CLIENT_DISCONNECT)
+                raise
+            path.response_ended(record, False, EndReason.UPSTREAM_TRUNCATED)
+            await self._write_cut(down, cut, streaming, tail)
+            return
+        except _UpstreamCut as exc:
+            log.info("upstream cut request_id=%s: %s", record.request_id, exc)
+            path.response_ended(record, False, EndReason.UPSTREAM_TRUNCATED)
+            down.abort()  # the client must see a cut, not a clean end
+            return
+        except _CLIENT_GONE:
+            path.response_ended(record, False, EndReason.CLIENT_DISCONNECT)
+            return
+        path.response_ended(record, True, EndReason.COMPLETED)
+
+    async def _write_cut(self, down: Downstream, cut: Reply, streaming: bool, tail: bytes) -> None:
+        """The drain deadline reached a started exchange: close it as the protocol allows."""
+        if not down.started:
+            await down.reply(cut)
+        elif not streaming:
+            down.abort()  # half a JSON body must not look complete
+        else:
+            try:
+                await down.write(translate.stream_cut_tail(cut, translate.at_event_boundary(tail)))
+                await down.finish()
+            except _CLIENT_GONE:
+                pass
+
+    async def _models(self, down: Downstream) -> None:
+        """GET /v1/models from one ready endpoint: no admission, nothing to track."""
+        ready = self._pool.ready()
+        if not ready:
+            await down.reply(self.path.reject(reply_for(Outcome.REJECTED_NO_ENDPOINTS)))
+            return
+        served = random.choice(ready).address
+        outgoing = translate.upstream_headers(down.header_items(), "")
+        try:
+            opened = await self._upstream.open([served], "GET", down.target, outgoing, b"")
+            try:
+                content = opened.head if opened.head is not None else await opened.response.read()
+            finally:
+                opened.response.close()
+        except (UpstreamUnavailable, *UPSTREAM_READ_ERRORS):
+            await down.reply(reply_for(Outcome.REJECTED_NO_ENDPOINTS))
+            return
+        response_headers = translate.downstream_headers(opened.response.headers.items(), opened.served, "")
+        try:
+            await down.start(opened.response.status, response_headers)
+            await down.write(content)
+            await down.finish()
+        except _CLIENT_GONE:
+            pass
+
+    def cut_all(self, reply: Reply) -> int:
+        """The drain deadline: end every open exchange with `reply`. Returns how many were cut."""
+        exchanges = list(self._exchanges)
+        for exchange in exchanges:
+            exchange.cut(reply)
+        return len(exchanges)
+
+    async def wait_idle(self, timeout: float) -> bool:  # noqa: ASYNC109 (a bound on the wait)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,163 @@
+"""The proxy's client to the model servers: pooled keep-alive HTTP/1.1, retried only before the first byte.
+
+An attempt that fails to connect, is reset before its response headers, or is refused with 503 (or a
+draining vLLM's 500) moves to the next endpoint of the picker's ordered list. Once a response is
+handed back nothing here retries: the caller streams it, and the request body can be dropped.
+
+aiohttp's client, not httpx's: measured on this path (README, "Without Envoy"), httpcore's pool
+checks every pooled connection on every request (a poll() each), which cost ~2 ms per request at 32
+concurrent streams; aiohttp's pool hands a connection over in O(1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_none
+
+from picker import headers as header_names
+from picker.config import ProxyConfig
+from picker.proxy import translate
+
+_REFUSAL_READ_CAP = 64 * 1024  # a 500/503 is read this far to decide, and kept to pass on
+# Connect refused or timed out, reset or closed before the response headers: nothing was streamed yet.
+_BEFORE_HEADERS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+# Upstream failures while a body is being read (a reset, a close in the middle of chunked framing).
+UPSTREAM_READ_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
+@dataclass(slots=True)
+class Opened:
+    """A response with its headers in: the commit point. `head` holds the body read while deciding."""
+
+    response: aiohttp.ClientResponse
+    served: str
+    attempts: int
+    head: bytes | None = None  # the whole (small) body of a 500/503, read to decide
+
+
+class UpstreamUnavailable(Exception):
+    """Every attempt failed before a response (connect refused, reset, timeout)."""
+
+    def __init__(self, attempts: int, last: str) -> None:
+        super().__init__(f"{attempts} upstream attempt(s) failed; last: {last}")
+        self.attempts = attempts
+        self.last = last
+
+
+class _TryNext(Exception):
+    """This endpoint cannot take the request; the next one may (or the last answer stands)."""
+
+    def __init__(self, why: str, opened: Opened | None = None) -> None:
+        super().__init__(why)
+        self.opened = opened
+
+
+class Upstream:
+    def __init__(self, config: ProxyConfig) -> None:
+        self._config = config
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:  # created on the running loop
+            config = self._config
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=config.max_connections, limit_per_host=0, keepalive_timeout=30.0
+                ),
+                # connect short (then the next pick); read none: a stream may be quiet for long
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=config.connect_timeout_s,
+                    sock_connect=config.connect_timeout_s,
+                    sock_read=config.headers_timeout_s,
+                ),
+                auto_decompress=False,  # bytes pass through as the model server encoded them
+                skip_auto_headers=header_names.CLIENT_LIBRARY_DEFAULTS,
+                trust_env=False,
+            )
+        return self._session
+
+    async def open(
+        self,
+        destinations: Sequence[str],
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> Opened:
+        """Send along the ordered list until one endpoint answers with something worth streaming."""
+        targets = list(destinations[: self._config.max_attempts])
+        try:  # the common case first, without building a retry loop per request
+            return await self._attempt(targets[0], 1, method, target, headers, body)
+        except _TryNext as first:
+            if len(targets) == 1:
+                return _answer_or_raise(first, 1)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(len(targets) - 1),
+            retry=retry_if_exception_type(_TryNext),
+            wait=wait_none(),
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    number = attempt.retry_state.attempt_number + 1
+                    return await self._attempt(targets[number - 1], number, method, target, headers, body)
+        except _TryNext as last:
+            return _answer_or_raise(last, len(targets))
+        raise UpstreamUnavailable(len(targets), "no attempt made")
+
+    async def _attempt(
+        self,
+        destination: str,
+        number: int,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> Opened:
+        try:
+            response = await self._client().request(
+                method,
+                f"http://{destination}{target}",
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+            )
+        except _BEFORE_HEADERS as exc:
+            raise _TryNext(f"{destination}: {type(exc).__name__}") from exc
+        opened = Opened(response, destination, number)
+        if response.status in (500, 503):
+            opened.head = await _read_capped(response)
+            if response.status == 503 or translate.is_draining_refusal(500, opened.head):
+                raise _TryNext(f"{destination}: refused with {response.status}", opened)
+        return opened
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def _answer_or_raise(failure: _TryNext, attempts: int) -> Opened:
+    """The last endpoint's refusal is the answer; no answer at all is UpstreamUnavailable."""
+    if failure.opened is not None:
+        return failure.opened
+    raise UpstreamUnavailable(attempts, str(failure)) from None
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
+    out = bytearray()
+    try:
+        while len(out) < _REFUSAL_READ_CAP:
+            chunk = await response.content.readany()
+            if not chunk:
+                break
+            out += chunk
+    except UPSTREAM_READ_ERRORS:
+        pass
+    finally:
+        response.close()
+    return bytes(out)

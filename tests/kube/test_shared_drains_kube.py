@@ -1,0 +1,179 @@
+"""Admin drains shared through one ConfigMap on the fake API server: two picker replicas (two pools, two
+clients, two list/watch loops), a drain through either applies on both; the record outlives the
+source's updates, is created when missing, survives write conflicts, and reports an API outage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from picker.app import PickerApp
+from picker.config import load_config
+from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
+from picker.sources.drain_store import DrainRecordUnavailable
+from picker.sources.kube_api import load_kubeconfig
+from picker.sources.kube_drains import DATA_KEY, ConfigMapDrains
+from picker.sources.kube_drains_api import LightkubeDrainRecordApi
+from tests.kube.conftest import FAST
+from tests.kube.fake_apiserver import FakeApiServer
+
+A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+NAME = "vllm-llama-picker-drains"
+WAIT_S = 5.0  # every replica applies a change within 1 s; a broken one never does
+
+
+class Replica:
+    """One picker replica's drain store over its own pool, client and watch."""
+
+    def __init__(self, kubeconfig: Path, endpoints: list[str]) -> None:
+        self.pool = Pool()
+        self.pool.apply(ready=endpoints, source="kube")
+        self.api = LightkubeDrainRecordApi(
+            load_kubeconfig(kubeconfig), NAME, namespace=None, request_timeout_s=5.0, read_timeout_s=40.0
+        )
+        self.drains = ConfigMapDrains(self.api, self.pool, FAST)
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> Replica:
+        await self.drains.watch.relist()
+        self.task = asyncio.create_task(self.drains.watch.run())
+        return self
+
+    def state(self, address: str) -> EndpointState | None:
+        endpoint = self.pool.get(address)
+        return None if endpoint is None else endpoint.state
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        await self.api.aclose()
+
+
+@pytest.fixture
+async def replicas(kubeconfig: Path) -> AsyncIterator[Callable[..., Replica]]:
+    made: list[Replica] = []
+
+    def make(endpoints: list[str] = [A, B]) -> Replica:  # noqa: B006 (never mutated)
+        replica = Replica(kubeconfig, endpoints)
+        made.append(replica)
+        return replica
+
+    yield make
+    for replica in made:
+        await replica.close()
+
+
+async def until(condition: Callable[[], bool]) -> float:
+    """Seconds until `condition` held (a poll with a deadline)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with asyncio.timeout(WAIT_S):
+        while not condition():  # noqa: ASYNC110 (the pools have no change event to wait on here)
+            await asyncio.sleep(0.01)
+    return loop.time() - started
+
+
+def recorded(fake: FakeApiServer) -> list[str]:
+    (obj,) = [o for o in fake.objects(selector="", resource="configmaps") if o["metadata"]["name"] == NAME]
+    return list(json.loads(obj["data"][DATA_KEY]))
+
+
+async def test_drain_through_one_replica_applies_on_the_other(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    first, second = await replicas().start(), await replicas().start()
+    endpoint = await first.drains.drain(A)  # creates the ConfigMap
+    assert endpoint.state is EndpointState.DRAINING
+    assert recorded(fake) == [A]
+    took = await until(lambda: second.state(A) is EndpointState.DRAINING)
+    assert took < 1.0 or pytest.fail(f"applied after {took:.2f} s")
+    assert second.pool.admin_drained(A)
+    await second.drains.undrain(A)
+    assert recorded(fake) == []
+    await until(lambda: first.state(A) is EndpointState.READY)
+    assert second.state(A) is EndpointState.READY
+
+
+async def test_the_record_outlives_source_updates_and_reaches_late_endpoints(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    first = await replicas().start()
+    late = await replicas([B]).start()  # its source does not list A yet
+    await first.drains.drain(A)
+    await until(lambda: A in late.drains.record.drained)
+    late.pool.apply(ready=[A, B], source="kube")  # the source catches up: A arrives drained
+    assert late.state(A) is EndpointState.DRAINING
+    first.pool.apply(ready=[B], source="kube")  # A leaves the source, then returns
+    first.pool.apply(ready=[A, B], source="kube")
+    assert first.state(A) is EndpointState.DRAINING
+
+
+async def test_concurrent_drains_through_both_replicas_are_both_recorded(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    first, second = await replicas().start(), await replicas().start()
+    await asyncio.gather(first.drains.drain(A), second.drains.drain(B))  # one of them gets a 409
+    assert sorted(recorded(fake)) == [A, B]
+    await until(
+        lambda: first.state(B) is EndpointState.DRAINING and second.state(A) is EndpointState.DRAINING
+    )
+
+
+async def test_conflicts_and_unknown_addresses(fake: FakeApiServer, replicas: Callable[..., Replica]) -> None:
+    replica = await replicas().start()
+    with pytest.raises(UnknownEndpoint):
+        await replica.drains.drain("10.9.9.9:8000")
+    with pytest.raises(EndpointConflict):
+        await replica.drains.undrain(A)  # not drained
+    assert fake.objects(selector="", resource="configmaps") == []
+
+
+async def test_an_api_outage_is_reported_not_hidden(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    replica = await replicas().start()
+    fake.fail_next(1, 503, resource="configmaps")
+    with pytest.raises(DrainRecordUnavailable):
+        await replica.drains.drain(A)
+    assert replica.state(A) is EndpointState.READY  # nothing recorded, nothing applied
+
+
+async def test_two_picker_apps_share_admin_drains(fake: FakeApiServer, kubeconfig: Path) -> None:
+    """The wiring: `kube.drains_configmap` makes each PickerApp's admin API write the ConfigMap."""
+    fake.put_pod("vllm-0", "10.0.0.1")
+    fake.put_pod("vllm-1", "10.0.0.2")
+    fake.put_pool("vllm")
+    config = load_config(
+        overrides={
+            "server": {"grpc_port": 0, "health_port": 0, "metrics_port": 0, "secure_serving": False},
+            "kube": {
+                "pool_name": "vllm",
+                "kubeconfig": str(kubeconfig),
+                "backoff_initial_s": 0.02,
+                "drains_configmap": NAME,
+            },
+            "load": {"scrape": False},
+        }
+    )
+    first, second = PickerApp(config), PickerApp(config)
+    first_ports = await first.start()
+    try:
+        await second.start()
+        try:
+            url = f"http://127.0.0.1:{first_ports.metrics}/admin/endpoints/{A}/drain"
+            async with httpx.AsyncClient() as client:
+                response = await client.post(url, timeout=5)
+            assert response.status_code == 200, response.text
+            await until(lambda: second.pool.get(A) is not None and second.pool.admin_drained(A))
+            assert second.pool.get(A).state is EndpointState.DRAINING  # type: ignore[union-attr]
+            assert recorded(fake) == [A]
+        finally:
+            await second.stop()
+    finally:
+        await first.stop()

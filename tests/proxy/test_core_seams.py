@@ -1,0 +1,72 @@
+"""The two core seams the proxy uses (RequestPath.response_ended, .upstream_retried), without sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from picker.inference import InferenceRequest
+from picker.pipeline import RequestPath
+from picker.pool import Pool
+from picker.streams import EndReason, RequestRecord
+from picker.telemetry import Metrics
+
+TOKEN = b'data: {"choices":[{"text":" t","finish_reason":null}]}\n\n'
+LAST = b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+ERROR = b'data: {"error":{"message":"boom","code":500}}\n\ndata: [DONE]\n\n'
+
+
+def started(stream: bool = True) -> tuple[RequestPath, Pool, Metrics, RequestRecord]:
+    pool = Pool()
+    pool.apply(ready=["a:1", "b:1"])
+    metrics = Metrics()
+    path = RequestPath(pool, metrics, fallback_count=1, schedule=lambda delay, fn: lambda: None)
+    request = InferenceRequest(method="POST", path="/v1/completions", model="m", stream=stream)
+    record = path.admit(request).payload
+    path.response_started(record, 200, record.picked[0], streaming=stream)
+    return path, pool, metrics, record
+
+
+@pytest.mark.parametrize(
+    ("chunks", "end_of_stream", "cut", "expected"),
+    [
+        ([TOKEN, LAST], True, EndReason.COMPLETED, EndReason.COMPLETED),
+        ([TOKEN, TOKEN], True, EndReason.COMPLETED, EndReason.UPSTREAM_TRUNCATED),  # clean close, no end
+        ([TOKEN], False, EndReason.CLIENT_DISCONNECT, EndReason.CLIENT_DISCONNECT),
+        ([TOKEN], False, EndReason.UPSTREAM_TRUNCATED, EndReason.UPSTREAM_TRUNCATED),
+        ([TOKEN, ERROR], False, EndReason.CLIENT_DISCONNECT, EndReason.UPSTREAM_ERROR_EVENT),  # body first
+    ],
+    ids=["completed", "closed-early", "client-gone", "upstream-cut", "error-event-wins"],
+)
+def test_one_end_reason_from_the_body_else_the_frontends_word(
+    chunks: list[bytes], end_of_stream: bool, cut: EndReason, expected: EndReason
+) -> None:
+    path, pool, _, record = started()
+    for chunk in chunks:
+        path.body_chunk(record, chunk)
+    path.response_ended(record, end_of_stream, cut)
+    path.response_ended(record, True, EndReason.COMPLETED)  # a second report changes nothing
+    assert record.end_reason is expected
+    assert path.live == 0 and pool.in_flight() == 0
+
+
+def test_a_stalled_stream_that_ends_cut_counts_as_stalled() -> None:
+    path, _, _, record = started()
+    path.body_chunk(record, TOKEN)
+    record.stalled = True
+    path.response_ended(record, False, EndReason.CLIENT_DISCONNECT)
+    assert record.end_reason is EndReason.STALLED
+
+
+def test_retries_are_counted_against_who_served() -> None:
+    pool = Pool()
+    pool.apply(ready=["a:1", "b:1"])
+    metrics = Metrics()
+    path = RequestPath(pool, metrics, fallback_count=1, schedule=lambda delay, fn: lambda: None)
+    record = path.admit(InferenceRequest(method="POST", path="/v1/completions", model="m")).payload
+    primary, fallback = record.picked
+    path.response_started(record, 200, fallback, streaming=False)
+    path.upstream_retried(record, 1)
+    path.upstream_retried(record, 0)  # no retry: nothing counted
+    sample = metrics.registry.get_sample_value
+    assert sample("picker_upstream_retries_total", {"endpoint": fallback}) == 1
+    assert sample("picker_upstream_retries_total", {"endpoint": primary}) is None
