@@ -28,8 +28,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from loadtest.bench_picker import start_baseline_envoy
 from loadtest.procs import Proc
 from loadtest.rawclient import cpu_seconds
@@ -208,34 +206,6 @@ async def idle_rates(pids: dict[str, int], seconds: float) -> dict[str, float]:
 
 
 # --- the stacks ---------------------------------------------------------------------------------------
-
-
-@contextmanager
-def lean_render(flush_interval: str | None = None) -> Iterator[None]:
-    """Render the shipped config without the observer filter while a stack starts (the lean shape);
-    `flush_interval` overrides the gRPC access log's buffer_flush_interval (e.g. "0.02s")."""
-    import loadtest.stack as stack_module
-
-    original = stack_module.render
-
-    def render_lean(params: object, template: Path | None = None) -> str:
-        text = original(params) if template is None else original(params, template)  # type: ignore[arg-type]
-        config = yaml.safe_load(text)
-        hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-        hcm["http_filters"] = [
-            f for f in hcm["http_filters"] if f["name"] != "envoy.filters.http.ext_proc.observer"
-        ]
-        if flush_interval is not None:
-            for log in hcm["access_log"]:
-                if "common_config" in log["typed_config"]:
-                    log["typed_config"]["common_config"]["buffer_flush_interval"] = flush_interval
-        return yaml.safe_dump(config)
-
-    stack_module.render = render_lean  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        stack_module.render = original
 
 
 @dataclass
@@ -485,10 +455,13 @@ async def run(args: argparse.Namespace) -> None:
         try:
             baseline, baseline_port = await asyncio.to_thread(start_baseline_envoy, stack, workdir)
             lean_options = StackOptions(
-                replicas=0, picker_endpoints=stack.replicas, extra_envoy_endpoints=stack.replicas
+                replicas=0,
+                picker_endpoints=stack.replicas,
+                extra_envoy_endpoints=stack.replicas,
+                observer=False,
+                access_log_flush_interval=args.lean_flush,
             )
-            with lean_render(args.lean_flush):
-                lean = await asyncio.to_thread(Stack(workdir / "lean", lean_options).start)
+            lean = await asyncio.to_thread(Stack(workdir / "lean", lean_options).start)
             assert stack.picker and stack.sims and stack.envoy and lean.picker and lean.envoy
             paths = Paths(
                 ports={"envoy": baseline_port, "picker": stack.listen_port, "lean": lean.listen_port},

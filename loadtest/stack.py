@@ -38,6 +38,9 @@ class StackOptions:
     # >1: that many pickers (one source each, same endpoints) behind Envoy's one picker cluster, with
     # gRPC health checks on `readiness` (issue 13 HA). Plaintext only: the health port has no TLS.
     pickers: int = 1
+    # False: the lean shape (no observer filter; the access log ends requests), flushed this often
+    observer: bool = True
+    access_log_flush_interval: str = "0.1s"
 
 
 def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
@@ -192,6 +195,8 @@ class Stack:
             access_log=str(self.access_log),
             picker_tls=self.options.envoy_picker_tls,
             eds=not self.options.extra_envoy_endpoints if self.options.eds is None else self.options.eds,
+            observer=self.options.observer,
+            access_log_flush_interval=self.options.access_log_flush_interval,
         )
         return params
 

@@ -58,6 +58,9 @@ class EnvoyParams:
     eds: bool = True
     # Gateway shapes only (the shipped template has no such placeholders):
     route_timeout: str = "0s"  # what the HTTPRoute's timeouts.request would set
+    # False: the lean shape (README, "Benchmarks"): no observer filter; Envoy's gRPC access log
+    # ends each request, so chunks cost the picker nothing (set access_log_flush_interval ~0.01s).
+    observer: bool = True
 
 
 def _endpoint_lines(endpoints: Sequence[str]) -> str:
@@ -162,7 +165,25 @@ def render(params: EnvoyParams, template: Path = TEMPLATE) -> str:
         "PICKER_TRANSPORT_SOCKET": _transport_socket(params.picker_tls),
         "ROUTE_TIMEOUT": params.route_timeout,
     }
-    return string.Template(template.read_text()).substitute(values)
+    text = string.Template(template.read_text()).substitute(values)
+    return text if params.observer else _without_observer(text)
+
+
+OBSERVER_FILTER = "envoy.filters.http.ext_proc.observer"
+
+
+def _without_observer(text: str) -> str:
+    """The rendered config minus the observer filter (comments are lost in the round trip)."""
+    import yaml
+
+    config = yaml.safe_load(text)
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                hcm = network_filter.get("typed_config", {})
+                if "http_filters" in hcm:
+                    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != OBSERVER_FILTER]
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 def envoy_binary() -> str:

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from loadtest.bench_cost import lean_render
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body, stream_one
@@ -22,10 +21,9 @@ FAST = ("--ttft-ms", "5", "--itl-ms", "10")
 
 @pytest.fixture(scope="module")
 def lean(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with lean_render():
-        # without scraping, nothing but the access log can end a stream that outlives the grace
-        options = StackOptions(replicas=2, sim_args=FAST, picker_args=("--no-scrape",))
-        stack = Stack(tmp_path_factory.mktemp("lean"), options).start()
+    # without scraping, nothing but the access log can end a stream that outlives the grace
+    options = StackOptions(replicas=2, sim_args=FAST, picker_args=("--no-scrape",), observer=False)
+    stack = Stack(tmp_path_factory.mktemp("lean"), options).start()
     try:
         yield stack
     finally:

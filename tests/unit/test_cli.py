@@ -131,8 +131,14 @@ def test_drain_wait_imports_only_what_the_hook_needs() -> None:
 
 
 @pytest.mark.envoy
-@pytest.mark.parametrize("fail_open", ["true", "false"])
-def test_envoy_config_renders_a_config_envoy_accepts(tmp_path: Path, fail_open: str) -> None:
+@pytest.mark.parametrize(
+    ("fail_open", "extra"),
+    [("true", []), ("false", []), ("false", ["--lean"])],
+    ids=["open", "closed", "lean"],
+)
+def test_envoy_config_renders_a_config_envoy_accepts(
+    tmp_path: Path, fail_open: str, extra: list[str]
+) -> None:
     code, output = _run_picker(
         tmp_path,
         [
@@ -149,11 +155,14 @@ def test_envoy_config_renders_a_config_envoy_accepts(tmp_path: Path, fail_open: 
             "19002",
             "--failure-mode-allow",
             fail_open,
+            *extra,
         ],
     )
     assert code == 0, output
     assert "port_value: 18080" in output and "port_value: 19002" in output
     assert f"failure_mode_allow: {fail_open}" in output
+    # the lean shape drops the observer filter and flushes the access log every 10 ms
+    assert ("envoy.filters.http.ext_proc.observer" in output) is not bool(extra)
     config = tmp_path / "envoy.yaml"
     config.write_text(output)
     run = subprocess.run(
