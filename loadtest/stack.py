@@ -41,6 +41,7 @@ class StackOptions:
     # False: the lean shape (no observer filter; the access log ends requests), flushed this often
     observer: bool = True
     access_log_flush_interval: str = "0.1s"
+    routing_response_body: str = "NONE"  # STREAMED / FULL_DUPLEX_STREAMED: the routing stream tracks bodies
 
 
 def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
@@ -197,6 +198,7 @@ class Stack:
             eds=not self.options.extra_envoy_endpoints if self.options.eds is None else self.options.eds,
             observer=self.options.observer,
             access_log_flush_interval=self.options.access_log_flush_interval,
+            routing_response_body=self.options.routing_response_body,
         )
         return params
 

@@ -61,6 +61,9 @@ class EnvoyParams:
     # False: the lean shape (README, "Benchmarks"): no observer filter; Envoy's gRPC access log
     # ends each request, so chunks cost the picker nothing (set access_log_flush_interval ~0.01s).
     observer: bool = True
+    # The routing filter's response_body_mode: NONE (shipped: an observer sees bodies), or STREAMED /
+    # FULL_DUPLEX_STREAMED, where the routing stream tracks the body itself (README, "Stream tracking").
+    routing_response_body: str = "NONE"
 
 
 def _endpoint_lines(endpoints: Sequence[str]) -> str:
@@ -166,14 +169,18 @@ def render(params: EnvoyParams, template: Path = TEMPLATE) -> str:
         "ROUTE_TIMEOUT": params.route_timeout,
     }
     text = string.Template(template.read_text()).substitute(values)
-    return text if params.observer else _without_observer(text)
+    if params.observer and params.routing_response_body == "NONE":
+        return text
+    return _reshape(text, params)
 
 
 OBSERVER_FILTER = "envoy.filters.http.ext_proc.observer"
+ROUTING_FILTER = "envoy.filters.http.ext_proc"
 
 
-def _without_observer(text: str) -> str:
-    """The rendered config minus the observer filter (comments are lost in the round trip)."""
+def _reshape(text: str, params: EnvoyParams) -> str:
+    """The rendered config without the observer filter and/or with the routing filter's response body
+    mode changed (comments are lost in the round trip)."""
     import yaml
 
     config = yaml.safe_load(text)
@@ -181,8 +188,15 @@ def _without_observer(text: str) -> str:
         for chain in listener["filter_chains"]:
             for network_filter in chain["filters"]:
                 hcm = network_filter.get("typed_config", {})
-                if "http_filters" in hcm:
-                    hcm["http_filters"] = [f for f in hcm["http_filters"] if f["name"] != OBSERVER_FILTER]
+                filters = hcm.get("http_filters", [])
+                if not params.observer:
+                    filters[:] = [f for f in filters if f["name"] != OBSERVER_FILTER]
+                for http_filter in filters:
+                    if http_filter["name"] == ROUTING_FILTER and params.routing_response_body != "NONE":
+                        mode = http_filter["typed_config"]["processing_mode"]
+                        mode["response_body_mode"] = params.routing_response_body
+                        if params.routing_response_body == "FULL_DUPLEX_STREAMED":
+                            mode["response_trailer_mode"] = "SEND"
     return yaml.safe_dump(config, sort_keys=False)
 
 

@@ -87,6 +87,9 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ep.ProcessingResponse]:
         session: RoutingSession | ObserverSession | None = None
+        # Read while the call is live: grpc.aio crashes the process (SIGSEGV) on context.peer() once
+        # the RPC has been cancelled, e.g. in the `finally` below after the client went away.
+        peer = context.peer() if context is not None else None
         self.open_streams += 1
         try:
             async for request in request_iterator:
@@ -95,7 +98,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                         self.observer_seen = True
                         session = ObserverSession(self.path)
                     else:
-                        session = RoutingSession(self.path, self._routing, self._lists_ok(context))
+                        session = RoutingSession(self.path, self._routing, self._lists_ok(context, peer))
                 if isinstance(session, ObserverSession):
                     try:
                         session.handle(request)
@@ -128,21 +131,21 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         finally:
             self.open_streams -= 1
             if isinstance(session, RoutingSession):
-                if session.record is not None and session.record.served and context is not None:
+                if session.record is not None and session.record.served and peer is not None:
                     if len(self._list_peers) >= _LIST_PEERS_KEPT:  # reconnects must not grow it
                         self._list_peers.clear()
-                    self._list_peers.add(context.peer())
+                    self._list_peers.add(peer)
                 unreported = session.close()
                 if unreported is not None:
                     self.expect_observer(unreported)
             elif session is not None:
                 session.close()
 
-    def _lists_ok(self, context: grpc.aio.ServicerContext | None) -> bool:
+    def _lists_ok(self, context: grpc.aio.ServicerContext | None, peer: str | None) -> bool:
         """Whether this stream's data plane can use a fallback list (see scheduling.fallbacks)."""
         if self._fallbacks != "auto":
             return self._fallbacks == "always"
-        if context is not None and context.peer() in self._list_peers:
+        if peer is not None and peer in self._list_peers:
             return True
         metadata = context.invocation_metadata() if context is not None else None
         return any(
