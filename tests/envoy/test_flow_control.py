@@ -90,51 +90,6 @@ async def hold(
     return tasks
 
 
-async def test_ttl_expiry_and_full_queue_get_429_with_reason_and_retry_after(tmp_path: Path) -> None:
-    stack = busy_stack(
-        tmp_path, slots=1, engine_queue=1, replicas=1, picker_args=("--queue-ttl", "0.5", "--max-queued", "1")
-    )
-    try:
-        async with httpx.AsyncClient(timeout=30) as client:
-            holders = await hold(client, stack, 2)  # the engine's slot and its one queue place
-            waiting = asyncio.create_task(
-                client.post(stack.url + "/v1/completions", json=completion_body(1, stream=False))
-            )
-            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 1, 10)
-            full = await client.post(stack.url + "/v1/completions", json=completion_body(1, stream=False))
-            expired = await waiting
-            for holder in holders:
-                holder.cancel()
-        assert (full.status_code, full.headers["x-picker-dropped-reason"]) == (429, "rejected-saturated")
-        assert (expired.status_code, expired.headers["x-picker-dropped-reason"]) == (
-            429,
-            "rejected-ttl-expired",
-        )
-        for response in (full, expired):
-            assert int(response.headers["retry-after"]) >= 1
-            assert response.json()["error"]["code"] == 429
-        stack.wait_no_leaks()
-    finally:
-        stack.stop()
-
-
-async def test_client_gone_while_queued_frees_its_place_at_once(tmp_path: Path) -> None:
-    stack = busy_stack(tmp_path, slots=1, engine_queue=1, replicas=1)
-    try:
-        async with httpx.AsyncClient(timeout=30) as client:
-            holders = await hold(client, stack, 2)
-            queued = asyncio.create_task(stream_one(client, stack.url, completion_body(5)))
-            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 1, 10)
-            queued.cancel()  # the client goes away while its request waits in the picker
-            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 0, 5)
-            assert stack.picker_value("picker_requests_total", outcome="rejected-context-cancelled") == 1
-            for holder in holders:
-                holder.cancel()
-        stack.wait_no_leaks()
-    finally:
-        stack.stop()
-
-
 async def test_shutdown_evicts_queued_with_503_and_lets_streams_finish(tmp_path: Path) -> None:
     stack = busy_stack(
         tmp_path,

@@ -1,11 +1,10 @@
-"""Stream tracking through the real Envoy with fault-injecting simulators: the commit point, disconnect
-aborts, truncation accounting, stalls, no leaks, and a picker crash that cuts nothing."""
+"""Stream tracking through the real Envoy with fault-injecting simulators: the commit point, truncation
+accounting, stalls, and a picker crash that cuts nothing. Disconnect aborts and the 1,000-request leak
+check run against both frontends in tests/frontends/."""
 
 from __future__ import annotations
 
 import asyncio
-import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,11 +18,6 @@ from loadtest.traffic import Result, completion_body, stream_one
 pytestmark = pytest.mark.envoy
 
 FAST = ("--ttft-ms", "5", "--itl-ms", "10")
-# A disconnected request must be aborted at once, not run to its end: the aborted requests below would
-# run 20 s (2000 tokens x 10 ms), and only an abort that never comes misses this bound.
-ABORTED_WITHIN_S = 2.0
-LONG_STREAM = completion_body(2000)
-LONG_REQUEST = completion_body(2000, stream=False)
 
 
 @pytest.fixture(scope="module")
@@ -128,42 +122,6 @@ async def test_failure_before_the_first_byte_moves_to_the_fallback(
         stack.stop()
 
 
-async def test_client_disconnect_aborts_the_engine_streaming(fault_stack: Stack) -> None:
-    stack = fault_stack
-    before = ends(stack, "client-disconnect")
-    async with (
-        httpx.AsyncClient(timeout=10) as client,
-        client.stream("POST", stack.url + "/v1/completions", json=LONG_STREAM) as response,
-    ):
-        replica = response.headers["x-sim-replica"]
-        seen = 0
-        async for line in response.aiter_lines():
-            seen += line.startswith("data: ")
-            if seen == 3:
-                break
-        gone_at = time.time()
-    await asyncio.to_thread(wait_until, lambda: stack.sim_requests(replica)[-1]["end"] is not None, 5)
-    entry = stack.sim_requests(replica)[-1]
-    assert entry["outcome"] == "aborted"
-    assert entry["end"] - gone_at < ABORTED_WITHIN_S  # the engine let go of it (its own clock)
-    await asyncio.to_thread(wait_until, lambda: ends(stack, "client-disconnect") == before + 1, 5)
-    stack.wait_no_leaks()
-
-
-async def test_client_disconnect_aborts_the_engine_non_streaming(fault_stack: Stack) -> None:
-    stack = fault_stack
-    before = ends(stack, "client-disconnect")
-    with pytest.raises(httpx.ReadTimeout):
-        async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=0.3)) as client:
-            await client.post(stack.url + "/v1/completions", json=LONG_REQUEST)
-    gone_at = time.time()
-    await asyncio.to_thread(wait_until, lambda: stack.sim_value("vllm:num_requests_running") == 0, 5)
-    entries = [e for r in stack.replicas for e in stack.sim_requests(r) if e["stream"] is False]
-    assert entries[-1]["outcome"] == "aborted" and entries[-1]["end"] - gone_at < ABORTED_WITHIN_S
-    await asyncio.to_thread(wait_until, lambda: ends(stack, "client-disconnect") == before + 1, 5)
-    stack.wait_no_leaks()
-
-
 async def test_stalled_stream_is_detected_and_ended_by_the_client(fault_stack: Stack) -> None:
     stack = fault_stack
     before = stack.picker_value("picker_request_ends_total", reason="stalled")
@@ -182,54 +140,6 @@ async def test_stalled_stream_is_detected_and_ended_by_the_client(fault_stack: S
         task.cancel()
     await asyncio.to_thread(wait_until, lambda: ends(stack, "stalled") == before + 1, 5)
     stack.wait_no_leaks()
-
-
-async def test_thousand_mixed_requests_leave_no_leaks(fault_stack: Stack) -> None:
-    stack = fault_stack
-    rng = random.Random(1234)
-    admitted_before = sum(v for (n, _), v in stack.picker_metrics().items() if n == "picker_requests_total")
-    ends_before = sum(v for (n, _), v in stack.picker_metrics().items() if n == "picker_request_ends_total")
-
-    async def one(client: httpx.AsyncClient) -> None:
-        roll = rng.random()
-        headers: dict[str, str] = {}
-        if roll < 0.1:
-            headers["x-sim-fault"] = f"reset-after={rng.randint(0, 4)}"
-        elif roll < 0.2:
-            headers["x-sim-fault"] = f"error-after={rng.randint(0, 4)}"
-        elif roll < 0.25:
-            headers["x-sim-fault"] = rng.choice(["status=503", "status=500", "status=429"])
-        if 0.25 <= roll < 0.4:  # the client goes away mid-stream
-            try:
-                async with asyncio.timeout(rng.uniform(0.005, 0.06)):
-                    await stream_one(client, stack.url, completion_body(8), headers)
-            except TimeoutError:
-                pass
-        elif roll < 0.45:
-            await client.post(
-                stack.url + "/v1/completions", json=completion_body(4, stream=False), headers=headers
-            )
-        else:
-            await stream_one(client, stack.url, completion_body(rng.randint(1, 8)), headers)
-
-    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=60)) as client:
-        semaphore = asyncio.Semaphore(40)
-
-        async def bounded() -> None:
-            async with semaphore:
-                await one(client)
-
-        await asyncio.wait_for(asyncio.gather(*(bounded() for _ in range(1000))), 120)
-    stack.wait_no_leaks(15)
-    await asyncio.to_thread(wait_until, lambda: stack.sim_value("sim_requests_in_flight") == 0, 10)
-    metrics = stack.picker_metrics()
-    admitted = sum(v for (n, _), v in metrics.items() if n == "picker_requests_total") - admitted_before
-    ended = sum(v for (n, _), v in metrics.items() if n == "picker_request_ends_total") - ends_before
-    # Clients that left before their body reached the picker were never admitted; every admitted
-    # request has exactly one end reason.
-    assert 850 <= admitted <= 1000
-    assert ended == admitted
-    assert metrics[("picker_request_ends_total", (("reason", "unobserved"),))] == 0
 
 
 @pytest.mark.parametrize("fail_open", [False, True], ids=["failClose", "failOpen"])
