@@ -30,11 +30,12 @@ ABORTED_STREAM_TOKENS = 16000
 # The drained streams must outlast the drain checks (a few seconds of requests) yet finish well inside
 # --shutdown-timeout. The engine's speed varies several-fold with what else runs on the box, so the
 # stream length is sized from its measured speed: DRAIN_DECODE_S of decoding at the rate the engine
-# showed with DRAINED_STREAMS concurrent requests, within the model's context.
+# showed with DRAINED_STREAMS concurrent requests (the probe's HTTP overhead makes that rate an
+# underestimate: the real decoding is somewhat shorter), within the model's context.
 DRAINED_STREAMS = 4
-DRAIN_DECODE_S = 20.0
+DRAIN_DECODE_S = 60.0
 DRAIN_PROBE_TOKENS = 400
-DRAIN_TIMEOUT_S = 240  # 12x the planned decoding: a slower engine still finishes every stream
+DRAIN_TIMEOUT_S = 240  # 4x the planned decoding: a slower engine still finishes every stream
 # vLLM frees a disconnected request within one engine step (measured < 0.4 s); the bound is generous
 # because /metrics itself can take seconds on a loaded 2-core box. A request that ran to completion
 # instead of being aborted is caught by the counters (it would count as finished_reason="length").
