@@ -207,7 +207,8 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> PickerConfig:
-    from picker.config import ConfigError, load_config
+    from picker.config import ConfigError
+    from picker.config_sources import load_config
 
     try:
         return load_config(args.config, _overrides(args, _SERVE_FLAGS))
@@ -331,7 +332,8 @@ def _add_proxy_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_proxy(args: argparse.Namespace) -> None:
-    from picker.config import ConfigError, load_config
+    from picker.config import ConfigError
+    from picker.config_sources import load_config
     from picker.telemetry import configure_logging
 
     try:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from loadtest.procs import async_wait_until
-from picker.config import ConfigError, load_config
+from picker.config import ConfigError
+from picker.config_sources import load_config
 from picker.pool import EndpointState, Pool
 from picker.sources.endpoints import EndpointSources
 from picker.sources.static_file import EndpointsFile

@@ -15,7 +15,8 @@ import pytest
 
 from loadtest.procs import async_wait_until
 from picker.cli import _SERVE_FLAGS, _add_serve_flags, _overrides
-from picker.config import ConfigError, load_config
+from picker.config import ConfigError
+from picker.config_sources import load_config
 from picker.pool import EndpointState, Pool
 from picker.sources.kube import ApiFailure
 from picker.sources.kube_pool import PoolSource

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from picker.app import PickerApp
-from picker.config import load_config
+from picker.config_sources import load_config
 from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
 from picker.sources.drain_store import DrainRecordUnavailable
 from picker.sources.kube_api import load_kubeconfig

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from picker.cli import _SERVE_FLAGS, _add_serve_flags, _overrides
-from picker.config import ConfigError, canonical_address, load_config
+from picker.config import ConfigError, canonical_address
+from picker.config_sources import load_config
 
 
 def test_defaults() -> None:

@@ -15,7 +15,8 @@ import yaml
 from aiohttp import web
 
 from picker import headers
-from picker.config import PickerConfig, load_config
+from picker.config import PickerConfig
+from picker.config_sources import load_config
 from picker.proxy.app import ProxyApp, ProxyPorts
 from picker.sources import static_file
 from tests.sources.test_source_readiness import wait_for

@@ -9,7 +9,8 @@ import pytest
 from aiohttp import web
 
 from picker.cli import _SERVE_FLAGS, _add_serve_flags, _overrides
-from picker.config import ConfigError, LoadConfig, load_config
+from picker.config import ConfigError, LoadConfig
+from picker.config_sources import load_config
 from picker.pool import Pool
 from picker.sources.scraper import Scraper
 from picker.sources.vllm_metrics import (

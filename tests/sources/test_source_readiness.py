@@ -14,7 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from picker.app import PickerApp
-from picker.config import PickerConfig, load_config
+from picker.config import PickerConfig
+from picker.config_sources import load_config
 from picker.pool import Pool
 from picker.sources import static_file
 from picker.sources.endpoints import EndpointSources

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from picker.config import ConfigError, load_config, parse_address
+from picker.config import ConfigError, parse_address
+from picker.config_sources import load_config
 
 
 def test_defaults_match_the_documented_ports() -> None:

@@ -17,7 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from picker.cli import main as cli_main
-from picker.config import ConfigError, load_config
+from picker.config import ConfigError
+from picker.config_sources import load_config
 from picker.drain.check import check_paths
 from picker.drain.rules import Budget
 from picker.extproc.server import INFERENCE_EXTENSION, HealthState, health_server
