@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint real-vllm test-realvllm bench rollout clean
+.PHONY: demo test test-fast lint real-vllm test-realvllm bench bench-realvllm rollout rollout-real-vllm clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,10 +43,20 @@ bench: $(STAMP)
 	@test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
 	VLLM_ROUTER=$(CURDIR)/.venv-router/bin/vllm-router $(BIN)/python -m loadtest.bench_proxy
 
+# Two real vLLM replicas (CPU build, one core each): the same seeded Poisson load through Envoy round
+# robin and Envoy + picker (shipped, --no-scrape, flow control relaxed), issue 15 (README, "Benchmarks").
+bench-realvllm: $(STAMP) real-vllm
+	$(BIN)/python -m loadtest.bench_realvllm
+
 # A rolling update under streaming load, without and with the picker (README, "Rollouts"): prints
 # both tables and the drains' scorecard, and redraws the README's timeline picture.
 rollout: $(STAMP)
 	$(BIN)/python -m loadtest.rollout --png loadtest/rollout/rollout-timeline.png
+
+# The same rolling update of real vLLM CPU servers (`make real-vllm`: the tiny model; 2 replicas, a low
+# rate, short streams; a vLLM starts in ~25 s idle, ~2 min under load: ~10 min): README, "Rollouts".
+rollout-real-vllm: $(STAMP) real-vllm
+	$(BIN)/python -m loadtest.rollout --real-vllm --png loadtest/rollout/rollout-timeline-real-vllm.png
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

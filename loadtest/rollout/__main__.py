@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import tempfile
 from pathlib import Path
 
+from loadtest.realvllm import launcher
 from loadtest.rollout import report
 from loadtest.rollout.load import Arrival, poisson_arrivals
-from loadtest.rollout.rolling import RolloutOptions, SetupRun, panels, run_setup
+from loadtest.rollout.rolling import REAL_VLLM_DEFAULTS, RolloutOptions, SetupRun, panels, run_setup
 from loadtest.rollout.timeline import draw
 
 DEFAULT_PNG = Path("rollout-timeline.png")
@@ -33,14 +35,23 @@ def _tokens(text: str) -> tuple[int, int]:
     return pair
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _wants_real_vllm(argv: list[str] | None) -> bool:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--real-vllm", action="store_true")
+    return bool(pre.parse_known_args(argv)[0].real_vllm)
+
+
+def build_parser(real_vllm: bool = False) -> argparse.ArgumentParser:
+    """The options; with `real_vllm` their defaults are the small ones a 2-core machine can run."""
     d = RolloutOptions()
+    if real_vllm:
+        d = dataclasses.replace(d, **REAL_VLLM_DEFAULTS)  # type: ignore[arg-type]
     parser = argparse.ArgumentParser(
         prog="python -m loadtest.rollout",
         description=__doc__.splitlines()[0] if __doc__ else None,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--replicas", type=int, default=d.replicas, help="simulated vLLM replicas")
+    parser.add_argument("--replicas", type=int, default=d.replicas, help="vLLM replicas")
     parser.add_argument("--rate", type=float, default=d.rate, help="requests per second (Poisson)")
     parser.add_argument("--duration", type=float, default=d.duration_s, help="seconds of arrivals")
     parser.add_argument(
@@ -70,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--real-vllm",
         action="store_true",
-        help="not available yet: roll real vLLM CPU servers (loadtest/realvllm) instead of simulators",
+        help="roll real vLLM CPU servers (`make real-vllm`, the launcher's tiny model) instead of "
+        "simulators; the defaults then become "
+        + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in REAL_VLLM_DEFAULTS.items()),
     )
     return parser
 
@@ -86,8 +99,9 @@ def export_schedule(arrivals: list[Arrival], path: Path) -> None:
 
 async def run(options: RolloutOptions, png: Path, workdir: Path) -> list[SetupRun]:
     arrivals = poisson_arrivals(options.rate, options.duration_s, options.tokens, options.seed)
+    what = "real vLLM CPU" if options.real_vllm else "simulated vLLM"
     print(
-        f"rolling update of {options.replicas} simulated vLLM replicas (maxSurge {options.surge}, "
+        f"rolling update of {options.replicas} {what} replicas (maxSurge {options.surge}, "
         f"maxUnavailable {options.unavailable}) under {len(arrivals)} streaming requests "
         f"({options.rate:g}/s Poisson for {options.duration_s:g} s, max_tokens {options.tokens[0]}-"
         f"{options.tokens[1]}), run twice with the same arrivals"
@@ -97,6 +111,12 @@ async def run(options: RolloutOptions, png: Path, workdir: Path) -> list[SetupRu
         print(f"\n({chr(ord('a') + index)}) {kind}: starting ...", flush=True)
         run_ = await run_setup(kind, options, arrivals, workdir / kind)
         print(f"    {report.verdict(run_)}")
+        ended = options.rollout_at_s + run_.rollout_s
+        if ended > options.duration_s:
+            print(
+                f"    note: the rollout ended {ended:.0f} s into the load, after its last arrival "
+                f"({options.duration_s:g} s): later drains saw no traffic; raise --duration"
+            )
         runs.append(run_)
     print("\nwhat the clients saw:\n")
     print(report.clients_table(runs))
@@ -112,6 +132,15 @@ async def run(options: RolloutOptions, png: Path, workdir: Path) -> list[SetupRu
         "it is serving,\nmarkers are requests that failed at the client. The new replicas replace the old "
         "ones one by one (maxSurge 1)."
     )
+    if options.real_vllm:
+        title = title.replace(" replicas", " real vLLM CPU replicas", 1).replace("the same arrivals, ", "")
+        caption = (
+            "Each row is one vLLM server: its background colour is its state (a new vLLM starts in ~25 s "
+            "idle, ~2 min under load), the blue line the requests in it\n(its own /metrics every 0.25 s), "
+            "markers are requests that failed at the client (on the replica when Envoy's access log "
+            "names it). "
+            "The new replicas replace the old ones one by one (maxSurge 1)."
+        )
     if options.surge != 1 or options.unavailable != 0:
         caption = caption.replace(
             "(maxSurge 1)", f"(maxSurge {options.surge}, maxUnavailable {options.unavailable})"
@@ -122,14 +151,14 @@ async def run(options: RolloutOptions, png: Path, workdir: Path) -> list[SetupRu
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_wants_real_vllm(argv))
     args = parser.parse_args(argv)
     if args.replicas < 1 or args.rate <= 0 or args.duration <= 0:
         parser.error("--replicas, --rate and --duration must be > 0")
     if args.surge < 0 or args.unavailable < 0 or args.surge + args.unavailable < 1:
         parser.error("--surge and --unavailable must be >= 0 and not both 0")
-    if args.real_vllm:
-        print("--real-vllm is not implemented yet; see README, 'Rollouts'", file=sys.stderr)
+    if args.real_vllm and (reason := launcher.skip_reason()) is not None:
+        print(f"--real-vllm: {reason}", file=sys.stderr)
         return 2
     options = RolloutOptions(
         replicas=args.replicas,
@@ -143,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         propagation_s=args.propagation,
         shutdown_timeout_s=args.shutdown_timeout,
         seed=args.seed,
+        real_vllm=args.real_vllm,
+        model=launcher.SERVED_MODEL_NAME if args.real_vllm else RolloutOptions.model,
     )
     if args.export_schedule is not None:
         export_schedule(

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from loadtest.rollout.attribution import request_id
 from loadtest.rollout.timeline import TimelineEvent, error_event, stream_event
 from loadtest.sse_client import StreamResult, stream_request
 from loadtest.traffic import REPLICA_HEADER, completion_body, percentile
+from picker.headers import REQUEST_ID
 
 DROPPED_REASON_HEADER = "x-picker-dropped-reason"
 
@@ -46,10 +48,13 @@ class Outcome:
 
     sent_s: float
     result: StreamResult
+    request_id: str = ""  # the x-request-id it was sent with ("" when the run sent none)
+    upstream: str = ""  # the replica a router's access log says answered (attribution.py)
 
     @property
     def replica(self) -> str:
-        return self.result.headers.get(REPLICA_HEADER, "")
+        """The replica that answered: its own header (the simulator's), else the router's word."""
+        return self.result.headers.get(REPLICA_HEADER, "") or self.upstream
 
     @property
     def kind(self) -> str:
@@ -107,12 +112,22 @@ class LoadReport:
     def ttft_ms(self, q: float) -> float:
         return percentile(self.ttfts(), q) * 1000
 
+    def attribute(self, upstreams: dict[str, str]) -> int:
+        """Set `upstream` from a request id -> replica map; returns how many outcomes got one."""
+        found = 0
+        for outcome in self.outcomes:
+            if outcome.request_id in upstreams:
+                outcome.upstream = upstreams[outcome.request_id]
+                found += 1
+        return found
+
     def timeline_events(self) -> list[TimelineEvent]:
-        """Each stream a replica answered with 200 (while it was open), each failure a marker."""
+        """Each stream answered with 200 (while it was open; on its replica's lane when known, and in
+        the TTFT bars either way), each failure a marker."""
         events = []
         for outcome in self.outcomes:
             r = outcome.result
-            if outcome.replica and r.status == 200:
+            if r.status == 200:
                 start = outcome.sent_s + (r.t_headers or 0.0)
                 events.append(stream_event(start, outcome.sent_s + r.t_end, outcome.replica, r.ttft))
             if outcome.error_label:
@@ -127,24 +142,30 @@ async def replay(
     origin: float | None = None,
     read_timeout_s: float = 10.0,
     model: str = "tiny-llama",
+    tag: str = "",
 ) -> LoadReport:
     """Send every arrival at its time through `url`; returns once each has an outcome.
 
-    `origin` (a time.monotonic() value) is time zero of the arrivals, shared with the caller's events."""
+    `origin` (a time.monotonic() value) is time zero of the arrivals, shared with the caller's events.
+    `tag`: send each request with `x-request-id: TAG-INDEX`, for a router's access log to name it."""
     report = LoadReport()
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
     started = time.monotonic() if origin is None else origin
 
-    async def one(client: httpx.AsyncClient, arrival: Arrival) -> None:
+    async def one(client: httpx.AsyncClient, index: int, arrival: Arrival) -> None:
         await asyncio.sleep(max(0.0, arrival.at_s - (time.monotonic() - started)))
         sent = time.monotonic() - started
         body = completion_body(arrival.max_tokens, model=model)
-        result = await stream_request(client, url + "/v1/completions", body, read_timeout=read_timeout_s)
-        report.outcomes.append(Outcome(sent, result))
+        rid = request_id(tag, index) if tag else ""
+        headers = {REQUEST_ID: rid} if rid else None
+        result = await stream_request(
+            client, url + "/v1/completions", body, headers=headers, read_timeout=read_timeout_s
+        )
+        report.outcomes.append(Outcome(sent, result, rid))
 
     async with httpx.AsyncClient(limits=limits) as client, asyncio.TaskGroup() as group:
-        for arrival in arrivals:
-            group.create_task(one(client, arrival))
+        for index, arrival in enumerate(arrivals):
+            group.create_task(one(client, index, arrival))
     report.outcomes.sort(key=lambda o: o.sent_s)
     report.wall_s = time.monotonic() - started
     return report

@@ -18,7 +18,7 @@ from typing import Any
 from loadtest.rollout.fleet import Fleet
 from loadtest.rollout.load import Arrival, LoadReport, replay
 from loadtest.rollout.setups import PickerSetup, PoolSetup, RoundRobinSetup
-from loadtest.rollout.timeline import Panel, TimelineEvent, state_event
+from loadtest.rollout.timeline import Panel, TimelineEvent
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,23 @@ class RolloutOptions:
     shutdown_timeout_s: float = 20.0  # the replicas' vLLM --shutdown-timeout (drain mode)
     seed: int = 7
     sim_args: tuple[str, ...] = ("--ttft-ms", "40", "--itl-ms", "25", "--itl-jitter-ms", "3")
+    real_vllm: bool = False  # real vLLM CPU servers (loadtest/realvllm) instead of simulators
+    model: str = "tiny-llama"  # the served model name (the launcher's tiny model with real vLLM)
+
+
+# With --real-vllm: each replica is a ~1.9 GB vLLM that takes ~25 s to start on an idle 2-core machine
+# but 100-120 s while two others serve 4 requests/s on it (measured), so a small pool, a low rate and
+# short streams (about 350 tokens/s per stream when idle), arrivals long enough to cover two such
+# starts and the drains, and vLLM's drain budget.
+REAL_VLLM_DEFAULTS = {
+    "replicas": 2,
+    "rate": 2.0,
+    "duration_s": 240.0,
+    "tokens": (30, 150),
+    "rollout_at_s": 5.0,
+    "shutdown_timeout_s": 30.0,
+}
+VLLM_START_BUDGET_S = 120.0  # per replacement, in the bound on the whole rollout
 
 
 @dataclass
@@ -88,7 +105,8 @@ async def run_setup(kind: str, options: RolloutOptions, arrivals: list[Arrival],
     """Start a fleet and a setup, replay `arrivals` through it, roll every replica; stop everything."""
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     sim_args = [*options.sim_args, "--shutdown-timeout", str(options.shutdown_timeout_s)]
-    fleet = Fleet(workdir, options.replicas, sim_args)
+    vllm_shutdown = options.shutdown_timeout_s if options.real_vllm else None
+    fleet = Fleet(workdir, options.replicas, sim_args, real_vllm_shutdown_s=vllm_shutdown)
     grace_s = options.shutdown_timeout_s + 5
     setup: PoolSetup
     if kind == "round-robin":
@@ -97,19 +115,30 @@ async def run_setup(kind: str, options: RolloutOptions, arrivals: list[Arrival],
         setup = PickerSetup(
             workdir, fleet, propagation_s=options.propagation_s, grace_s=grace_s, source=options.source
         )
+    stop_sampling = asyncio.Event()
     try:
         await asyncio.gather(*(fleet.start(a) for a in fleet.first))
         await setup.start()
         load_before = os.getloadavg()[0]
-        fleet.origin = time.monotonic()
-        fleet.events = [state_event(0.0, a, "ready") for a in fleet.first]
-        load = asyncio.create_task(replay(setup.url, arrivals, origin=fleet.origin))
+        fleet.restart_clock()
+        tag = kind if options.real_vllm else ""  # real vLLM: name requests for the access log
+        load = asyncio.create_task(
+            replay(setup.url, arrivals, origin=fleet.origin, model=options.model, tag=tag)
+        )
+        sampler = asyncio.create_task(fleet.sample(stop_sampling)) if options.real_vllm else None
         await asyncio.sleep(options.rollout_at_s)  # the rollout starts into steady load
         began = time.monotonic()
         bound = 60.0 + options.replicas * (options.shutdown_timeout_s + 10)
+        if options.real_vllm:
+            bound += options.replicas * VLLM_START_BUDGET_S
         await asyncio.wait_for(roll(fleet, setup, options.surge, options.unavailable), bound)
         rollout_s = time.monotonic() - began
         report = await load
+        stop_sampling.set()
+        if sampler is not None:
+            await sampler
+            reached = sum(1 for o in report.outcomes if o.result.status is not None)
+            report.attribute(await asyncio.to_thread(setup.upstreams, reached))
         drains = await asyncio.to_thread(setup.drain_rows)
         events = [*fleet.events, *report.timeline_events()]
         load_avg = (load_before, os.getloadavg()[0])
@@ -117,6 +146,7 @@ async def run_setup(kind: str, options: RolloutOptions, arrivals: list[Arrival],
             setup.title, report, events, drains, rollout_s, fleet.lane_names(), load_avg, setup.cpu()
         )
     finally:
+        stop_sampling.set()
         await asyncio.to_thread(setup.stop)
         await asyncio.to_thread(fleet.stop_all)
 

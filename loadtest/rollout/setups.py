@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import httpx
 
 from loadtest.procs import Proc, free_port, port_open, wait_until
+from loadtest.rollout.attribution import upstreams_from_access_log
 from loadtest.rollout.fleet import Fleet
 from loadtest.stack import Stack, StackOptions, health_ok
 from picker.config import parse_address
@@ -51,6 +52,7 @@ class PoolSetup(Protocol):
     async def add(self, address: str) -> None: ...
     async def terminate(self, address: str) -> None: ...
     def drain_rows(self) -> list[dict[str, Any]] | None: ...
+    def upstreams(self, expected: int) -> dict[str, str]: ...
     def stop(self) -> None: ...
 
 
@@ -71,6 +73,8 @@ def _envoy_argv(config: Path) -> list[str]:
         "warn",
         "--concurrency",
         "1",
+        "--file-flush-interval-msec",  # the access log is read at the end of the run
+        "100",
     ]
 
 
@@ -83,6 +87,7 @@ class RoundRobinSetup:
         self.listen_port, self.admin_port = free_port(), free_port()
         self.eds_dir = workdir / "eds"
         self.eds_path = self.eds_dir / "pool.json"
+        self.access_log = workdir / "envoy-rr-access.log"
         self.members: list[str] = list(fleet.first)
         self.version = 0
         self.envoy: Proc | None = None
@@ -131,6 +136,7 @@ class RoundRobinSetup:
             "LISTEN_PORT": self.listen_port,
             "EDS_PATH": self.eds_path,
             "EDS_DIR": self.eds_dir,
+            "ACCESS_LOG": self.access_log,
         }
         config.write_text(string.Template(TEMPLATE.read_text()).substitute(values))
         self.envoy = Proc("envoy-rr", _envoy_argv(config), self.workdir / "envoy-rr.log")
@@ -165,6 +171,20 @@ class RoundRobinSetup:
 
     def drain_rows(self) -> list[dict[str, Any]] | None:
         return None
+
+    def _logged(self) -> dict[str, str]:
+        try:
+            return upstreams_from_access_log(self.access_log.read_text(errors="replace").splitlines())
+        except OSError:
+            return {}
+
+    def upstreams(self, expected: int) -> dict[str, str]:
+        """request id -> replica, from Envoy's access log, once it holds `expected` entries (or 5 s)."""
+        try:
+            wait_until(lambda: len(self._logged()) >= expected, 5, 0.1, "the access log")
+        except TimeoutError:
+            pass  # some requests never reached an upstream: attribute the ones that did
+        return self._logged()
 
     def cpu(self) -> dict[str, float]:
         return {"Envoy": cpu_seconds(self.envoy)}
@@ -290,6 +310,11 @@ class PickerSetup:
                 lambda: all(not r.get("open") for r in self._rows()), 10, 0.05, "drain records to close"
             )
         return self._rows()
+
+    def upstreams(self, expected: int) -> dict[str, str]:
+        """None from here: the shipped Envoy config's access log does not carry the client's request id
+        (the lanes come from the replicas' /metrics; unattributed failures get a lane of their own)."""
+        return {}
 
     def cpu(self) -> dict[str, float]:
         return {"picker": cpu_seconds(self.stack.picker), "Envoy": cpu_seconds(self.stack.envoy)}

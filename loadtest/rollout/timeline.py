@@ -56,7 +56,8 @@ class TimelineEvent:
 
     kind "state": `replica` entered `state` at `t`; kind "stream": a stream served by `replica` from
     `t` to `end` (its first token after `ttft` s); kind "error": a client saw `label` at `t` (`replica`
-    is empty when no replica answered); kind "mark": a moment `label` (a MARK_STYLES key) on `replica`."""
+    is empty when no replica answered); kind "mark": a moment `label` (a MARK_STYLES key) on `replica`;
+    kind "load": `replica` reported `value` requests in flight at `t` (a sample of its own /metrics)."""
 
     t: float
     kind: str
@@ -65,6 +66,7 @@ class TimelineEvent:
     end: float | None = None
     ttft: float | None = None
     label: str = ""
+    value: int = 0
 
 
 def state_event(t: float, replica: str, state: str) -> TimelineEvent:
@@ -85,6 +87,11 @@ def mark_event(t: float, replica: str, label: str) -> TimelineEvent:
     if label not in MARK_STYLES:
         raise ValueError(f"unknown mark {label!r}; one of {list(MARK_STYLES)}")
     return TimelineEvent(t, "mark", replica, label=label)
+
+
+def load_event(t: float, replica: str, value: int) -> TimelineEvent:
+    """A sample of the requests `replica` itself reports in flight: its lane's line when it has any."""
+    return TimelineEvent(t, "load", replica, value=value)
 
 
 @dataclass
@@ -120,8 +127,20 @@ def _bands(panel: Panel, replica: str, t_end: float) -> list[tuple[float, float,
 def in_flight_series(
     events: Sequence[TimelineEvent], replica: str, t_end: float
 ) -> tuple[list[float], list[int]]:
-    """Streams in flight on `replica`, sampled every 0.1 s from 0 to `t_end`."""
+    """Streams in flight on `replica`, sampled every 0.1 s from 0 to `t_end`.
+
+    From the replica's own samples ("load" events, each held until the next) when it has any, else
+    by counting the streams the clients saw it serve."""
     steps = int(t_end / _SAMPLE_S) + 1
+    samples = sorted((e.t, e.value) for e in events if e.kind == "load" and e.replica == replica)
+    if samples:
+        held, index, current = [], 0, 0
+        for i in range(steps):
+            while index < len(samples) and samples[index][0] <= i * _SAMPLE_S:
+                current = samples[index][1]
+                index += 1
+            held.append(current)
+        return [i * _SAMPLE_S for i in range(steps)], held
     delta = [0] * (steps + 1)
     for e in events:
         if e.kind == "stream" and e.replica == replica and e.end is not None:
@@ -183,14 +202,15 @@ def _draw_lanes(
     ax.set_ylim(0, max(1, len(lane_list)))
 
 
-def _legend(peak: int, seen: set[str]) -> list[Any]:
+def _legend(peak: int, seen: set[str], sampled: bool = False) -> list[Any]:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles: list[Any] = [
         Patch(facecolor=_STATE_COLOURS[s], edgecolor="#999999", label=_STATE_HELP[s]) for s in STATES
     ]
-    handles.append(Line2D([], [], color="#1f4e9c", label=f"streams in flight (full lane = {peak})"))
+    line = "requests in the replica (its /metrics: running + waiting)" if sampled else "streams in flight"
+    handles.append(Line2D([], [], color="#1f4e9c", label=f"{line} (full lane = {peak})"))
     for label, (style, colour, text) in MARK_STYLES.items():
         if label in seen:
             handles.append(Line2D([], [], ls=style, color=colour, lw=1.6, label=text))
@@ -243,7 +263,8 @@ def draw(panels: Sequence[Panel], path: Path, title: str = "", caption: str = ""
         axes[2 * index + 1].set_ylim(0, ttft_top * 1.15)  # the same scale in every setup
     axes[-1].set_xlabel("seconds since the load started (the same arrivals in every run)")
     axes[-1].set_xlim(0, t_end)
-    figure.legend(handles=_legend(peak, seen), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    sampled = any(e.kind == "load" for p in panels for e in p.events)
+    figure.legend(handles=_legend(peak, seen, sampled), loc="lower center", ncol=4, fontsize=8, frameon=False)
     height = figure.get_figheight()
     if title:
         figure.suptitle(title, y=1 - 0.15 / height, va="top", fontsize=12, fontweight="bold")
