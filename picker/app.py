@@ -49,6 +49,19 @@ class BoundPorts:
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]  # a frontend's way to run a background task
 
 
+def spawn_owned(tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None], name: str) -> None:
+    """Run `coro` as a task owned by `tasks` (the frontend cancels them at stop); log an unexpected death."""
+    task = asyncio.create_task(coro, name=name)
+    tasks.add(task)
+
+    def done(finished: asyncio.Task[None]) -> None:
+        tasks.discard(finished)
+        if not finished.cancelled() and finished.exception() is not None:
+            log.error("background task %s died", name, exc_info=finished.exception())
+
+    task.add_done_callback(done)
+
+
 @dataclass
 class Core:
     """What every frontend shares: the pool and its sources, metrics, the request path, the scraper,
@@ -269,15 +282,7 @@ class PickerApp:
             self.path.sweep_stalls()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-
-        def done(finished: asyncio.Task[None]) -> None:
-            self._tasks.discard(finished)
-            if not finished.cancelled() and finished.exception() is not None:
-                log.error("background task %s died", name, exc_info=finished.exception())
-
-        task.add_done_callback(done)
+        spawn_owned(self._tasks, coro, name)
 
     def _source_problem(self, problem: str | None) -> None:
         """Readiness follows whether the endpoint source can be trusted (never up again once stopping)."""

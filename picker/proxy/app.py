@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from picker.app import build_core, run_until_signalled, sweep_stalls
+from picker.app import build_core, run_until_signalled, spawn_owned, sweep_stalls
 from picker.config import PickerConfig
 from picker.contract import Outcome, reply_for
 from picker.http_admin import admin_app
@@ -121,15 +121,7 @@ class ProxyApp:
         self.ready = problem is None and not self._stopping
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-
-        def done(finished: asyncio.Task[None]) -> None:
-            self._tasks.discard(finished)
-            if not finished.cancelled() and finished.exception() is not None:
-                log.error("background task %s died", name, exc_info=finished.exception())
-
-        task.add_done_callback(done)
+        spawn_owned(self._tasks, coro, name)
 
     async def shutdown(self, force: asyncio.Event) -> ShutdownSummary:
         """The phased drain (picker/shutdown.py); at its deadline every open exchange is cut cleanly."""
