@@ -1,8 +1,8 @@
 """Which replica served a request, when the replica does not say so itself (real vLLM).
 
 The simulator names itself in a response header; vLLM does not. Two other witnesses are used instead:
-Envoy's access log (the round-robin setup's template logs each request's `x-request-id`, which the
-load sends, beside `%UPSTREAM_HOST%`), and each replica's own `/metrics` sampled over time (requests
+Envoy's access log (both setups' Envoy configs log each request's `x-request-id`, which the load
+sends, beside `%UPSTREAM_HOST%`), and each replica's own `/metrics` sampled over time (requests
 running + waiting in its engine), which draws the lanes the same way for every setup.
 """
 
@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from pathlib import Path
+
+from loadtest.procs import wait_until
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -39,6 +42,23 @@ def upstreams_from_access_log(lines: Iterable[str]) -> dict[str, str]:
         if rid and rid != "-" and host not in NO_HOST:
             found[rid] = host
     return found
+
+
+def upstreams_from_file(path: Path, expected: int, within_s: float = 5.0) -> dict[str, str]:
+    """`upstreams_from_access_log` of an access-log file, once it names `expected` requests (or after
+    `within_s`: requests that never reached an upstream have no host, so the rest are attributed)."""
+
+    def logged() -> dict[str, str]:
+        try:
+            return upstreams_from_access_log(path.read_text(errors="replace").splitlines())
+        except OSError:
+            return {}
+
+    try:
+        wait_until(lambda: len(logged()) >= expected, within_s, 0.1, "the access log")
+    except TimeoutError:
+        pass
+    return logged()
 
 
 def engine_requests(metrics_text: str) -> int | None:
