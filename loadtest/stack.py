@@ -166,6 +166,8 @@ class Stack:
             # a quick end to the shutdown's propagation phase: tests and the demo stop stacks often
             "--quiet-interval",
             "0.2",
+            # the lean shape: Envoy's access log ends every request, from the first one on
+            *(() if self.options.observer else ("--response-end", "access-log")),
             *self.options.picker_args,
         ]
 

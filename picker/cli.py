@@ -154,9 +154,9 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--response-end",
-        choices=["auto", "observer", "engine"],
-        help="who reports a response's end without response bodies: observer filter, engine gauges, "
-        "auto (default)",
+        choices=["auto", "observer", "access-log", "engine"],
+        help="who reports a response's end without response bodies: observer filter, Envoy's access "
+        "log (the lean shape), engine gauges, auto (default)",
     )
     parser.add_argument(
         "--drain-timeout", type=float, help="the shutdown budget, SIGTERM to exit (default 30)"
@@ -277,7 +277,8 @@ def _add_envoy_config_flags(parser: argparse.ArgumentParser) -> None:
         "--lean",
         action="store_true",
         help="no observer filter: Envoy's access log (flushed every 10 ms) ends each request, so chunks "
-        "cost the picker nothing; loses token counts, TTFT/ITL and silent-abort detection (README)",
+        "cost the picker nothing; loses token counts, TTFT/ITL and silent-abort detection (README). "
+        "Run the picker with --response-end access-log",
     )
 
 

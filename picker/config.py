@@ -352,9 +352,10 @@ class StreamsConfig(_Group):
         5.0, gt=0, description="client left a stream silent this long: counted as cut, not client-disconnect"
     )
     # Who reports a response's end when the routing filter sees no response body: an observer
-    # filter ("observer"), nobody ("engine": the engines' scraped running counts end requests and
-    # close drain records), or "auto": the engines until an observer stream first attaches.
-    response_end: Literal["auto", "observer", "engine"] = "auto"
+    # filter ("observer"), Envoy's access log ("access-log": the lean shape), nobody ("engine": the
+    # engines' scraped running counts end requests and close drain records), or "auto": the observer
+    # once one has attached, else the access log once an entry has come, else the engines.
+    response_end: Literal["auto", "observer", "access-log", "engine"] = "auto"
 
 
 class ShutdownConfig(_Group):

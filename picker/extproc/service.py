@@ -33,6 +33,9 @@ class ResponseEnd(enum.Enum):
     # else the engine's gauges
     AUTO = "auto"
     OBSERVER = "observer"  # an observer filter; a request none claims is released after the grace
+    # Envoy's access log ends every request (the lean shape), from the first request on: under
+    # `auto` the requests routed before any entry came (all long streams, say) go to the engines
+    ACCESS_LOG = "access-log"
     ENGINE = "engine"  # no observer in this shape: the engine's scraped gauges end requests
 
 
@@ -170,7 +173,9 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 log.warning("no observer stream for request_id=%s; releasing its slot", record.request_id)
                 self.path.finish(record, EndReason.UNOBSERVED)
                 return
-            if self._response_end is ResponseEnd.AUTO and self.path.access_log_seen:
+            if self._response_end is ResponseEnd.ACCESS_LOG or (
+                self._response_end is ResponseEnd.AUTO and self.path.access_log_seen
+            ):
                 # No observer filter, but Envoy's access log reports every request's end (and who
                 # cut it): the lean shape, no per-chunk cost (README, "Benchmarks").
                 self.path.await_access_log(record)

@@ -3,6 +3,7 @@ request (issue 15: zero per-chunk cost while each stream's end, and who cut it, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
@@ -10,6 +11,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from loadtest.procs import async_wait_until
 from picker import headers
+from picker.extproc.service import ResponseEnd
 from picker.pool.load import record_sample
 from picker.streams import Attempts, EndReason
 from tests.unit.test_extproc_service import BODY, make, request_headers, response_headers, routed, run
@@ -49,6 +51,24 @@ async def test_without_observer_a_long_stream_waits_for_its_access_log_entry() -
     h.path.access_logged(request_id, Attempts(status=200))  # type: ignore[attr-defined]
     assert h.path.live == 0 and h.pool.in_flight() == 0  # type: ignore[attr-defined]
     assert h.value("picker_request_ends_total", reason=EndReason.COMPLETED.value) == 1  # type: ignore[attr-defined]
+
+
+async def test_lean_shape_stated_in_config_waits_for_the_log_before_any_entry_came() -> None:
+    """`--response-end access-log`: the first requests (say 10,000 long streams opened at once, none
+    ended yet) are the log's to end too; under `auto` they would go to the engines' gauges."""
+    h = make(endpoints=(A,), grace=0.01, service_options={"response_end": ResponseEnd.ACCESS_LOG})
+    route = await run(h.service, [request_headers(), body_message(), response_headers(200, A)])
+    request_id = routed(route[:2])[1]
+    record = h.path._live[request_id]
+    assert not h.path.access_log_seen
+    await async_wait_until(lambda: record.observer_done, 2, what="the grace to hand the end to the log")
+    assert not record.engine_tracked
+    record_sample(h.pool.get(A), 0, 0, 0.0, time.monotonic())  # an idle-looking engine ends nothing
+    h.path.capacity_changed()
+    assert h.path.live == 1
+    h.path.access_logged(request_id, Attempts(status=200))
+    assert h.path.live == 0 and h.pool.in_flight() == 0
+    assert h.value("picker_request_ends_total", reason=EndReason.COMPLETED.value) == 1
 
 
 async def test_without_observer_the_log_tells_disconnect_from_truncation() -> None:
