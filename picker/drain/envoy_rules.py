@@ -13,6 +13,7 @@ from typing import Any
 
 from picker import headers
 from picker.contract import Outcome
+from picker.drain import envoy_picker_cluster
 from picker.drain.manifests import Document, FieldPath, Unknown, get, is_placeholder, placeholder_name
 from picker.drain.rules import Budget, Report
 
@@ -393,6 +394,7 @@ def check(doc: Document, report: Report, budget: Budget, pool_modes: set[str]) -
             _check_routing_filter(doc, ext, pool_modes, reads_metadata, report)
         _check_response_view(doc, hcm, routing, report)
     _check_clusters(doc, report, budget)
+    envoy_picker_cluster.check(doc, managers, report, budget, ENVOY_DEFAULTS["circuit_breaker"])
 
 
 def _check_response_view(doc: Document, hcm: Located, routing: list[Located], report: Report) -> None:

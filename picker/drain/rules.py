@@ -361,6 +361,17 @@ _CATALOGUE = (
         "503 that is always safe to retry. Give status_on_error a code nothing else answers with and a "
         "local_reply_config mapper that restates it as 503 picker-unavailable (config/envoy.yaml).",
     ),
+    Rule(
+        "ENVOY-016",
+        E,
+        "picker cluster circuit breakers below the expected streams",
+        "Every ext_proc filter holds one gRPC stream per request on the picker's cluster: an observer's "
+        "for the whole response, a routing filter's until the response headers (a queued request's for "
+        "its whole wait). Past its max_requests (1024 unless set) Envoy refuses the stream: a "
+        "fail-closed filter answers 503 picker-unavailable, a fail-open one or an observer lets the "
+        "request pass unrouted or untracked. Set the cluster's circuit_breakers max_requests to at "
+        "least the expected streams times its filters (config/envoy.yaml).",
+    ),
 )
 RULES: dict[str, Rule] = {rule.id: rule for rule in _CATALOGUE}
 

@@ -83,6 +83,10 @@ class Manifests:
     def pool_cluster(self) -> dict[str, Any]:
         return next(c for c in self.envoy["static_resources"]["clusters"] if c["name"] == "pool")
 
+    @property
+    def picker_cluster(self) -> dict[str, Any]:
+        return next(c for c in self.envoy["static_resources"]["clusters"] if c["name"] == "picker")
+
     def set_arg(self, container: dict[str, Any], flag: str, value: str | None) -> None:
         args = [a for a in container["args"] if not a.startswith(flag + "=")]
         container["args"] = args if value is None else [*args, f"{flag}={value}"]
@@ -240,6 +244,8 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
      _without_observer),
     ("ENVOY-015", "failClose without the contract reply",
      lambda m: m.hcm.pop("local_reply_config")),
+    ("ENVOY-016", "default picker-cluster circuit breakers",
+     lambda m: _drop(m.picker_cluster, "circuit_breakers")),
     *POOL_VARIANTS,  # the picker's own source vs its pool: tests/drain/test_pool_wiring.py
 ]  # fmt: skip
 
@@ -285,6 +291,32 @@ def test_budget_flags_change_the_verdict(tmp_path: Path) -> None:
     directory = Manifests().write(tmp_path)
     report, _ = check_paths([directory], Budget(longest_stream_s=900, expected_concurrent_streams=200_000))
     assert {"VLLM-002", "ENVOY-003"} <= ids(report)
+
+
+def _picker_max_requests(m: Manifests, value: int | str) -> None:
+    m.picker_cluster["circuit_breakers"] = {"thresholds": [{"max_requests": value}]}
+
+
+def test_picker_cluster_needs_one_request_per_ext_proc_filter(tmp_path: Path) -> None:
+    """Routing filter + observer: two gRPC streams per request, so 6000 < 4096 x 2 is reported."""
+    manifests = Manifests()
+    _picker_max_requests(manifests, 6000)
+    report = check(manifests.write(tmp_path / "two"))
+    (finding,) = [f for f in report.findings if f.rule.id == "ENVOY-016"]
+    assert "max_requests 6000 < --expected-concurrent-streams 4096 x 2" in finding.message
+    assert finding.field.endswith("circuit_breakers")
+    line = Path(finding.file).read_text().splitlines()[finding.line - 1]
+    assert "circuit_breakers" in line
+    report, _ = check_paths([manifests.write(tmp_path / "fewer")], Budget(expected_concurrent_streams=3000))
+    assert "ENVOY-016" not in ids(report)
+
+
+def test_picker_cluster_placeholder_is_skipped(tmp_path: Path) -> None:
+    manifests = Manifests()
+    _picker_max_requests(manifests, "${PICKER_MAX_REQUESTS}")
+    report = check(manifests.write(tmp_path))
+    assert "ENVOY-016" not in ids(report)
+    assert any(s.rule_id == "ENVOY-016" and "${PICKER_MAX_REQUESTS}" in s.reason for s in report.skipped)
 
 
 def test_cli_text_json_and_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -165,12 +165,13 @@ CHECK_FINDINGS = {
     # default pool circuit breakers; the client's x-gateway-destination-endpoint not removed; no view
     # of response ends (no observer, response body NONE)
     "eg-buffered": {"ENVOY-003", "ENVOY-006", "ENVOY-014", "ENVOY-015"},  # 015: failClose, bare 503
-    # ... the response body through the picker (a picker crash resets every stream)
-    "aigw-failopen": {"ENVOY-003", "ENVOY-006", "ENVOY-007"},
+    # ... the response body through the picker (a picker crash resets every stream); default
+    # circuit breakers on the picker cluster too (016: 1024 ext_proc streams)
+    "aigw-failopen": {"ENVOY-003", "ENVOY-006", "ENVOY-007", "ENVOY-016"},
     # (ORIGINAL_DST: fine, as the filter does not ask the picker for a fallback list)
-    "aigw-failclose": {"ENVOY-003", "ENVOY-006", "ENVOY-007", "ENVOY-015"},
+    "aigw-failclose": {"ENVOY-003", "ENVOY-006", "ENVOY-007", "ENVOY-015", "ENVOY-016"},
     # the picker sees neither response headers nor bodies
-    "kgateway": {"ENVOY-006", "ENVOY-014", "ENVOY-015"},
+    "kgateway": {"ENVOY-006", "ENVOY-014", "ENVOY-015", "ENVOY-016"},
 }
 
 
