@@ -27,23 +27,22 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(300)]
 # where 8000 tokens sometimes finished before a check could act): outlives every disconnect
 # check, which abort it early.
 ABORTED_STREAM_TOKENS = 16000
-# SIGTERM in drain mode with two kinds of request in flight. The *finishing* stream is sized to end
-# inside the drain (DRAIN_DECODE_S of decoding at the speed the engine showed on ENGINE_SLOTS
-# concurrent requests; the probe's HTTP overhead makes that an underestimate): it must end normally.
-# The *anchors* (ABORTED_STREAM_TOKENS each, one running beside it and the rest queued behind:
-# `--max-num-seqs ENGINE_SLOTS`) hold the drain open for minutes of decoding (80,000 tokens: over two
-# minutes on an idle box), longer than the checks take however fast or starved the engine is (a
-# draining engine starves this 2-core box enough to stall a connect for 15 s), and are then
-# disconnected by the client, which ends the drain.
-ENGINE_SLOTS = 2
-ANCHORS = 5
+# SIGTERM in drain mode with two kinds of request in flight, all decoding at once. The *finishing*
+# stream is sized to end inside the drain (DRAIN_DECODE_S of decoding at the speed the engine showed
+# on DRAIN_CONCURRENCY concurrent requests; the probe's HTTP overhead makes that an underestimate): it
+# must end normally. The *anchors* (ABORTED_STREAM_TOKENS each: 80-100 s of decoding beside one
+# another on an idle box) hold the drain open longer than the checks take (a draining engine starves
+# this 2-core box enough to stall a connect for 15 s), and are then disconnected by the client, which
+# ends the drain.
+ANCHORS = 4
+DRAIN_CONCURRENCY = ANCHORS + 1
 DRAIN_DECODE_S = 15.0
 DRAIN_PROBE_TOKENS = 400
 DRAIN_TIMEOUT_S = 300  # more than the whole drain: only the client ends the anchors
 # Requests after SIGTERM: a starved API server can be slow to accept, so each attempt is bounded and
 # retried within the window.
 REFUSAL_ATTEMPT_S = 20.0
-REFUSAL_WINDOW_S = 120.0
+REFUSAL_WINDOW_S = 60.0
 # vLLM frees a disconnected request within one engine step (measured < 0.4 s); the bound is generous
 # because /metrics itself can take seconds on a loaded 2-core box. A request that ran to completion
 # instead of being aborted is caught by the counters (it would count as finished_reason="length").
@@ -54,8 +53,34 @@ def target_of(server: launcher.RealVllm) -> pc.Target:
     return pc.Target(server.url, model=server.model, sigterm=server.terminate)
 
 
+# A check that fails on a starved box can leave a 16,000-token request decoding on the shared server
+# (a disconnect vLLM did not act on): the next check, or its rerun, must not start beside it (its
+# counters would move, its streams would crawl). Each check waits for an idle engine first.
+IDLE_WITHIN_S = 180.0  # a leftover request runs < 60 s idle; the check timeout (300 s) covers both
+
+
+async def engine_requests(server: launcher.RealVllm) -> float | None:
+    """Requests the engine holds (running + waiting), or None when /metrics does not answer."""
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+            text = await pc.scrape(client)
+    except (httpx.HTTPError, AssertionError):
+        return None
+    running = pc.metric_value(text, "vllm:num_requests_running", model_name=server.model)
+    return running + pc.metric_value(text, "vllm:num_requests_waiting", model_name=server.model)
+
+
+async def engine_idle(server: launcher.RealVllm) -> bool:
+    return await engine_requests(server) == 0
+
+
 class TestServing:
     """Checks that leave the server healthy, so they share one vLLM start."""
+
+    @pytest.fixture(autouse=True)
+    async def _idle_engine(self, vllm_server: launcher.RealVllm) -> None:
+        idle = await pc.wait_until(lambda: engine_idle(vllm_server), IDLE_WITHIN_S, interval=0.5)
+        assert idle, f"the shared vLLM still busy after {IDLE_WITHIN_S} s:\n{vllm_server.log_tail()}"
 
     async def test_health_and_models(self, vllm_server: launcher.RealVllm) -> None:
         await pc.check_health_and_models(target_of(vllm_server))
@@ -189,7 +214,7 @@ async def drained_stream_tokens(target: pc.Target) -> int:
     started = time.monotonic()
     async with httpx.AsyncClient(base_url=target.base_url, timeout=120) as client:
         responses = await asyncio.gather(
-            *(client.post("/v1/completions", json=body) for _ in range(ENGINE_SLOTS))
+            *(client.post("/v1/completions", json=body) for _ in range(DRAIN_CONCURRENCY))
         )
     elapsed = time.monotonic() - started
     assert all(r.status_code == 200 for r in responses), [r.text[:200] for r in responses]
@@ -219,21 +244,18 @@ async def test_sigterm_drain(vllm_workdir: Path) -> None:
     connection of its own, and the close itself is pinned on a raw socket.
     """
     port = launcher.free_port()
-    slots = ["--max-num-seqs", str(ENGINE_SLOTS)]
-    with launcher.real_vllm(port, vllm_workdir, shutdown_timeout=DRAIN_TIMEOUT_S, extra_args=slots) as server:
+    with launcher.real_vllm(port, vllm_workdir, shutdown_timeout=DRAIN_TIMEOUT_S) as server:
         target = target_of(server)
         tokens = await drained_stream_tokens(target)
-        started = asyncio.Event()
-        finishing = asyncio.create_task(stream_to_the_end(target, tokens, started))
-        anchor_started = [asyncio.Event() for _ in range(ANCHORS)]
+        started = [asyncio.Event() for _ in range(DRAIN_CONCURRENCY)]
+        finishing = asyncio.create_task(stream_to_the_end(target, tokens, started[0]))
         anchors = [
             asyncio.create_task(stream_to_the_end(target, ABORTED_STREAM_TOKENS, event, read_timeout=None))
-            for event in anchor_started
+            for event in started[1:]
         ]
         try:
-            # A first token in the finishing stream and in the anchor running beside it; the other
-            # anchors wait in the engine's queue, which a drain waits for too.
-            await asyncio.wait_for(asyncio.gather(started.wait(), anchor_started[0].wait()), 60)
+            # A first token in each: every stream is decoding, with most of its tokens to come.
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 60)
             assert not finishing.done(), finishing.result().end
             server.terminate()
 
