@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from loadtest.procs import wait_until
+from loadtest.sse_client import stream_request
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body, stream_one
 
@@ -51,16 +52,11 @@ async def test_streams_longer_than_the_grace_end_completed_from_the_access_log(l
 async def test_client_disconnect_and_truncation_are_told_apart(lean: Stack) -> None:
     disconnects, truncations = ends(lean, "client-disconnect"), ends(lean, "upstream-truncated")
     async with httpx.AsyncClient(timeout=10) as client:
-        async with client.stream(
-            "POST", lean.url + "/v1/completions", json=completion_body(2000)
-        ) as response:
-            seen = 0
-            async for line in response.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen == 3:
-                    break  # the client leaves mid-stream
+        left = await stream_request(  # the client leaves mid-stream
+            client, lean.url + "/v1/completions", completion_body(2000), disconnect_after_events=3
+        )
         cut = await stream_one(client, lean.url, completion_body(50), {"x-sim-fault": "reset-after=3"})
-    assert not cut.done
+    assert left.end == "disconnected" and not cut.done
     await asyncio.to_thread(wait_until, lambda: ends(lean, "client-disconnect") == disconnects + 1, 10)
     await asyncio.to_thread(wait_until, lambda: ends(lean, "upstream-truncated") == truncations + 1, 10)
     lean.wait_no_leaks()

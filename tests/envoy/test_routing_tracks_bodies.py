@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from loadtest.procs import wait_until
+from loadtest.sse_client import stream_request
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body, stream_one
 
@@ -55,17 +56,12 @@ async def test_disconnect_truncation_and_error_event_are_told_apart(streamed: St
     reasons = ("client-disconnect", "upstream-truncated", "upstream-error-event")
     before = {r: ends(streamed, r) for r in reasons}
     async with httpx.AsyncClient(timeout=10) as client:
-        async with client.stream(
-            "POST", streamed.url + "/v1/completions", json=completion_body(2000)
-        ) as response:
-            seen = 0
-            async for line in response.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen == 3:
-                    break  # the client leaves mid-stream
+        left = await stream_request(  # the client leaves mid-stream
+            client, streamed.url + "/v1/completions", completion_body(2000), disconnect_after_events=3
+        )
         cut = await stream_one(client, streamed.url, completion_body(50), {"x-sim-fault": "reset-after=3"})
         failed = await stream_one(client, streamed.url, completion_body(50), {"x-sim-fault": "error-after=3"})
-    assert not cut.done
+    assert left.end == "disconnected" and not cut.done
     assert failed.status == 200 and failed.done  # a 200 stream that ends with [DONE]: only the body tells
     for reason in reasons:
         await asyncio.to_thread(wait_until, lambda r=reason: ends(streamed, r) == before[r] + 1, 10)

@@ -5,6 +5,7 @@ untrusted, and a restarted picker resending its view."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -91,6 +92,17 @@ def hosts(response: discovery_pb2.DiscoveryResponse) -> dict[str, int]:
     }
 
 
+@contextlib.asynccontextmanager
+async def connected(pool: Pool, **options: Callable[[], bool]) -> AsyncIterator[tuple[Picker, Envoy]]:
+    """An EDS server over `pool` and an Envoy-like stream to it, the stream closed after the block."""
+    async with Picker(pool, **options) as picker:
+        envoy = Envoy(picker.port)
+        try:
+            yield picker, envoy
+        finally:
+            await envoy.close()
+
+
 async def until(condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(WAIT_S):
         while not condition():  # noqa: ASYNC110 (a poll with a deadline, on counters of the server)
@@ -100,80 +112,64 @@ async def until(condition: Callable[[], bool]) -> None:
 async def test_states_map_to_health_and_changes_are_pushed_as_new_versions() -> None:
     pool = Pool()
     pool.reconcile({A: EndpointState.READY, B: EndpointState.DRAINING, C: EndpointState.NOT_READY}, "test")
-    async with Picker(pool) as picker:
-        envoy = Envoy(picker.port)
-        try:
-            envoy.ask()
-            first = await envoy.response()
-            assert first.type_url == TYPE_URL and first.nonce
-            assert hosts(first) == {A: HEALTHY, B: DRAINING, C: UNHEALTHY}
-            envoy.ask(first.version_info, first.nonce)  # ACK
-            await until(lambda: picker.service.acks == 1)
+    async with connected(pool) as (picker, envoy):
+        envoy.ask()
+        first = await envoy.response()
+        assert first.type_url == TYPE_URL and first.nonce
+        assert hosts(first) == {A: HEALTHY, B: DRAINING, C: UNHEALTHY}
+        envoy.ask(first.version_info, first.nonce)  # ACK
+        await until(lambda: picker.service.acks == 1)
 
-            lease = pool.lease(A)
-            pool.set_state(A, EndpointState.GONE)  # no longer listed, one request still running
-            second = await envoy.response()
-            assert second.version_info != first.version_info and second.nonce != first.nonce
-            assert hosts(second) == {A: DRAINING, B: DRAINING, C: UNHEALTHY}
-            envoy.ask(second.version_info, second.nonce)
+        lease = pool.lease(A)
+        pool.set_state(A, EndpointState.GONE)  # no longer listed, one request still running
+        second = await envoy.response()
+        assert second.version_info != first.version_info and second.nonce != first.nonce
+        assert hosts(second) == {A: DRAINING, B: DRAINING, C: UNHEALTHY}
+        envoy.ask(second.version_info, second.nonce)
 
-            lease.release()  # its last request ended: forgotten, so removed from Envoy's view
-            third = await envoy.response()
-            assert hosts(third) == {B: DRAINING, C: UNHEALTHY}
-        finally:
-            await envoy.close()
+        lease.release()  # its last request ended: forgotten, so removed from Envoy's view
+        third = await envoy.response()
+        assert hosts(third) == {B: DRAINING, C: UNHEALTHY}
 
 
 async def test_nack_is_counted_and_the_version_is_not_resent() -> None:
     pool = Pool()
     pool.apply(ready=[A])
-    async with Picker(pool) as picker:
-        envoy = Envoy(picker.port)
-        try:
-            envoy.ask()
-            first = await envoy.response()
-            envoy.ask("", first.nonce, error="rejected for the test")  # NACK: nothing accepted yet
-            await until(lambda: picker.service.nacks == 1)
-            pool.apply(ready=[A, B])
-            second = await envoy.response()  # the next response is the new view, not the NACKed one
-            assert hosts(second) == {A: HEALTHY, B: HEALTHY}
-            assert second.version_info != first.version_info
-        finally:
-            await envoy.close()
+    async with connected(pool) as (picker, envoy):
+        envoy.ask()
+        first = await envoy.response()
+        envoy.ask("", first.nonce, error="rejected for the test")  # NACK: nothing accepted yet
+        await until(lambda: picker.service.nacks == 1)
+        pool.apply(ready=[A, B])
+        second = await envoy.response()  # the next response is the new view, not the NACKed one
+        assert hosts(second) == {A: HEALTHY, B: HEALTHY}
+        assert second.version_info != first.version_info
 
 
 async def test_stale_nonce_is_ignored() -> None:
     pool = Pool()
     pool.apply(ready=[A])
-    async with Picker(pool) as picker:
-        envoy = Envoy(picker.port)
-        try:
-            envoy.ask()
-            first = await envoy.response()
-            pool.apply(ready=[A, B])
-            second = await envoy.response()
-            envoy.ask(first.version_info, first.nonce, error="late NACK of the older response")
-            envoy.ask(second.version_info, second.nonce)
-            await until(lambda: picker.service.acks == 1)
-            assert picker.service.nacks == 0
-        finally:
-            await envoy.close()
+    async with connected(pool) as (picker, envoy):
+        envoy.ask()
+        first = await envoy.response()
+        pool.apply(ready=[A, B])
+        second = await envoy.response()
+        envoy.ask(first.version_info, first.nonce, error="late NACK of the older response")
+        envoy.ask(second.version_info, second.nonce)
+        await until(lambda: picker.service.acks == 1)
+        assert picker.service.nacks == 0
 
 
 async def test_holds_while_the_source_is_untrusted() -> None:
     pool = Pool()
     untrusted = True
-    async with Picker(pool, hold=lambda: untrusted) as picker:
-        envoy = Envoy(picker.port)
-        try:
-            envoy.ask()
-            await until(lambda: picker.service.requests == 1)  # taken: an answer would be on its way
-            pool.apply(ready=[D])
-            untrusted = False
-            # The first answer is the trusted view: the empty one was never sent to replace Envoy's.
-            assert hosts(await envoy.response()) == {D: HEALTHY}
-        finally:
-            await envoy.close()
+    async with connected(pool, hold=lambda: untrusted) as (picker, envoy):
+        envoy.ask()
+        await until(lambda: picker.service.requests == 1)  # taken: an answer would be on its way
+        pool.apply(ready=[D])
+        untrusted = False
+        # The first answer is the trusted view: the empty one was never sent to replace Envoy's.
+        assert hosts(await envoy.response()) == {D: HEALTHY}
 
 
 async def test_restarted_picker_resends_its_view() -> None:
@@ -187,46 +183,34 @@ async def test_restarted_picker_resends_its_view() -> None:
         await envoy.close()
     restarted_pool = Pool()
     restarted_pool.apply(ready=[A], draining=[B])
-    async with Picker(restarted_pool) as restarted:
-        envoy = Envoy(restarted.port)
-        try:
-            envoy.ask(version=before.version_info)  # a new stream from an Envoy holding the old view
-            after = await envoy.response()
-            assert hosts(after) == {A: HEALTHY, B: DRAINING}
-            assert after.version_info != before.version_info
-        finally:
-            await envoy.close()
+    async with connected(restarted_pool) as (_, envoy):
+        envoy.ask(version=before.version_info)  # a new stream from an Envoy holding the old view
+        after = await envoy.response()
+        assert hosts(after) == {A: HEALTHY, B: DRAINING}
+        assert after.version_info != before.version_info
 
 
 @pytest.mark.parametrize("names", [("pool",), ("pool", "other")])
 async def test_every_requested_cluster_gets_the_pool(names: tuple[str, ...]) -> None:
     pool = Pool()
     pool.apply(ready=[A])
-    async with Picker(pool) as picker:
-        envoy = Envoy(picker.port)
-        try:
-            envoy.ask(names=names)
-            response = await envoy.response()
-            assert len(response.resources) == len(names)
-        finally:
-            await envoy.close()
+    async with connected(pool) as (_, envoy):
+        envoy.ask(names=names)
+        response = await envoy.response()
+        assert len(response.resources) == len(names)
 
 
 async def test_a_burst_of_changes_is_one_push() -> None:
     pool = Pool()
     pool.apply(ready=[A])
-    async with Picker(pool) as picker:
-        envoy = Envoy(picker.port)
-        try:
-            envoy.ask()
-            first = await envoy.response()
-            envoy.ask(first.version_info, first.nonce)
-            for address in (B, C, D):  # three changes within one debounce interval
-                pool.apply(ready=[A, address])
-            pool.apply(ready=[A, B, C, D])
-            second = await envoy.response()
-            assert hosts(second) == {A: HEALTHY, B: HEALTHY, C: HEALTHY, D: HEALTHY}
-            counter = int(second.version_info.rsplit("-", 1)[1]) - int(first.version_info.rsplit("-", 1)[1])
-            assert counter == 1, "one version for the whole burst"
-        finally:
-            await envoy.close()
+    async with connected(pool) as (_, envoy):
+        envoy.ask()
+        first = await envoy.response()
+        envoy.ask(first.version_info, first.nonce)
+        for address in (B, C, D):  # three changes within one debounce interval
+            pool.apply(ready=[A, address])
+        pool.apply(ready=[A, B, C, D])
+        second = await envoy.response()
+        assert hosts(second) == {A: HEALTHY, B: HEALTHY, C: HEALTHY, D: HEALTHY}
+        counter = int(second.version_info.rsplit("-", 1)[1]) - int(first.version_info.rsplit("-", 1)[1])
+        assert counter == 1, "one version for the whole burst"
