@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -29,7 +28,7 @@ import yaml
 
 import loadtest.stack as stack_module
 from loadtest.procs import Proc, free_port
-from loadtest.stack import Stack, StackOptions, parse_metrics
+from loadtest.stack import Stack, StackOptions, parse_metrics, serve_argv
 from loadtest.traffic import run_closed_loop
 
 VARIANTS = ("one", "two", "two-noscrape")
@@ -58,11 +57,7 @@ def with_second_picker(port: int) -> None:
 
 
 def second_picker(workdir: Path, grpc_port: int, metrics_port: int, extra: Sequence[str]) -> Proc:
-    argv = [
-        sys.executable, "-m", "picker", "serve", "--bind-address", "127.0.0.1",
-        "--grpc-port", str(grpc_port), "--health-port", str(free_port()), "--metrics-port", str(metrics_port),
-        "--quiet-interval", "0.2", *extra,
-    ]  # fmt: skip
+    argv = serve_argv(grpc_port, free_port(), metrics_port, "--quiet-interval", "0.2", *extra)
     proc = Proc("picker-2", argv, workdir / "picker-2.log")
     proc.wait_ready(lambda: "picker ready" in proc.log_text())
     return proc

@@ -51,6 +51,25 @@ def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
     return argv + list(extra)
 
 
+def serve_argv(grpc_port: int, health_port: int, metrics_port: int, *extra: str) -> list[str]:
+    """`picker serve` on loopback with these ports (test stacks, benchmarks, second pickers)."""
+    return [
+        sys.executable,
+        "-m",
+        "picker",
+        "serve",
+        "--bind-address",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--health-port",
+        str(health_port),
+        "--metrics-port",
+        str(metrics_port),
+        *extra,
+    ]
+
+
 def health_ok(port: int, path: str = "/health") -> bool:
     try:
         return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=0.5).status_code == 200
@@ -148,19 +167,10 @@ class Stack:
         grpc_port, health_port, metrics_port = self.picker_ports[index]
         endpoints = self.options.picker_endpoints
         endpoints = self.replicas if endpoints is None else list(endpoints)
-        return [
-            sys.executable,
-            "-m",
-            "picker",
-            "serve",
-            "--bind-address",
-            "127.0.0.1",
-            "--grpc-port",
-            str(grpc_port),
-            "--health-port",
-            str(health_port),
-            "--metrics-port",
-            str(metrics_port),
+        return serve_argv(
+            grpc_port,
+            health_port,
+            metrics_port,
             *(("--endpoints", ",".join(endpoints)) if self.options.static_endpoints else ()),
             *(() if self.options.envoy_picker_tls else ("--secure-serving=false",)),
             # a quick end to the shutdown's propagation phase: tests and the demo stop stacks often
@@ -169,7 +179,7 @@ class Stack:
             # the lean shape: Envoy's access log ends every request, from the first one on
             *(() if self.options.observer else ("--response-end", "access-log")),
             *self.options.picker_args,
-        ]
+        )
 
     def start_picker(self) -> None:
         self.picker = Proc("picker", self.picker_argv(), self.workdir / "picker.log")

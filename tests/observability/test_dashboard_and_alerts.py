@@ -20,6 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.procs import Proc, free_port
+from loadtest.stack import serve_argv
 from picker.contract import Outcome
 from picker.pool import DrainEnd, DrainExit, EndpointState
 from picker.streams import EndReason
@@ -72,22 +73,7 @@ def metric_names(expr: str) -> set[str]:
 def exported() -> set[str]:
     """Every series name on a real picker's /metrics page (one endpoint, nothing listening there)."""
     metrics_port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "picker",
-        "serve",
-        "--bind-address",
-        "127.0.0.1",
-        "--grpc-port",
-        str(free_port()),
-        "--health-port",
-        str(free_port()),
-        "--metrics-port",
-        str(metrics_port),
-        "--endpoints",
-        f"127.0.0.1:{free_port()}",
-    ]
+    argv = serve_argv(free_port(), free_port(), metrics_port, "--endpoints", f"127.0.0.1:{free_port()}")
     with tempfile.TemporaryDirectory() as tmp:
         picker = Proc("picker", argv, Path(tmp) / "picker.log")
         try:

@@ -5,7 +5,6 @@ real Envoy (drain through picker A, picker B stops picking the endpoint)."""
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 import yaml
 
 from loadtest.procs import Proc, free_port, wait_until
-from loadtest.stack import Stack, StackOptions
+from loadtest.stack import Stack, StackOptions, serve_argv
 from loadtest.traffic import completion_body
 from picker.pool import DrainCause, Endpoint, EndpointConflict, EndpointState, Pool, UnknownEndpoint
 from picker.sources.drain_store import EndpointsFileDrains
@@ -122,19 +121,10 @@ POLL_S = 0.2  # --endpoints-file-poll of both pickers
 def second_picker(workdir: Path, endpoints_file: Path) -> tuple[Proc, int]:
     """Picker A: not behind the stack's Envoy, just another replica reading the same file."""
     metrics = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "picker",
-        "serve",
-        "--bind-address",
-        "127.0.0.1",
-        "--grpc-port",
-        str(free_port()),
-        "--health-port",
-        str(free_port()),
-        "--metrics-port",
-        str(metrics),
+    argv = serve_argv(
+        free_port(),
+        free_port(),
+        metrics,
         "--secure-serving=false",
         "--endpoints-file",
         str(endpoints_file),
@@ -142,7 +132,7 @@ def second_picker(workdir: Path, endpoints_file: Path) -> tuple[Proc, int]:
         str(POLL_S),
         "--quiet-interval",
         "0.2",
-    ]
+    )
     proc = Proc("picker-a", argv, workdir / "picker-a.log")
     proc.wait_ready(lambda: "picker ready" in proc.log_text())
     return proc, metrics
