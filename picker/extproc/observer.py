@@ -22,6 +22,11 @@ class ObserverSession:
 
     __slots__ = ("_bodies", "_ended", "_path", "record")
 
+    @property
+    def finished(self) -> bool:
+        """Nothing more to see on this stream: the RPC may end (see ExtProcService.Process)."""
+        return self._ended
+
     def __init__(self, path: RequestPath) -> None:
         self._path = path
         self.record: RequestRecord | None = None
@@ -46,6 +51,7 @@ class ObserverSession:
                 self._bodies = translate.modes(request).sees_response_bodies
             request_id = translate.header_map(request.request_headers).get(headers.PICKER_REQUEST_ID)
             self.record = self._path.attach_observer(request_id) if request_id else None
+            self._ended = self.record is None  # not a request the picker routed: nothing to see
             return
         record = self.record
         if record is None or self._ended:

@@ -108,6 +108,8 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                     except Exception:
                         log.exception("observer message failed; ending the observer stream")
                         return
+                    if session.finished:
+                        return  # see below: the picker ends the RPC, not Envoy
                     continue
                 try:
                     steps = session.handle(request)

@@ -299,6 +299,42 @@ async def test_unknown_observer_is_counted_not_fatal() -> None:
     assert h.value("picker_observer_unmatched_total") == 1
 
 
+async def pulled_from(service: ExtProcService, messages: Sequence[ep.ProcessingRequest]) -> int:
+    """How many messages the service read before it ended the RPC itself."""
+    pulled = 0
+
+    async def counting() -> AsyncIterator[ep.ProcessingRequest]:
+        nonlocal pulled
+        for message in messages:
+            pulled += 1
+            yield message
+
+    _ = [r async for r in service.Process(counting(), None)]  # type: ignore[arg-type]
+    return pulled
+
+
+async def test_observer_ends_its_rpc_at_the_response_end() -> None:
+    # grpc.aio leaks native memory for every RPC the client resets before the server's status
+    # (grpc/grpc#43360); Envoy resets the observer's stream when it closes it, so the picker ends it
+    # first, right after the last message it needs (README, "Benchmarks": the soak).
+    h = make()
+    route = await run(h.service, [request_headers(), body(BODY), response_headers(200, "10.0.0.2:8000")])
+    _, request_id = routed(route[:2])
+    observer = [
+        request_headers({headers.PICKER_REQUEST_ID: request_id}, observer=True),
+        response_headers(200, "10.0.0.2:8000", observer=True),
+        response_body(False),
+        response_body(True),
+        response_body(False),  # never read: the RPC has ended
+    ]
+    assert await pulled_from(h.service, observer) == 4
+    assert h.path.live == 0
+    assert h.value("picker_request_ends_total", reason="completed") == 1
+    unknown = [request_headers({headers.PICKER_REQUEST_ID: "nope"}, observer=True), response_body(True)]
+    assert await pulled_from(h.service, unknown) == 1
+    assert h.service.open_streams == 0
+
+
 async def test_stream_cancelled_mid_routing_releases_nothing_twice() -> None:
     h = make()
 
