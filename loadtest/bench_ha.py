@@ -1,13 +1,13 @@
-"""Benchmark: load spread over the replicas with one picker vs two active-active pickers.
+"""Benchmark: load spread over the replicas with one picker vs two or four active-active pickers.
 
-Two pickers behind one Envoy (the `picker` cluster with both hosts, ext_proc streams spread round
+Several pickers behind one Envoy (the `picker` cluster with both hosts, ext_proc streams spread round
 robin) each count only their own in-flight requests; the engines' scraped running counts are the
 shared truth. Same traffic for each variant (a closed loop of streams through the real Envoy), and
 every replica's running count (GET /sim/state) sampled while it runs: the spread is max/mean running
 per replica over the samples (1.0 = perfectly even).
 
-Variants: `one` (one picker), `two` (two pickers, engine scrape on: the default), `two-noscrape`
-(two pickers, in-flight only: what each picker alone can know).
+Variants: `one` (one picker), `two` and `four` (that many pickers, engine scrape on: the default),
+`two-noscrape` (two pickers, in-flight only: what each picker alone can know).
 Run: `python -m loadtest.bench_ha [--streams 24] [--seconds 15] [--replicas 4]` (about 1.5 min).
 """
 
@@ -31,41 +31,44 @@ from loadtest.procs import Proc, free_port
 from loadtest.stack import Stack, StackOptions, parse_metrics, serve_argv
 from loadtest.traffic import run_closed_loop
 
-VARIANTS = ("one", "two", "two-noscrape")
+VARIANTS = {"one": 1, "two": 2, "two-noscrape": 2, "four": 4}  # variant: pickers
 
 
-def with_second_picker(port: int) -> None:
-    """Make the stack's Envoy config list a second host in the `picker` cluster."""
+def with_more_pickers(ports: Sequence[int]) -> None:
+    """Make the stack's Envoy config list more hosts in the `picker` cluster."""
     original = stack_module.render
 
-    def render_two(params: Any, template: Path | None = None) -> str:
+    def render_more(params: Any, template: Path | None = None) -> str:
         text = original(params) if template is None else original(params, template)
         config = yaml.safe_load(text)
         for cluster in config["static_resources"]["clusters"]:
             if cluster["name"] == "picker":
                 endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-                endpoints.append(
+                endpoints.extend(
                     {
                         "endpoint": {
                             "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}
                         }
                     }
+                    for port in ports
                 )
         return yaml.safe_dump(config, sort_keys=False)
 
-    stack_module.render = render_two  # type: ignore[assignment]
+    stack_module.render = render_more  # type: ignore[assignment]
 
 
-def second_picker(workdir: Path, grpc_port: int, metrics_port: int, extra: Sequence[str]) -> Proc:
+def another_picker(workdir: Path, name: str, grpc_port: int, metrics_port: int, extra: Sequence[str]) -> Proc:
     argv = serve_argv(grpc_port, free_port(), metrics_port, "--quiet-interval", "0.2", *extra)
-    proc = Proc("picker-2", argv, workdir / "picker-2.log")
+    proc = Proc(name, argv, workdir / f"{name}.log")
     proc.wait_ready(lambda: "picker ready" in proc.log_text())
     return proc
 
 
-def picks(metrics_port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-    return sum(v for (name, _), v in parse_metrics(text).items() if name == "picker_picks_total")
+def counters(metrics_port: int) -> tuple[float, float]:
+    """(picks, observer streams for requests another picker routed) of one picker."""
+    metrics = parse_metrics(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text)
+    picks = sum(v for (name, _), v in metrics.items() if name == "picker_picks_total")
+    return picks, metrics.get(("picker_observer_unmatched_total", ()), 0.0)
 
 
 class Sampler:
@@ -119,15 +122,19 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
     stack = Stack(workdir, options)
     endpoints_file.write_text("".join(f"- {r}\n" for r in stack.replicas))
     render = stack_module.render
-    second: Proc | None = None
-    second_metrics = 0
+    others: list[tuple[Proc, int]] = []  # the pickers beside the stack's own, with their metrics ports
     try:
         stack.start_sims()
         stack.start_picker()
-        if variant != "one":
-            port, second_metrics = free_port(), free_port()
-            second = second_picker(workdir, port, second_metrics, source)
-            with_second_picker(port)
+        ports = []
+        for index in range(2, VARIANTS[variant] + 1):
+            port, metrics_port = free_port(), free_port()
+            others.append(
+                (another_picker(workdir, f"picker-{index}", port, metrics_port, source), metrics_port)
+            )
+            ports.append(port)
+        if ports:
+            with_more_pickers(ports)
         stack.start_envoy()
         with Sampler(stack.replicas) as sampler:
             report = await run_closed_loop(
@@ -138,18 +145,20 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
                 max_tokens=args.tokens,
             )
         failed = sum(1 for r in report.results if not r.ok)
-        first_picks = picks(stack.metrics_port)
-        second_picks = picks(second_metrics) if second is not None else 0.0
-        share = second_picks / max(1.0, first_picks + second_picks)
+        (first_picks, unmatched), *rest = [counters(stack.metrics_port)] + [counters(m) for _, m in others]
+        other_picks = sum(p for p, _ in rest)
+        unmatched += sum(u for _, u in rest)
+        share = other_picks / max(1.0, first_picks + other_picks)
+        elsewhere = unmatched / max(1.0, first_picks + other_picks)
         mean, p95, worst = sampler.spread()
         return (
             f"{variant:<13} | {len(report.results):>8} | {failed:>6} | {len(sampler.samples):>7} | "
-            f"{mean:>9.2f} | {p95:>8.2f} | {worst:>8.2f} | {share:>9.0%}"
+            f"{mean:>9.2f} | {p95:>8.2f} | {worst:>8.2f} | {share:>6.0%} | {elsewhere:>8.0%}"
         )
     finally:
         stack_module.render = render  # type: ignore[assignment]
-        if second is not None:
-            second.stop()
+        for proc, _ in others:
+            proc.stop()
         stack.stop()
 
 
@@ -167,7 +176,9 @@ async def main() -> None:
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     print(f"{args.streams} streams x {args.tokens} tokens, {args.replicas} replicas, {args.seconds:g} s each")
-    print("variant       | requests | failed | samples | max/mean  | p95      | worst    | picker 2")
+    print(
+        "variant       | requests | failed | samples | max/mean  | p95      | worst    | others | elsewhere"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-ha-") as root:
         for variant in variants:
             started = time.monotonic()
