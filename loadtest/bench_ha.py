@@ -1,14 +1,16 @@
 """Benchmark: load spread over the replicas with one picker vs two or four active-active pickers.
 
-Several pickers behind one Envoy (the `picker` cluster with both hosts, ext_proc streams spread round
-robin) each count only their own in-flight requests; the engines' scraped running counts are the
+Several pickers behind one Envoy (the `picker` cluster with every picker as a host, ext_proc streams
+spread round robin) each count only their own in-flight requests; the engines' scraped running counts are the
 shared truth. Same traffic for each variant (a closed loop of streams through the real Envoy), and
 every replica's running count (GET /sim/state) sampled while it runs: the spread is max/mean running
 per replica over the samples (1.0 = perfectly even).
 
 Variants: `one` (one picker), `two` and `four` (that many pickers, engine scrape on: the default),
 `two-noscrape` (two pickers, in-flight only: what each picker alone can know).
-Run: `python -m loadtest.bench_ha [--streams 24] [--seconds 15] [--replicas 4]` (about 1.5 min).
+`elsewhere`: observer streams a picker got for requests another picker routed (Envoy picks a host for
+each ext_proc stream on its own). Run: `python -m loadtest.bench_ha [--streams 24] [--seconds 15]
+[--replicas 4]` (about 1.5 min).
 """
 
 from __future__ import annotations
