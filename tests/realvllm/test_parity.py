@@ -8,6 +8,7 @@ Facts first measured in /work/shared/reference/vllm-measured.md.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,14 @@ class TestServing:
     async def _idle_engine(self, vllm_server: launcher.RealVllm) -> None:
         idle = await pc.wait_until(lambda: engine_idle(vllm_server), IDLE_WITHIN_S, interval=0.5)
         assert idle, f"the shared vLLM still busy after {IDLE_WITHIN_S} s:\n{vllm_server.log_tail()}"
+
+    def test_engine_core_yields_the_shared_core(self, vllm_server: launcher.RealVllm) -> None:
+        """The EngineCore's busy-wait runs at the lowest priority, the API server at the normal one."""
+        members = dict(launcher.group_members(vllm_server.process.pid))
+        engine_cores = [pid for pid, comm in members.items() if comm == launcher.ENGINE_CORE_COMM]
+        assert len(engine_cores) == 1, members
+        assert os.getpriority(os.PRIO_PROCESS, engine_cores[0]) == launcher.ENGINE_CORE_NICE
+        assert os.getpriority(os.PRIO_PROCESS, vllm_server.process.pid) == 0
 
     async def test_health_and_models(self, vllm_server: launcher.RealVllm) -> None:
         await pc.check_health_and_models(target_of(vllm_server))
