@@ -145,9 +145,11 @@ async def one_stream(port: int, request: bytes, limit_s: float) -> Stream:
     return result
 
 
-def stream_request(tokens: int, itl_ms: float | None = None, prompt: str = "hi") -> bytes:
+def stream_request(
+    tokens: int, itl_ms: float | None = None, prompt: str = "hi", extra_headers: bytes = b""
+) -> bytes:
     extra = b"x-sim-itl-ms: %d\r\n" % itl_ms if itl_ms is not None else b""
-    return _request(_body(tokens, stream=True, prompt=prompt), extra, close=True)
+    return _request(_body(tokens, stream=True, prompt=prompt), extra + extra_headers, close=True)
 
 
 async def closed_loop(

@@ -354,7 +354,9 @@ class StreamsConfig(_Group):
     # Who reports a response's end when the routing filter sees no response body: an observer
     # filter ("observer"), Envoy's access log ("access-log": the lean shape), nobody ("engine": the
     # engines' scraped running counts end requests and close drain records), or "auto": the observer
-    # once one has attached, else the access log once an entry has come, else the engines.
+    # once one has attached, else the access log once an entry has come, else the engines. Where an
+    # observer reports ("observer", or "auto" on a gRPC connection an observer stream came on), the
+    # routing stream ends at its answer: response headers never wait for the picker.
     response_end: Literal["auto", "observer", "access-log", "engine"] = "auto"
 
 

@@ -32,7 +32,9 @@ class ResponseEnd(enum.Enum):
     # an observer filter once one has attached, else Envoy's access log once an entry has come,
     # else the engine's gauges
     AUTO = "auto"
-    OBSERVER = "observer"  # an observer filter; a request none claims is released after the grace
+    # an observer filter (the routing stream ends at its answer); a request none claims is released
+    # after the grace
+    OBSERVER = "observer"
     # Envoy's access log ends every request (the lean shape), from the first request on: under
     # `auto` the requests routed before any entry came (all long streams, say) go to the engines
     ACCESS_LOG = "access-log"
@@ -42,7 +44,16 @@ class ResponseEnd(enum.Enum):
 _MIB = 1024 * 1024
 
 
-_LIST_PEERS_KEPT = 256
+_PEERS_KEPT = 256
+
+
+def _remember(peers: set[str], peer: str | None) -> None:
+    """Learn a data plane connection; reconnects must not grow the set without bound."""
+    if peer is None:
+        return
+    if len(peers) >= _PEERS_KEPT and peer not in peers:
+        peers.clear()
+    peers.add(peer)
 
 
 class ExtProcService(ep_grpc.ExternalProcessorServicer):
@@ -75,6 +86,9 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         # that data plane walks lists. Learned per connection, never picker-wide: a gateway routing
         # with ORIGINAL_DST on the same picker must keep getting a single endpoint.
         self._list_peers: set[str] = set()
+        # Connections an observer stream came on: their observer reports each response's headers, so
+        # the routing stream ends at its decision and response headers never wait for the picker.
+        self._observer_peers: set[str] = set()
 
     @property
     def grpc_message_limit(self) -> int:
@@ -99,9 +113,15 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 if session is None:
                     if request.observability_mode:
                         self.observer_seen = True
+                        _remember(self._observer_peers, peer)
                         session = ObserverSession(self.path)
                     else:
-                        session = RoutingSession(self.path, self._routing, self._lists_ok(context, peer))
+                        session = RoutingSession(
+                            self.path,
+                            self._routing,
+                            self._lists_ok(context, peer),
+                            ends_at_decision=self._observer_reports(peer),
+                        )
                 if isinstance(session, ObserverSession):
                     try:
                         session.handle(request)
@@ -136,10 +156,8 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         finally:
             self.open_streams -= 1
             if isinstance(session, RoutingSession):
-                if session.record is not None and session.record.served and peer is not None:
-                    if len(self._list_peers) >= _LIST_PEERS_KEPT:  # reconnects must not grow it
-                        self._list_peers.clear()
-                    self._list_peers.add(peer)
+                if session.record is not None and session.record.served:
+                    _remember(self._list_peers, peer)
                 unreported = session.close()
                 if unreported is not None:
                     self.expect_observer(unreported)
@@ -157,8 +175,22 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
             key == headers.DATA_PLANE and value == headers.OVERRIDE_HOST for key, value in metadata or ()
         )
 
+    def _observer_reports(self, peer: str | None) -> bool:
+        """Whether this stream's response headers reach the picker through an observer stream: an
+        observer stream has come on the same gRPC connection (the same Envoy worker's filter chain)."""
+        if self._routing.test_hooks:
+            return False  # the served-endpoint test header is set on the routing stream's answer
+        if self._response_end not in (ResponseEnd.AUTO, ResponseEnd.OBSERVER):
+            return False
+        return peer is not None and peer in self._observer_peers
+
     def expect_observer(self, record: RequestRecord) -> None:
-        """Give the observer stream a grace period to claim a routed request, else settle who ends it."""
+        """Give the observer stream a grace period to claim a routed request, else settle who ends it.
+
+        The observer's stream opens as soon as Envoy acts on the routing answer, so a request none
+        claims in time whose response did not start (as far as the routing stream saw, or could
+        see: it may have ended at its answer) was left by its client before Envoy got that far.
+        """
 
         def expire() -> None:
             self._timers.discard(handle)

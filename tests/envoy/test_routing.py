@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 
 import httpx
 import pytest
 
+from loadtest.procs import wait_until
 from loadtest.stack import Stack
 from loadtest.traffic import REPLICA_HEADER, completion_body, run_closed_loop, stream_one
 
@@ -92,3 +94,32 @@ async def test_closed_loop_traffic_has_no_failures(clean_stack: Stack) -> None:
     assert len(report.results) == 80
     assert report.failures() == []
     assert set(report.by_replica()) == set(clean_stack.replicas)
+
+
+async def test_response_headers_do_not_wait_for_the_picker(clean_stack: Stack) -> None:
+    # The routing stream ends at its decision once this connection's observer has reported a
+    # response, so a response's headers never wait on the picker (one round trip less before the
+    # first token). Proof: with the picker frozen (SIGSTOP) after it routed a request, the response
+    # still arrives. Were the routing filter still waiting for the picker's answer to the response
+    # headers, Envoy would give up after its message_timeout (2 s) and answer 504 (measured).
+    async with httpx.AsyncClient(timeout=30) as client:
+        warm = await stream_one(client, clean_stack.url, completion_body(2))  # its observer reports
+        assert warm.ok, warm
+        running = clean_stack.sim_value("vllm:num_requests_running")
+        # 120 tokens 25 ms apart: non-streaming, so its headers leave the replica after about 3 s
+        pending = asyncio.create_task(
+            client.post(clean_stack.url + "/v1/completions", json=completion_body(120, stream=False))
+        )
+        await asyncio.to_thread(
+            wait_until,
+            lambda: clean_stack.sim_value("vllm:num_requests_running") > running,
+            10,
+            what="the request to reach a replica",
+        )
+        clean_stack.picker.signal(signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            response = await asyncio.wait_for(pending, 20)
+        finally:
+            clean_stack.picker.signal(signal.SIGCONT)  # type: ignore[union-attr]
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 120

@@ -301,16 +301,7 @@ async def test_unknown_observer_is_counted_not_fatal() -> None:
 
 async def pulled_from(service: ExtProcService, messages: Sequence[ep.ProcessingRequest]) -> int:
     """How many messages the service read before it ended the RPC itself."""
-    pulled = 0
-
-    async def counting() -> AsyncIterator[ep.ProcessingRequest]:
-        nonlocal pulled
-        for message in messages:
-            pulled += 1
-            yield message
-
-    _ = [r async for r in service.Process(counting(), None)]  # type: ignore[arg-type]
-    return pulled
+    return (await counted(service, messages))[0]
 
 
 async def test_observer_ends_its_rpc_at_the_response_end() -> None:
@@ -353,3 +344,105 @@ async def test_stream_cancelled_mid_routing_releases_nothing_twice() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     assert h.service.open_streams == 0
+
+
+class Peer:
+    """The part of grpc.aio's ServicerContext the service reads: which connection a stream came on."""
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((headers.DATA_PLANE, headers.OVERRIDE_HOST),)
+
+
+async def counted(
+    service: ExtProcService, messages: Sequence[ep.ProcessingRequest], context: Peer | None = None
+) -> tuple[int, list[ep.ProcessingResponse]]:
+    """How many messages the service read before it ended the RPC, and what it answered."""
+    pulled = 0
+
+    async def counting() -> AsyncIterator[ep.ProcessingRequest]:
+        nonlocal pulled
+        for message in messages:
+            pulled += 1
+            yield message
+
+    out = [r async for r in service.Process(counting(), context)]  # type: ignore[arg-type]
+    return pulled, out
+
+
+async def observe(h: Harness, request_id: str, served: str, context: Peer) -> None:
+    observer = [
+        request_headers({headers.PICKER_REQUEST_ID: request_id}, observer=True),
+        response_headers(200, served, observer=True),
+        response_body(True),
+    ]
+    assert (await counted(h.service, observer, context))[0] == 3
+
+
+async def test_routing_ends_at_its_decision_on_a_connection_whose_observer_reports() -> None:
+    # Response headers that go to the picker wait for its answer (one more round trip before the
+    # first token): where an observer stream reports them, the routing stream ends once it routed.
+    h = make()
+    envoy = Peer("ipv4:127.0.0.1:40000")
+    first = [request_headers(), body(BODY), response_headers(200, "10.0.0.2:8000")]
+    pulled, answers = await counted(h.service, first, envoy)
+    assert pulled == 3  # no observer seen on this connection yet: the routing stream reports
+    await observe(h, routed(answers[:2])[1], "10.0.0.2:8000", envoy)
+
+    fallbacks_served = h.value("picker_fallback_served_total")
+    second = [request_headers(), body(BODY), response_headers(200, "10.0.0.3:8000")]
+    pulled, answers = await counted(h.service, second, envoy)
+    assert pulled == 2 and len(answers) == 2  # headers continued, body routed; then the RPC ended
+    destinations, request_id = routed(answers)
+    assert h.path.live == 1
+    # Envoy served it from the first fallback: the observer's response headers say so
+    await observe(h, request_id, destinations[1], envoy)
+    assert h.path.live == 0
+    assert h.value("picker_request_ends_total", reason="completed") == 2
+    assert h.value("picker_fallback_served_total") == fallbacks_served + 1
+
+    # another data plane's connection, with no observer filter, keeps its response headers
+    other = Peer("ipv4:127.0.0.1:40001")
+    pulled, _ = await counted(h.service, second, other)
+    assert pulled == 3
+
+
+async def test_a_request_routed_at_the_answer_that_no_observer_claims_was_left_by_its_client() -> None:
+    # The routing stream ended at its answer, then no observer stream came: Envoy never acted on the
+    # answer (the client had gone), so the grace releases the slot as a client disconnect.
+    h = make(service_options={"response_end": ResponseEnd.OBSERVER})
+    envoy = Peer("p")
+    first = [request_headers(), body(BODY), response_headers(200, "10.0.0.2:8000")]
+    _, answers = await counted(h.service, first, envoy)
+    await observe(h, routed(answers[:2])[1], "10.0.0.2:8000", envoy)
+    pulled, answers = await counted(h.service, [request_headers(), body(BODY)], envoy)
+    assert pulled == 2 and routed(answers)
+    assert h.path.live == 1
+    await async_wait_until(lambda: h.path.live == 0, 2, what="the grace to release the slot")
+    assert h.value("picker_request_ends_total", reason="client-disconnect") == 1
+    assert h.value("picker_request_ends_total", reason="unobserved") == 0
+
+
+async def test_without_an_observer_on_its_connection_the_routing_stream_waits_for_the_response() -> None:
+    # `observer` stated, but no observer stream came on this connection (the filter is missing):
+    # the routing stream still reports the response, so its start and who served are known.
+    h = make(service_options={"response_end": ResponseEnd.OBSERVER})
+    pulled, _ = await counted(
+        h.service, [request_headers(), body(BODY), response_headers(200, "10.0.0.2:8000")], Peer("p")
+    )
+    assert pulled == 3
+
+
+async def test_test_hooks_keep_the_routing_stream_to_the_response_headers() -> None:
+    h = make(service_options={"response_end": ResponseEnd.OBSERVER, "test_hooks": True})
+    pulled, answers = await counted(
+        h.service, [request_headers(), body(BODY), response_headers(200, "10.0.0.2:8000")], Peer("p")
+    )
+    assert pulled == 3
+    mutation = answers[-1].response_headers.response.header_mutation
+    assert headers.TEST_SERVED_ENDPOINT in {h.header.key for h in mutation.set_headers}
