@@ -123,3 +123,26 @@ async def test_response_headers_do_not_wait_for_the_picker(clean_stack: Stack) -
             clean_stack.picker.signal(signal.SIGCONT)  # type: ignore[union-attr]
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == 120
+
+
+async def test_the_access_log_times_the_pickers_part_of_each_request(clean_stack: Stack) -> None:
+    # Operators see, per request, how long the routing filter waited for the picker in each phase
+    # and how long the request took to leave for its replica (config/envoy.yaml's file access log).
+    async with httpx.AsyncClient(timeout=10) as client:
+        result = await stream_one(client, clean_stack.url, completion_body(2), {"x-request-id": "timed-1"})
+        assert result.ok, result
+
+    def entry() -> dict[str, object] | None:
+        for line in clean_stack.access_log.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("request_id") == "timed-1":
+                return record  # type: ignore[no-any-return]
+        return None
+
+    await asyncio.to_thread(wait_until, lambda: entry() is not None, 10, what="the access-log entry")
+    timed = entry()
+    assert timed is not None
+    headers_us, body_us = int(str(timed["picker_headers_us"])), int(str(timed["picker_body_us"]))
+    to_upstream_us = int(str(timed["to_upstream_us"]))
+    assert headers_us > 0 and body_us > 0
+    assert to_upstream_us >= headers_us + body_us  # the picker's phases come before the upstream request
