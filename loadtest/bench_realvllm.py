@@ -5,9 +5,12 @@ One run replays the same seeded open-loop Poisson load of streaming completions 
   picker     Envoy + picker, shipped flags (scraping every 100 ms, flow control on)
   noscrape   Envoy + picker --no-scrape (in-flight counts only; flow control then never queues)
   noflow     Envoy + picker, scraping on, --waiting-threshold 1e9 (nothing is ever held in the picker)
+  scrape500  Envoy + picker, scraping every 500 ms instead of 100 ms (not in the default run)
 Each picker setup runs its own Envoy + picker only while it is measured (an idle picker scrapes the
 engines, whose API servers pay for every scrape), against the same two vLLMs, started once and
-pinned one core each (VLLM_CPU_OMP_THREADS_BIND). Per setup: tokens/s, completed, TTFT p50/p99,
+pinned one core each (VLLM_CPU_OMP_THREADS_BIND), or, with `--router-core N --cores M,M`, both
+vLLM servers (every process) on the other cores and Envoy, the picker and the client on core N:
+the picker with a core of its own, away from the engines. Per setup: tokens/s, completed, TTFT p50/p99,
 requests the picker held and for how long, CPU seconds of the picker, Envoy, both engines (every
 process of each server) and the client, and the load average. Bounded: the arrival list is finite
 and every stream has a read deadline; about 5 minutes with both vLLM starts (two rounds).
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import tempfile
 import time
@@ -43,6 +47,9 @@ SETUPS: dict[str, tuple[str, ...] | None] = {
     "picker": (),
     "noscrape": ("--no-scrape",),
     "noflow": ("--waiting-threshold", "1000000000"),
+    # scraping 5x less often: each scrape costs the vLLM API server's event loop, which also sends
+    # every token, a few milliseconds (what `picker` vs `noscrape` TTFT shows with a core of its own)
+    "scrape500": ("--scrape-interval", "0.5"),
 }
 ITL_BOUND_S = 0.05  # a stream's read deadline: max_tokens at 20 tokens/s, plus rawclient's 30 s
 
@@ -52,19 +59,37 @@ def load() -> str:
     return f"{one:.1f}/{five:.1f}"
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """User + system CPU of every live process in a process group (a vLLM server and its engine)."""
-    total = 0.0
+def group_pids(pgid: int) -> list[int]:
+    """The live processes of a process group (a vLLM server, its engine core and their helpers)."""
+    pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             if int(fields[2]) == pgid:
-                total += cpu_seconds(int(entry.name))
+                pids.append(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue  # exited meanwhile
+    return pids
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU of every live process in a process group (a vLLM server and its engine)."""
+    total = 0.0
+    for pid in group_pids(pgid):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += cpu_seconds(pid)
     return total
+
+
+def pin(pids: Sequence[int], cores: set[int]) -> None:
+    """Confine every thread of these processes to `cores` (affinity is per thread on Linux)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError, ValueError):
+                    os.sched_setaffinity(int(task.name), cores)
 
 
 @dataclass
@@ -203,6 +228,7 @@ async def run_setup(
     workdir: Path,
     servers: Sequence[launcher.RealVllm],
     arrivals: list[Arrival],
+    router_cores: set[int] | None = None,
 ) -> Result:
     addresses = [f"127.0.0.1:{s.port}" for s in servers]
     options = StackOptions(
@@ -223,6 +249,8 @@ async def run_setup(
                 stack.listen_port,
                 {"picker": stack.picker.pid, "envoy": stack.envoy.pid, **vllm_pids},
             )
+        if router_cores is not None:  # the routing side away from the engines (--router-core)
+            pin([pid for name, pid in pids.items() if not name.startswith("vllm")], router_cores)
         await warm_up(port, 4)
         result = await measure(name, port, pids, servers, arrivals)
         if flags is not None:
@@ -287,10 +315,22 @@ async def run(args: argparse.Namespace) -> None:
         workdir = Path(tmp)
         extra = ("--max-num-seqs", str(args.max_num_seqs)) if args.max_num_seqs else ()
         with vllm_pair(workdir, args.cores.split(","), extra) as servers:
+            router_cores = None
+            if args.router_core is not None:
+                router_cores = {args.router_core}
+                engine_cores = set(range(os.cpu_count() or 1)) - router_cores
+                for server in servers:  # API servers and engines alike, away from the router's core
+                    pin(group_pids(server.pid), engine_cores)
+                pin([os.getpid()], router_cores)  # the client too (this thread; later ones inherit)
+                print(
+                    f"  router side (Envoy, picker, client) on core {args.router_core}, "
+                    f"vLLM servers on {sorted(engine_cores)}",
+                    flush=True,
+                )
             results = []
             for _ in range(args.rounds):
                 for name in names:
-                    result = await run_setup(name, SETUPS[name], workdir, servers, arrivals)
+                    result = await run_setup(name, SETUPS[name], workdir, servers, arrivals, router_cores)
                     print(
                         f"  {name}: {result.tokens() / result.wall_s:.0f} tokens/s, "
                         f"TTFT p50 {result.ttft_ms(50):.0f} ms (load {result.load})",
@@ -304,7 +344,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, of {list(SETUPS)}")
+    parser.add_argument(
+        "--setups", default="rr,picker,noscrape,noflow", help=f"comma-separated, of {list(SETUPS)}"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="repeat the setups, interleaved")
     # 2.5/s (about 340 tokens/s) leaves the engines room; at 5-8/s (750-1150 tokens/s) the box itself is
     # oversubscribed and every setup's TTFT is 0.3-1.5 s
@@ -314,6 +356,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=250)
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--cores", default="0,1", help="VLLM_CPU_OMP_THREADS_BIND of each vLLM")
+    parser.add_argument(
+        "--router-core",
+        type=int,
+        default=None,
+        help="pin Envoy, the picker and the client to this core and both vLLM servers (every process) "
+        "to the others: the picker with a core of its own (pass --cores without it, e.g. 1,1)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=0, help="vLLM --max-num-seqs (0: its default)")
     args = parser.parse_args()
     import uvloop
