@@ -17,19 +17,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import statistics
 import string
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest.bench_cost import closed_loop, load, stream_request, ttfts
 from loadtest.ext_proc_bare import STACKS
-from loadtest.procs import Proc, free_port, port_open
+from loadtest.procs import Proc, free_port, port_open, wait_until
 from loadtest.rawclient import cpu_seconds
 from loadtest.stack import health_ok, serve_argv, sim_argv
 from loadtest.traffic import percentile
@@ -170,13 +170,26 @@ def start_row(name: str, workdir: Path, upstream: int) -> Row:
     return row
 
 
-def envoy_timings(row: Row, level: int) -> dict[str, float | None]:
-    """Median of each of Envoy's timings over the row's requests at `level` (None: not measured)."""
-    entries = [json.loads(line) for line in row.access_log.read_text().splitlines() if line.strip()]
+def log_entries(row: Row) -> list[dict[str, str | None]]:
+    """The row's measured requests in Envoy's access log, once every one of them is there (Envoy
+    flushes the file every 100 ms); what is there after the deadline otherwise."""
+    expected = sum(row.requests.values())
+
+    def entries() -> list[dict[str, str | None]]:
+        lines = row.access_log.read_text().splitlines() if row.access_log.exists() else []
+        return [e for e in map(json.loads, filter(None, lines)) if e.get("level") not in (None, "-")]
+
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: len(entries()) >= expected, 5, what=f"{row.name}'s access-log entries")
+    return entries()
+
+
+def envoy_timings(entries: list[dict[str, str | None]], level: int) -> dict[str, float | None]:
+    """Median of each of Envoy's timings over the requests at `level` (None: not measured)."""
     entries = [e for e in entries if e.get("level") == str(level)]
     out: dict[str, float | None] = {}
     for key in _LOG_FORMAT:
-        values = [float(e[key]) for e in entries if e.get(key) not in (None, "-", "")]
+        values = [float(e[key] or 0) for e in entries if e.get(key) not in (None, "-", "")]
         out[key] = statistics.median(values) if values else None
     return out
 
@@ -202,10 +215,10 @@ def report(rows: list[Row], levels: list[int]) -> None:
         f"{'server':18} | {'conc':>4} | {'TTFT p50/p99 ms':>15} | {'added p50':>9} | "
         f"{'before upstream':>15} | {'headers rt':>10} | {'body rt':>8} | {'CPU/req':>8}"
     )
-    time.sleep(0.3)  # Envoy flushes its access-log file every 100 ms
     for row in rows:
+        logged = log_entries(row)
         for level in levels:
-            timings = envoy_timings(row, level)
+            timings = envoy_timings(logged, level)
 
             def us(key: str, t: dict[str, float | None] = timings) -> str:
                 value = t[key]
