@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_cost
 	$(BIN)/python -m loadtest.bench_grpc_servers
 	$(BIN)/python -m loadtest.bench_grpc_reset
+	$(BIN)/python -m loadtest.bench_ngf
 	@test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
 	VLLM_ROUTER=$(CURDIR)/.venv-router/bin/vllm-router $(BIN)/python -m loadtest.bench_proxy
 

@@ -6,6 +6,8 @@ Three data paths over the same simulated replicas (TTFT 5 ms), in one run:
   lean    the routing filter alone: Envoy's gRPC access log ends each request (no per-chunk cost;
           loses token counts, TTFT/ITL histograms, error events and silent-abort detection), its
           entries flushed every 10 ms (--lean-flush) so that in-flight counts follow the ends closely
+  traced  the shipped config with `--tracing`: every request a trace, batched over OTLP/gRPC to a
+          collector on loopback (loadtest/otlp_collector.py); `picker` is the same with tracing off
 Cost is CPU time (per-process user + system from /proc), which a loaded machine skews far less than
 latency; the client's and the simulators' own CPU are printed beside the picker's, and the machine's
 load average with each part. Every part is bounded in requests and time (about 3-4 minutes in all).
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from loadtest.bench_picker import start_baseline_envoy
+from loadtest.otlp_collector import Collector
 from loadtest.procs import Proc
 from loadtest.rawclient import cpu_seconds
 from loadtest.stack import Stack, StackOptions
@@ -452,6 +455,8 @@ async def run(args: argparse.Namespace) -> None:
         (workdir / "picker").mkdir()
         (workdir / "lean").mkdir()
         lean: Stack | None = None
+        traced: Stack | None = None
+        collector = Collector().start() if args.traced else None
         baseline: Proc | None = None
         await asyncio.to_thread(stack.start)
         try:
@@ -471,6 +476,22 @@ async def run(args: argparse.Namespace) -> None:
                 sims=stack.sims.pid,
                 envoys={"envoy": baseline.pid, "picker": stack.envoy.pid, "lean": lean.envoy.pid},
             )
+            if collector is not None:
+                (workdir / "traced").mkdir()
+                traced_options = StackOptions(
+                    replicas=0,
+                    picker_endpoints=stack.replicas,
+                    picker_args=("--tracing",),
+                    picker_env={
+                        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+                        "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                    },
+                )
+                traced = await asyncio.to_thread(Stack(workdir / "traced", traced_options).start)
+                assert traced.picker and traced.envoy
+                paths.ports["traced"] = traced.listen_port
+                paths.pickers["traced"] = traced.picker.pid
+                paths.envoys["traced"] = traced.envoy.pid
             parts: dict[str, Callable[[], Awaitable[None]]] = {}
             idle = await part_idle(paths, args.idle_seconds)
             levels = [int(v) for v in args.short_levels.split(",")]
@@ -492,6 +513,11 @@ async def run(args: argparse.Namespace) -> None:
             gc.collect()
             if lean is not None:
                 lean.stop()
+            if traced is not None:
+                traced.stop()
+            if collector is not None:
+                print(f"collector received {len(collector.spans)} spans from the traced path")
+                collector.stop()
             if baseline is not None:
                 baseline.stop()
             stack.stop()
@@ -510,6 +536,9 @@ def main() -> None:
     parser.add_argument("--prompt-count", type=int, default=120)
     parser.add_argument("--rss-streams", type=int, default=10_000)
     parser.add_argument("--lean-flush", default="0.01s", help="the lean path's access-log flush interval")
+    parser.add_argument(
+        "--no-traced", dest="traced", action="store_false", help="leave out the path with tracing on"
+    )
     args = parser.parse_args()
     import uvloop
 

@@ -42,6 +42,7 @@ class StackOptions:
     observer: bool = True
     access_log_flush_interval: str = "0.1s"
     routing_response_body: str = "NONE"  # STREAMED / FULL_DUPLEX_STREAMED: the routing stream tracks bodies
+    picker_env: dict[str, str] | None = None  # extra environment for the picker(s) (OTEL_*, ...)
 
 
 def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
@@ -182,7 +183,9 @@ class Stack:
         )
 
     def start_picker(self) -> None:
-        self.picker = Proc("picker", self.picker_argv(), self.workdir / "picker.log")
+        self.picker = Proc(
+            "picker", self.picker_argv(), self.workdir / "picker.log", env=self.options.picker_env
+        )
         self.picker.wait_ready(lambda: "picker ready" in self.picker.log_text())  # type: ignore[union-attr]
         self.pickers[0] = self.picker
         for index in range(1, self.options.pickers):
@@ -191,7 +194,7 @@ class Stack:
     def start_picker_at(self, index: int) -> Proc:
         """(Re)start picker `index` of a multi-picker stack (its log: picker-<index>.log, appended)."""
         name = "picker" if index == 0 else f"picker-{index}"
-        proc = Proc(name, self.picker_argv(index), self.workdir / f"{name}.log")
+        proc = Proc(name, self.picker_argv(index), self.workdir / f"{name}.log", env=self.options.picker_env)
         proc.wait_ready(lambda: "picker ready" in proc.log_text())
         self.pickers[index] = proc
         if index == 0:

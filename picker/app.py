@@ -16,6 +16,7 @@ import grpc
 from aiohttp import web
 
 from picker.config import ConfigError, PickerConfig, format_address
+from picker.config_sources import read_plugin_config
 from picker.extproc.access_log import AccessLogService
 from picker.extproc.eds import EndpointDiscovery, EndpointPublisher, add_eds_to_server
 from picker.extproc.server import HealthState, ext_proc_server, health_server
@@ -32,6 +33,7 @@ from picker.sources.drain_store import DrainStore, EndpointsFileDrains
 from picker.sources.endpoints import EndpointSources
 from picker.sources.scraper import Scraper
 from picker.telemetry import Metrics
+from picker.tracing import Tracing
 
 if TYPE_CHECKING:
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
@@ -75,6 +77,7 @@ class Core:
     scraper: Scraper | None
     config: PickerConfig
     drain_api: LightkubeDrainRecordApi | None = None  # kube.drains_configmap, once opened
+    tracing: Tracing | None = None
 
     def open_drains(self, spawn: Spawn) -> DrainStore | None:
         """Where admin drains are recorded so every picker replica applies them (drain_store.py):
@@ -117,6 +120,9 @@ class Core:
 
     async def aclose(self) -> None:
         """Close what the core opened (after the frontend cancelled its background tasks)."""
+        if self.tracing is not None:
+            # the batch of spans still buffered goes out now (bounded: the exporter's own timeout)
+            await asyncio.to_thread(self.tracing.provider.shutdown)
         if self.scraper is not None:
             await self.scraper.close()
         await self.sources.aclose()
@@ -125,7 +131,12 @@ class Core:
 
 
 def build_core(config: PickerConfig) -> Core:
-    """The planes of one picker from its config; `picker serve` and `picker proxy` both start here."""
+    """The planes of one picker from its config; `picker serve` and `picker proxy` both start here.
+
+    ConfigError when the reference picker's plugin configuration cannot be used."""
+    plugins = read_plugin_config(config.scheduling)
+    for note in plugins.notes if plugins is not None else ():
+        log.info("%s", note)
     pool = Pool()
     scheduling = config.scheduling
     pool.health.policy = SuspectPolicy(
@@ -147,6 +158,7 @@ def build_core(config: PickerConfig) -> Core:
         weight_kv=load.weight_kv,
     )
     flow = config.flow
+    tracing = start_tracing(config)
     path = RequestPath(
         pool,
         metrics,
@@ -160,6 +172,7 @@ def build_core(config: PickerConfig) -> Core:
         stall_after_s=config.streams.stall_after_s,
         cut_after_silence_s=config.streams.cut_after_silence_s,
         engine_gauges=load.scrape,
+        tracing=tracing,
     )
     path.objectives = sources.objectives
     pool.on_change(path.capacity_changed)
@@ -168,7 +181,35 @@ def build_core(config: PickerConfig) -> Core:
         if load.scrape
         else None
     )
-    return Core(pool, metrics, sources, path, scraper, config)
+    return Core(pool, metrics, sources, path, scraper, config, tracing=tracing)
+
+
+def start_tracing(config: PickerConfig) -> Tracing | None:
+    """The trace pipeline when `tracing.enabled`: the OpenTelemetry SDK, spans batched to OTLP/gRPC
+    (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, OTEL_SERVICE_NAME: the standard environment)
+    or to stdout. The pod's name ($POD_NAME, as the reference chart sets it) names the instance."""
+    if not config.tracing.enabled:
+        return None
+    import os
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+    attributes: dict[str, str] = {"service.name": os.environ.get("OTEL_SERVICE_NAME", "inference-picker")}
+    if os.environ.get("POD_NAME"):
+        attributes["service.instance.id"] = os.environ["POD_NAME"]
+    provider = TracerProvider(resource=Resource.create(attributes))
+    exporter: SpanExporter
+    if config.tracing.exporter == "console":
+        exporter = ConsoleSpanExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    log.info("tracing on exporter=%s", config.tracing.exporter)
+    return Tracing(provider)
 
 
 async def sweep_stalls(path: RequestPath, stall_after_s: float) -> None:
@@ -187,7 +228,7 @@ class PickerApp:
         self.core = core = build_core(config)
         self.pool, self.metrics, self.sources, self.path = core.pool, core.metrics, core.sources, core.path
         flow = config.flow
-        self.access_log = AccessLogService(self.path)
+        self.access_log = AccessLogService(self.path, on_failure=self.metrics.count_access_log_failure)
         # Envoy is asked to wait a little longer than the TTL, so the picker's 429/503 always wins.
         queue_wait_s = min(flow.envoy_max_message_timeout_s, flow.ttl_s + 1.0)
         self.service = ExtProcService(
@@ -246,6 +287,7 @@ class PickerApp:
             self.metrics,
             token=token.get_secret_value() if token else None,
             drains=self.core.open_drains(self._spawn),
+            propagate=self._propagate if self.config.eds.enabled else None,
         )
         self._http = web.AppRunner(admin, access_log=None)
         await self._http.setup()
@@ -269,6 +311,17 @@ class PickerApp:
             len(self.pool),
         )
         return ports
+
+    async def _propagate(self) -> dict[str, Any]:
+        """After an admin change: Envoy's EDS view carries it (or the answer says it does not yet).
+
+        A picker that dies right after answering would otherwise leave failOpen round robin on a
+        view without the drain (pushes are debounced): 3 of 9 requests reached the drained replica.
+        """
+        acked, streams = await self.eds.propagate(self.config.eds.ack_timeout_s)
+        if not acked:
+            log.warning("admin change not yet acknowledged by every EDS stream streams=%d", streams)
+        return {"eds": {"acked": acked, "streams": streams}}
 
     def _tls_mode(self) -> str:
         if self.certificate is None:

@@ -66,7 +66,10 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "queue_ttl": ("flow", "ttl_s"),
     "max_queued": ("flow", "max_queued"),
     "reject_without_endpoints": ("flow", "reject_without_endpoints"),
+    "config_file": ("scheduling", "config_file"),
+    "config_text": ("scheduling", "config_text"),
     "log_level": ("log_level",),
+    "log_format": ("log_format",),
 }
 
 
@@ -94,7 +97,13 @@ def _flag_bool(value: str) -> bool:
 
 
 def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    from picker.reference_flags import add_reference_flags
+
     parser.add_argument("--config", type=Path, help="YAML file (same shape as `picker config`)")
+    parser.add_argument(
+        "--config-file", type=Path, help="the reference picker's EndpointPickerConfig (plugins, weights)"
+    )
+    parser.add_argument("--config-text", help="the same, as text")
     parser.add_argument("--endpoints", help="static endpoints, host:port,host:port")
     parser.add_argument(
         "--endpoints-file", type=Path, help="YAML endpoints list (draining: true allowed), reloaded on change"
@@ -159,7 +168,7 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "log (the lean shape), engine gauges, auto (default)",
     )
     parser.add_argument(
-        "--drain-timeout", type=float, help="the shutdown budget, SIGTERM to exit (default 30)"
+        "--drain-timeout", type=_seconds, help="the shutdown budget, SIGTERM to exit (default 30; or 30s)"
     )
     parser.add_argument(
         "--propagation", type=float, help="longest wait for load balancers on SIGTERM (default 5)"
@@ -204,17 +213,44 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="answer 503 at once when no endpoint is ready, instead of queueing",
     )
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", choices=["text", "json"], help="json: one JSON object per line")
+    add_reference_flags(parser)
 
 
-def _load(args: argparse.Namespace) -> PickerConfig:
+def _seconds(value: str) -> float:
+    from picker.reference_flags import seconds
+
+    return seconds(value)
+
+
+_NOTES: list[str] = []  # what the reference picker's flags that change nothing here were told
+
+
+def _load(args: argparse.Namespace, flags: dict[str, tuple[str, ...]] = _SERVE_FLAGS) -> PickerConfig:
+    """The effective config from file, environment and flags (ours over the reference picker's)."""
     from picker.config import ConfigError
-    from picker.config_sources import load_config
+    from picker.config_sources import load_config, merge
+    from picker.reference_flags import ReferenceFlagError, reference_overrides
 
     try:
-        return load_config(args.config, _overrides(args, _SERVE_FLAGS))
-    except ConfigError as exc:
+        reference, notes = reference_overrides(args)
+        config = load_config(args.config, merge(reference, _overrides(args, flags)))
+    except (ConfigError, ReferenceFlagError) as exc:
         print(f"picker: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    _NOTES[:] = notes
+    return config
+
+
+def _configure_logging(config: PickerConfig) -> None:
+    """Logging as configured, then one line per reference flag accepted without effect."""
+    import logging
+
+    from picker.telemetry import configure_logging
+
+    configure_logging(config.log_level, config.log_format)
+    for note in _NOTES:
+        logging.getLogger("picker.cli").info("%s", note)
 
 
 def _run_serve(config: PickerConfig) -> None:
@@ -334,15 +370,9 @@ def _add_proxy_flags(parser: argparse.ArgumentParser) -> None:
 
 def _run_proxy(args: argparse.Namespace) -> None:
     from picker.config import ConfigError
-    from picker.config_sources import load_config
-    from picker.telemetry import configure_logging
 
-    try:
-        config = load_config(args.config, _overrides(args, _PROXY_FLAGS))
-    except ConfigError as exc:
-        print(f"picker: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
-    configure_logging(config.log_level)
+    config = _load(args, _PROXY_FLAGS)
+    _configure_logging(config)
     import asyncio
 
     import uvloop
@@ -398,10 +428,8 @@ def main(argv: list[str] | None = None) -> None:
 
     match args.command:
         case "serve":
-            from picker.telemetry import configure_logging
-
             config = _load(args)
-            configure_logging(config.log_level)
+            _configure_logging(config)
             _run_serve(config)
         case "proxy":
             _run_proxy(args)

@@ -147,6 +147,14 @@ class KubeSourceConfig(_Group):
     request_timeout_s: float = Field(10.0, gt=0, description="connect and list timeout")
     backoff_initial_s: float = Field(0.5, gt=0, description="first pause after a failed list or watch")
     backoff_max_s: float = Field(30.0, gt=0, description="longest pause between retries")
+    endpoint_selector: str | None = Field(
+        None,
+        min_length=1,
+        description="or: the pods matching this label selector (no InferencePool), at endpoint_target_ports",
+    )
+    endpoint_target_ports: tuple[int, ...] = Field(
+        (), max_length=8, description="with endpoint_selector: the model-server port(s) of each pod"
+    )
     drains_configmap: str | None = Field(
         None,
         pattern=_DNS_SUBDOMAIN,
@@ -156,8 +164,21 @@ class KubeSourceConfig(_Group):
 
     @model_validator(mode="after")
     def _drains_need_kube(self) -> KubeSourceConfig:
-        if self.drains_configmap is not None and not (self.enabled or self.pool_name is not None):
+        kube_source = self.enabled or self.pool_name is not None or self.endpoint_selector is not None
+        if self.drains_configmap is not None and not kube_source:
             raise ValueError("kube.drains_configmap needs a Kubernetes endpoint source")
+        return self
+
+    @model_validator(mode="after")
+    def _selector_has_ports(self) -> KubeSourceConfig:
+        if self.endpoint_selector is not None and not self.endpoint_target_ports:
+            raise ValueError(
+                "kube.endpoint_selector needs kube.endpoint_target_ports (--endpoint-target-ports)"
+            )
+        if self.endpoint_target_ports and self.endpoint_selector is None:
+            raise ValueError("kube.endpoint_target_ports is for kube.endpoint_selector")
+        if any(not 0 < port < 65536 for port in self.endpoint_target_ports):
+            raise ValueError("kube.endpoint_target_ports: ports must be 1-65535")
         return self
 
     @property
@@ -227,6 +248,9 @@ class EdsConfig(_Group):
     enabled: bool = Field(True, description="serve EndpointDiscoveryService on grpc_port")
     debounce_s: float = Field(0.05, gt=0, le=5, description="a burst of pool changes becomes one push")
     resync_s: float = Field(0.5, gt=0, le=30, description="look for changes not announced (forgotten GONE)")
+    ack_timeout_s: float = Field(
+        2.0, ge=0, le=60, description="an admin drain's answer waits this long for Envoy to ACK it"
+    )
 
 
 class SchedulingConfig(_Group):
@@ -246,6 +270,17 @@ class SchedulingConfig(_Group):
     failed_before_drain_window_s: float = Field(
         10.0, gt=0, description="a drain record counts the endpoint's failures this long before it opened"
     )
+
+    # The reference picker's plugin configuration (an EndpointPickerConfig: `--config-file` /
+    # `--config-text`, as its Helm chart passes it); read at start by picker/plugin_config.py.
+    config_file: Path | None = Field(None, description="EndpointPickerConfig file (--config-file)")
+    config_text: str | None = Field(None, description="EndpointPickerConfig as text (--config-text)")
+
+    @model_validator(mode="after")
+    def _one_plugin_config(self) -> SchedulingConfig:
+        if self.config_file is not None and self.config_text is not None:
+            raise ValueError("scheduling.config_file and scheduling.config_text: set one, not both")
+        return self
 
     @model_validator(mode="after")
     def _backoff_ordered(self) -> SchedulingConfig:
@@ -377,6 +412,17 @@ class ShutdownConfig(_Group):
         return self
 
 
+class TracingConfig(_Group):
+    """OpenTelemetry traces: one per request (admission, queue wait, pick, the stream to its end),
+    exported over OTLP. The standard OTEL_* environment sets the endpoint, sampler and service name."""
+
+    enabled: bool = Field(False, description="export a trace per request (--tracing)")
+    exporter: Literal["otlp", "console"] = Field(
+        "otlp",
+        description="otlp: OTEL_EXPORTER_OTLP_ENDPOINT (gRPC, default localhost:4317); console: stdout",
+    )
+
+
 class ProxyConfig(_Group):
     """`picker proxy`: the standalone reverse proxy (HTTP in, model servers out), no Envoy."""
 
@@ -408,7 +454,9 @@ class PickerConfig(BaseModel):
     streams: StreamsConfig = StreamsConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     proxy: ProxyConfig = ProxyConfig()
+    tracing: TracingConfig = TracingConfig()
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line")
 
     @model_validator(mode="after")
     def _one_endpoint_source(self) -> PickerConfig:
@@ -420,6 +468,7 @@ class PickerConfig(BaseModel):
                 ("kube.service", self.kube.service is not None),
                 ("kube.label_selector", self.kube.label_selector is not None),
                 ("kube.pool_name", self.kube.pool_name is not None),
+                ("kube.endpoint_selector", self.kube.endpoint_selector is not None),
             )
             if on
         ]

@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from picker.config import ConfigError, PickerConfig
+from picker.config import ConfigError, PickerConfig, SchedulingConfig
+from picker.plugin_config import PluginConfig, PluginConfigError, parse_plugin_config
 
 ENV_PREFIX = "PICKER_"
 ENV_DELIMITER = "__"
@@ -98,12 +99,12 @@ def read_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[tuple[str
     return values, origin
 
 
-def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     """`top` over `base`, group by group (a group given in both keeps the fields of each)."""
     out = dict(base)
     for key, value in top.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(dict(out[key]), value)
+            out[key] = merge(dict(out[key]), value)
         else:
             out[key] = value
     return out
@@ -131,7 +132,7 @@ def load_config(
     # A field the flags set is no longer the environment's: do not blame a variable for it.
     origin = {loc: var for loc, var in origin.items() if _lookup(flags, loc) is None}
     try:
-        return PickerConfig.model_validate(_merge(_merge(file_data, env_data), flags))
+        return PickerConfig.model_validate(merge(merge(file_data, env_data), flags))
     except ValidationError as exc:
         raise ConfigError(_describe(exc, origin)) from exc
 
@@ -143,3 +144,21 @@ def _lookup(data: Mapping[str, Any], loc: tuple[str, ...]) -> Any:
             return None
         node = node[key]
     return node
+
+
+def read_plugin_config(scheduling: SchedulingConfig) -> PluginConfig | None:
+    """The reference picker's EndpointPickerConfig named by `scheduling.config_file` / `config_text`,
+    parsed; None when neither is set. ConfigError naming the file (or the plugin) when unusable."""
+    if scheduling.config_file is not None:
+        try:
+            text, source = scheduling.config_file.read_text(), str(scheduling.config_file)
+        except OSError as exc:
+            raise ConfigError(f"scheduling.config_file {scheduling.config_file}: {exc.strerror}") from exc
+    elif scheduling.config_text is not None:
+        text, source = scheduling.config_text, "scheduling.config_text"
+    else:
+        return None
+    try:
+        return parse_plugin_config(text, source)
+    except PluginConfigError as exc:
+        raise ConfigError(str(exc)) from exc

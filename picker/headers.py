@@ -28,6 +28,11 @@ DROPPED_REASON: Final = "x-picker-dropped-reason"
 RETRY_AFTER: Final = "retry-after"
 CONTENT_TYPE: Final = "content-type"
 
+# W3C trace context: continued from the client, forwarded to the replica naming the picker's span.
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+TRACE_CONTEXT: Final = (TRACEPARENT, TRACESTATE)
+
 # Client-supplied scheduling hints: read by the picker, removed before the request leaves Envoy.
 REQUEST_ID: Final = "x-request-id"
 FAIRNESS_ID: Final = "x-gateway-inference-fairness-id"

@@ -63,13 +63,22 @@ def describe(pool: Pool, endpoint: Endpoint) -> dict[str, Any]:
     }
 
 
+Propagate = Callable[[], Awaitable[dict[str, Any]]]
+
+
 def admin_app(
-    pool: Pool, metrics: Metrics, *, token: str | None = None, drains: DrainStore | None = None
+    pool: Pool,
+    metrics: Metrics,
+    *,
+    token: str | None = None,
+    drains: DrainStore | None = None,
+    propagate: Propagate | None = None,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
     `drains`: where drain / undrain are recorded (picker/sources/drain_store.py); default: this
-    replica's pool only.
+    replica's pool only. `propagate`: awaited after a change, before the answer, which carries what
+    it returns (`picker serve`: the EDS push and Envoy's ACK, so the answer means Envoy holds it).
     """
     store: DrainStore = drains if drains is not None else LocalDrains(pool)
 
@@ -137,15 +146,17 @@ def admin_app(
                 return _error(409, str(exc))
             except DrainRecordUnavailable as exc:
                 return _error(503, str(exc), {"Retry-After": "1"})
+            reached = await propagate() if propagate is not None else {}
             log.info(
-                "admin %s address=%s peer=%s state=%s shared=%s",
+                "admin %s address=%s peer=%s state=%s shared=%s%s",
                 verb,
                 address,
                 request.remote,
                 endpoint.state.value,
                 str(store.shared).lower(),
+                "".join(f" {key}={value}" for key, value in reached.items()),
             )
-            return web.json_response({"endpoint": describe(pool, endpoint)})
+            return web.json_response({"endpoint": describe(pool, endpoint), **reached})
 
         return handler
 

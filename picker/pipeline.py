@@ -10,7 +10,7 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -23,6 +23,7 @@ from picker.scheduling import LoadPolicy, pick, without_metrics
 from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
 from picker.streams.classify import shutting_down
 from picker.telemetry import Metrics
+from picker.tracing import Tracing
 
 _RECENT_KEPT = 4096  # ended records kept for late access-log entries (a few seconds of traffic)
 
@@ -44,7 +45,7 @@ def drain_end(reason: EndReason) -> DrainEnd:
             return DrainEnd.CLIENT_DISCONNECT
         case EndReason.UPSTREAM_ERROR_EVENT | EndReason.UPSTREAM_ERROR_STATUS:
             return DrainEnd.UPSTREAM_ERROR
-        case EndReason.UPSTREAM_TRUNCATED | EndReason.STALLED:
+        case EndReason.UPSTREAM_TRUNCATED | EndReason.STALLED | EndReason.SHUTDOWN_CUT:
             return DrainEnd.CUT
         case EndReason.REJECTED | EndReason.UNOBSERVED:
             return DrainEnd.UNKNOWN
@@ -55,12 +56,19 @@ def drain_end(reason: EndReason) -> DrainEnd:
 log = logging.getLogger(__name__)
 
 
+def _started_at(record: RequestRecord) -> float:
+    """When a request's response started, or (no data plane reports responses) when it was admitted."""
+    return record.response_started_at if record.response_started_at is not None else record.admitted_at
+
+
 @dataclass(frozen=True, slots=True)
 class Routed:
-    """A dispatch decision: where to send the request, primary first."""
+    """A dispatch decision: where to send the request, primary first, and the headers the routed
+    request must carry (the trace context naming the picker's span, with tracing on)."""
 
     record: RequestRecord
     destinations: tuple[str, ...]
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class RequestPath:
@@ -83,6 +91,7 @@ class RequestPath:
         stall_after_s: float = 30.0,
         cut_after_silence_s: float = 5.0,
         engine_gauges: bool = True,
+        tracing: Tracing | None = None,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
@@ -97,6 +106,7 @@ class RequestPath:
         self._stall_after_s = stall_after_s
         self._cut_after_silence_s = cut_after_silence_s
         self._engine_gauges = engine_gauges  # endpoints are scraped: their running counts are known
+        self._tracing = tracing  # None: no trace is started, no hook is called
         self._engine_tracked = 0
         # Envoy's gRPC access log has reported a request: it can tell each response's end.
         self.access_log_seen = False
@@ -105,6 +115,7 @@ class RequestPath:
         self.objectives: Objectives | None = None
         self._blind_policy = LoadPolicy(use_metrics=False)
         self._warned_without_metrics = False
+        self._warned_unobservable = False
         self._recent: OrderedDict[str, RequestRecord] = OrderedDict()
         self.flow: FlowController[RequestRecord] = FlowController(
             self._try_dispatch,
@@ -112,6 +123,9 @@ class RequestPath:
             flow_limits or FlowLimits(),
             on_outcome=metrics.count_admission,
             clock=clock,
+            # a request limited to a subset (the data plane's hint) that finds no room says nothing
+            # about the others: the queue looks past it rather than hold everyone behind it
+            restricted=lambda record: record.allowed is not None,
         )
         self.arrivals = 0
         self.last_arrival_at: float | None = None
@@ -135,11 +149,13 @@ class RequestPath:
         priority: int = 0,
         allowed: frozenset[str] | None = None,
         fallbacks: bool = True,
+        trace_context: Mapping[str, str] | None = None,
     ) -> Ticket[RequestRecord]:
         """Admit one parsed request: dispatched now, refused now, or queued (await `ticket.wait()`).
 
         `allowed` restricts the pick to these endpoints (the data plane's subset hint); `fallbacks`
         false answers with the primary alone (an ORIGINAL_DST data plane cannot use a list).
+        `trace_context`: the client's `traceparent` / `tracestate`, continued with tracing on.
         """
         now = self._clock()
         self.arrivals += 1
@@ -153,25 +169,49 @@ class RequestPath:
             allowed=allowed,
             fallbacks=fallbacks,
         )
+        if self._tracing is not None:
+            record.trace = self._tracing.start(
+                trace_context or {},
+                {
+                    "gen_ai.request.model": request.model,
+                    "picker.stream": request.stream,
+                    "picker.request_id": record.request_id,
+                    "picker.flow": flow,
+                    "picker.priority": priority,
+                },
+            )
         if self._reject_without_endpoints and not self._pool.ready() and not self.flow.closed:
             return self.flow.refuse(record, Outcome.REJECTED_NO_ENDPOINTS)
-        return self.flow.submit(record, flow=flow, priority=priority, size=request.body_bytes)
+        ticket = self.flow.submit(record, flow=flow, priority=priority, size=request.body_bytes)
+        if record.trace is not None and not ticket.done:
+            record.trace.queued()
+        return ticket
 
     def settle(self, ticket: Ticket[RequestRecord]) -> Routed | Reply:
         """What to answer for a ticket that is done: the route, or the contract's refusal."""
         outcome = ticket.outcome
         assert outcome is not None, "settle() needs a finished ticket"
+        record = ticket.payload
         if outcome is Outcome.DISPATCHED:
-            record = ticket.payload
-            return Routed(record, record.picked)
+            return Routed(record, record.picked, record.trace.outgoing() if record.trace else ())
         self._metrics.count_end(EndReason.REJECTED)
+        if record.trace is not None:
+            record.trace.refused(outcome.value)
         return reply_for(outcome)
 
     def cancel(self, ticket: Ticket[RequestRecord]) -> None:
-        """The client went away before its request left the queue."""
+        """The client went away while its request waited in the queue.
+
+        The queue may have released it in the same turn (its slot taken, the waiter not yet
+        resumed): then nobody else will ever end that record, so it ends here.
+        """
         self.flow.cancel(ticket)
         if ticket.outcome is Outcome.REJECTED_CONTEXT_CANCELLED:
             self._metrics.count_end(EndReason.REJECTED)
+            if ticket.payload.trace is not None:
+                ticket.payload.trace.refused(ticket.outcome.value)
+        elif ticket.outcome is Outcome.DISPATCHED:
+            self.finish(ticket.payload, EndReason.CLIENT_DISCONNECT)
 
     def eligible(self, allowed: frozenset[str]) -> bool:
         """Whether any ready (so never a draining) endpoint is in `allowed`."""
@@ -195,7 +235,12 @@ class RequestPath:
         if record.ended or record.engine_tracked:
             return
         if not self._engine_gauges:
-            log.warning("request_id=%s: no observer and no scraping; releasing its slot", record.request_id)
+            if not self._warned_unobservable:
+                self._warned_unobservable = True
+                log.warning(
+                    "requests whose end nothing reports (no observer, no access log) and no scraping: "
+                    "each is released at once, as unobserved (picker_request_ends_total)"
+                )
             self.finish(record, EndReason.UNOBSERVED)
             return
         record.engine_tracked = True
@@ -220,17 +265,18 @@ class RequestPath:
                 load = endpoint.load
                 if load is None:
                     continue
-                started = [r for r in records if (r.response_started_at or 0.0) < load.at]
+                started = [r for r in records if _started_at(r) < load.at]
                 # requests sent since the scrape started may not be in its gauges yet: keep as many
                 unseen = endpoint.arrivals - load.arrivals_before
                 excess = endpoint.in_flight - int(load.running + load.waiting) - unseen
-                started.sort(key=lambda r: r.response_started_at or 0.0)
+                started.sort(key=_started_at)
                 ended = started[: max(0, excess)]
             for record in ended:
                 self.finish(record, EndReason.UNOBSERVED)
 
     def _try_dispatch(self, record: RequestRecord) -> bool:
         started = self._clock()
+        started_ns = time.time_ns() if record.trace is not None else 0
         candidates = self._pool.ready()
         if record.allowed is not None:
             candidates = [endpoint for endpoint in candidates if endpoint.address in record.allowed]
@@ -253,6 +299,8 @@ class RequestPath:
         record.lease = self._pool.lease(destinations[0])
         self._live[record.request_id] = record
         self._metrics.count_pick(destinations[0], self._clock() - started)
+        if record.trace is not None:
+            record.trace.picked(record.picked, started_ns)
         return True
 
     def response_started(
@@ -274,6 +322,8 @@ class RequestPath:
             if record.lease is not None:
                 record.lease.move(served)
         self._pool.health.answered(record.picked, served, status)  # suspects: failing fast
+        if record.trace is not None:
+            record.trace.response_started(status, served, record.picked[0] if record.picked else None)
 
     def attach_observer(self, request_id: str) -> RequestRecord | None:
         """Join the observer stream of a request to its record (None: not routed by this picker)."""
@@ -298,6 +348,8 @@ class RequestPath:
         gap = tracker.feed(chunk, now)
         if first and tracker.first_byte_at is not None:
             self._metrics.observe_ttft(record.model, now - record.admitted_at)
+            if record.trace is not None:
+                record.trace.first_token()
         elif gap is not None:
             self._metrics.observe_itl(record.model, gap)
 
@@ -425,16 +477,17 @@ class RequestPath:
             reason = EndReason.STALLED  # the engine had stopped sending: the client left because of it
         record.end_reason = reason
         record.ended_at = now
-        endpoint = record.endpoint
+        # counted before the release: a GONE endpoint's last request ending forgets it, series too
+        tokens = record.tracker.tokens if record.tracker else 0
+        self._metrics.count_end(reason, record.endpoint, record.model, tokens)
+        if record.trace is not None:
+            record.trace.ended(reason.value, tokens, record.endpoint)
         if record.lease is not None:
             record.lease.release(drain_end(reason))
         self._live.pop(record.request_id, None)
         self._recent[record.request_id] = record  # Envoy's access-log entry may still be on its way
         if len(self._recent) > _RECENT_KEPT:
             self._recent.popitem(last=False)
-        self._metrics.count_end(
-            reason, endpoint, record.model, record.tracker.tokens if record.tracker else 0
-        )
         self.flow.pump()  # its slot may be the one a queued request waits for
         if not self._live:
             for listener in list(self._idle_listeners):

@@ -6,7 +6,9 @@ from the pool at scrape time, so the request path never touches a gauge.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -255,6 +257,11 @@ class Metrics:
         self._scrape_failures = Counter(
             "picker_scrape_failures", "Failed /metrics scrapes per endpoint", ["endpoint", "kind"], registry=r
         )
+        self._access_log_failures = Counter(
+            "picker_access_log_entry_failures",
+            "Envoy access-log entries the picker could not handle (logged and skipped)",
+            registry=r,
+        )
         self._unmatched = Counter(
             "picker_observer_unmatched", "Observer streams for requests this picker did not route", registry=r
         )
@@ -286,6 +293,14 @@ class Metrics:
         self.registry.register(_PoolCollector(pool))
         self.registry.register(_DrainCollector(pool))
         pool.on_drain_closed(self.observe_drain)
+        pool.on_forget(self.forget_endpoint)
+
+    def forget_endpoint(self, address: str) -> None:
+        """Drop an endpoint's labelled series once the pool forgets it: with pod churn (every
+        rollout brings new addresses) they would otherwise grow the page without bound."""
+        label = {"endpoint": bounded_label(address)}
+        for family in (self._picks, self._truncations, self._stalls, self._retries, self._scrape_failures):
+            family.remove_by_labels(label)
 
     def observe_drain(self, record: DrainRecord) -> None:
         """A drain record closed: its duration and time to zero in flight."""
@@ -347,6 +362,9 @@ class Metrics:
     def count_pick_without_metrics(self) -> None:
         self._picks_without_metrics.inc()
 
+    def count_access_log_failure(self) -> None:
+        self._access_log_failures.inc()
+
     def count_unmatched_observer(self) -> None:
         self._unmatched.inc()
 
@@ -354,8 +372,30 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-def configure_logging(level: str) -> None:
-    """key=value lines on stderr; never prompt or completion text."""
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+class JsonLines(logging.Formatter):
+    """One JSON object per line (`--zap-encoder json`, as the reference picker logs for collectors)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """key=value lines (or JSON objects) on stderr; never prompt or completion text."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        formatter: logging.Formatter = JsonLines()
+        formatter.converter = time.gmtime
+    else:
+        formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s")
+    handler.setFormatter(formatter)
+    logging.basicConfig(level=level, handlers=[handler])
     # httpx2 (lightkube's client) logs every request at INFO: each watch reconnect would add a line.
     logging.getLogger("httpx2").setLevel(max(logging.WARNING, logging.getLevelName(level)))

@@ -72,6 +72,7 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     loop = asyncio.get_running_loop()
     arrival = loop.time()
     record = state.log.open(request.headers.get(REQUEST_ID_HEADER), endpoint.value)
+    record.traceparent = request.headers.get("traceparent")
     state.stats.received += 1
     try:
         call = await _validate(request, state, endpoint, record, arrival)

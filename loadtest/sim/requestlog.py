@@ -49,6 +49,7 @@ class RequestRecord:
         "status",
         "stream",
         "tokens_sent",
+        "traceparent",
     )
 
     def __init__(self, request_id: str, path: str, arrival: float) -> None:
@@ -64,6 +65,7 @@ class RequestRecord:
         self.tokens_sent = 0
         self.prompt_tokens = 0
         self.finish_reason: str | None = None
+        self.traceparent: str | None = None  # the W3C trace context it came with (vLLM continues it)
 
     def finish(self, outcome: Outcome, finish_reason: str | None = None) -> bool:
         """Close the record once; later calls keep the first outcome (the one that really ended it)."""
@@ -88,6 +90,7 @@ class RequestRecord:
             "tokens_sent": self.tokens_sent,
             "prompt_tokens": self.prompt_tokens,
             "finish_reason": self.finish_reason,
+            "traceparent": self.traceparent,
         }
 
 

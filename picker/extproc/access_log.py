@@ -8,7 +8,7 @@ moment after each request ends; they never block traffic.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
@@ -20,9 +20,11 @@ log = logging.getLogger(__name__)
 
 
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
-    def __init__(self, path: RequestPath) -> None:
+    def __init__(self, path: RequestPath, on_failure: Callable[[], None] = lambda: None) -> None:
         self._path = path
+        self._on_failure = on_failure
         self.entries = 0
+        self.failed = 0  # entries whose handling raised: logged and skipped, the stream goes on
 
     async def StreamAccessLogs(
         self,
@@ -32,7 +34,14 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):
         async for message in request_iterator:
             for entry in message.http_logs.log_entry:
                 self.entries += 1
-                request_id, attempts = translate.access_log_entry(entry)
-                if request_id:
-                    self._path.access_logged(request_id, attempts)
+                try:
+                    request_id, attempts = translate.access_log_entry(entry)
+                    if request_id:
+                        self._path.access_logged(request_id, attempts)
+                except Exception:
+                    # One entry must not end the stream: Envoy would drop the entries it buffers
+                    # until it reconnects, and with them the ends of other requests.
+                    self.failed += 1
+                    self._on_failure()
+                    log.exception("access-log entry could not be handled; skipped")
         return als_pb2.StreamAccessLogsResponse()

@@ -74,6 +74,7 @@ def assignment(cluster: str, snapshot: Snapshot) -> endpoint_pb2.ClusterLoadAssi
 class Version:
     label: str
     snapshot: Snapshot
+    number: int = 0  # the n of `<boot>-<n>`: later versions have larger numbers
 
 
 class EndpointPublisher:
@@ -97,6 +98,11 @@ class EndpointPublisher:
     def current(self) -> Version | None:
         return self._version
 
+    def number_of(self, label: str) -> int:
+        """The number of one of this picker's version labels; 0 for another boot's (or none)."""
+        boot, _, number = label.rpartition("-")
+        return int(number) if boot == self._boot and number.isdigit() else 0
+
     def refresh(self) -> bool:
         """Take a new version when the pool's view differs from the current one."""
         self._pending = None
@@ -105,7 +111,8 @@ class EndpointPublisher:
         snapshot = snapshot_of(self._pool)
         if self._version is not None and snapshot == self._version.snapshot:
             return False
-        self._version = Version(f"{self._boot}-{next(self._counter)}", snapshot)
+        number = next(self._counter)
+        self._version = Version(f"{self._boot}-{number}", snapshot, number)
         self._changed.set()
         self._changed = asyncio.Event()
         log.info("eds version=%s endpoints=%d", self._version.label, len(snapshot))
@@ -144,6 +151,44 @@ class EndpointDiscovery(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
         self.acks = 0
         self.requests = 0
         self.nacks = 0
+        # the version number each open stream (that named its clusters) last ACKed; `propagate` waits on it
+        self._acked: dict[int, int] = {}
+        self._ack_seen = asyncio.Event()
+        self._stream_ids = itertools.count(1)
+
+    async def propagate(self, timeout_s: float) -> tuple[bool, int]:
+        """Push the pool's view now (no debounce) and wait until every open stream has ACKed it.
+
+        (held by all, open streams): the admin API answers a drain with it, so an operator (or a
+        preStop hook) knows whether Envoy's own view, which outlives the picker, carries the drain.
+        False after `timeout_s`, or when the view cannot be pushed (the source is held untrusted).
+        """
+        self._publisher.refresh()
+        version = self._publisher.current
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            if version is None:
+                return not self._acked, len(self._acked)
+            behind = [stream for stream, acked in self._acked.items() if acked < version.number]
+            if not behind:
+                return True, len(self._acked)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False, len(self._acked)
+            try:
+                await asyncio.wait_for(self._ack_seen.wait(), remaining)
+            except TimeoutError:
+                return False, len(self._acked)
+            version = self._publisher.current  # a later change supersedes: wait for that one
+
+    def _acked_now(self, stream: int, number: int | None) -> None:
+        if number is None:
+            self._acked.pop(stream, None)
+        else:
+            self._acked[stream] = max(number, self._acked.get(stream, 0))
+        self._ack_seen.set()
+        self._ack_seen = asyncio.Event()
 
     async def StreamEndpoints(
         self,
@@ -163,6 +208,7 @@ class EndpointDiscovery(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
         names: tuple[str, ...] = ()
         sent: Version | None = None  # the version of the last response on this stream
         nonce = ""
+        stream = next(self._stream_ids)
         self.streams += 1
         getter: asyncio.Task[discovery_pb2.DiscoveryRequest | None] | None = None
         waiter: asyncio.Task[Version | None] | None = None  # only once the stream names its clusters
@@ -182,6 +228,9 @@ class EndpointDiscovery(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
                     if tuple(request.resource_names) != names:
                         names = tuple(request.resource_names)
                         resend = True
+                    if names:
+                        acked = "" if request.HasField("error_detail") else request.version_info
+                        self._acked_now(stream, self._publisher.number_of(acked))
                 if waiter is not None and waiter.done():
                     waiter = None
                 version = self._publisher.current
@@ -200,6 +249,7 @@ class EndpointDiscovery(eds_pb2_grpc.EndpointDiscoveryServiceServicer):
                 )
         finally:
             self.streams -= 1
+            self._acked_now(stream, None)
             for task in (getter, waiter, reader):
                 if task is not None:
                     task.cancel()

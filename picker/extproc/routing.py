@@ -13,6 +13,10 @@ message; Envoy 1.40 sends it on every stream). What each mode allows, measured o
   decided on the headers alone (model unknown, body unchecked). Holding the headers answer works for
   plain bodies, but with trailers Envoy duplicates the body, or waits for answers the picker cannot
   give yet (504).
+- No `protocol_config` and no pseudo-headers: not Envoy but a shim that sends the whole body without
+  waiting and reads only the headers answer (NGINX Gateway Fabric, loadtest/ngf_client.py). The
+  headers answer is held until the body's end and carries the pick, as the reference picker answers;
+  no response phase will ever come, so the request's end is left to the engine's gauges.
 Response bodies (STREAMED or FULL_DUPLEX on this filter) are tracked here, with the same SSE path
 the observer filter uses; FULL_DUPLEX chunks are echoed back at once.
 """
@@ -100,6 +104,19 @@ class RoutingSession:
         self.record: RequestRecord | None = None
         self._response_ended = False
         self.finished = False  # nothing more to do on this stream: the RPC may end
+        # a data plane that is not Envoy (no protocol_config, no pseudo-headers): it sends the body
+        # without waiting, reads only the headers answer and never sends a response phase
+        self.shim = False
+
+    @property
+    def _holds_headers(self) -> bool:
+        """Whether the headers answer waits for the body's end."""
+        return self.modes.holds_request_headers or self.shim
+
+    @property
+    def extends_timeouts(self) -> bool:
+        """Whether Envoy's message timeout applies while queued (FULL_DUPLEX bodies and shims: no)."""
+        return self.modes.request_body != translate.FULL_DUPLEX and not self.shim
 
     def handle(self, request: ep.ProcessingRequest) -> list[Step]:
         kind = request.WhichOneof("request")
@@ -130,6 +147,8 @@ class RoutingSession:
     def _on_request_headers(self, request: ep.ProcessingRequest) -> list[Step]:
         self._headers = translate.header_map(request.request_headers)
         self._hint = translate.subset_hint(request)
+        # Envoy always sends :method and :path (and protocol_config since 1.3x); a shim sends neither
+        self.shim = not self.modes.known and headers.PATH not in self._headers
         mode = self.modes.request_body
         hints = self._hints()
         if isinstance(hints, Reply):  # refused on the headers alone: no need to wait for the body
@@ -138,7 +157,7 @@ class RoutingSession:
             return self._decide("request_headers")
         if mode in (translate.NONE, translate.STREAMED):
             return self._decide("request_headers", headers_only=True)
-        if self.modes.holds_request_headers:
+        if self._holds_headers:
             return []
         return [translate.continue_response("request_headers")]
 
@@ -163,7 +182,7 @@ class RoutingSession:
             # trailers follow (which, with request_trailer_mode SKIP, the picker never sees).
             partial = mode == translate.BUFFERED_PARTIAL and not body.end_of_stream
             return self._decide("request_body", partial=partial)
-        if self.modes.holds_request_headers:
+        if self._holds_headers:
             return []
         return [translate.continue_response("request_body")]
 
@@ -240,7 +259,12 @@ class RoutingSession:
             return self._refuse(hints)
         flow, priority, allowed = hints
         ticket = self._path.admit(
-            parsed, flow=flow, priority=priority, allowed=allowed, fallbacks=self._fallbacks
+            parsed,
+            flow=flow,
+            priority=priority,
+            allowed=allowed,
+            fallbacks=self._fallbacks,
+            trace_context={k: self._headers[k] for k in headers.TRACE_CONTEXT if k in self._headers},
         )
         if ticket.done:
             return list(self._answer(ticket, phase))
@@ -263,15 +287,18 @@ class RoutingSession:
         record = self.record = decision.record
         if self.modes.sees_response_bodies:
             record.observed = True  # this stream reports the end, not an observer
-        held = self.modes.holds_request_headers and phase != "request_headers"
+        held = self._holds_headers and phase != "request_headers"
         route = translate.route_response(
             "request_headers" if held else phase,
             decision.destinations,
             record.request_id,
             remove=headers.CLIENT_HINTS,
+            extra=decision.headers,
         )
         out = [route, *self._release_held()] if held else [route]
-        if self._ends_at_decision and not self.modes.sees_response_bodies and self._request_answered():
+        if self.shim:
+            self.finished = True  # it reads nothing after this and will report no response
+        elif self._ends_at_decision and not self.modes.sees_response_bodies and self._request_answered():
             # Envoy goes on without this stream once the picker ends it: the response headers then
             # pass without a round trip to the picker (measured: 0.5 ms less from the replica's
             # headers to the client's), the observer reports who served, and a picker that stops

@@ -142,8 +142,8 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                     return
                 for step in steps:
                     if isinstance(step, Pending):
-                        # FULL_DUPLEX request bodies have no message timeout to extend.
-                        if session.modes.request_body != translate.FULL_DUPLEX:
+                        # FULL_DUPLEX request bodies have no message timeout to extend (nor a shim).
+                        if session.extends_timeouts:
                             yield translate.extend_timeout(self.queue_wait_s)
                         for response in await session.wait(step):
                             yield response
@@ -159,7 +159,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 if session.record is not None and session.record.served:
                     _remember(self._list_peers, peer)
                 unreported = session.close()
-                if unreported is not None:
+                if unreported is not None and session.shim:
+                    # no response phase will come, nor an observer: the engine's gauges say when
+                    # it ended (picker/pipeline.py `hand_to_engine`)
+                    self.path.hand_to_engine(unreported)
+                elif unreported is not None:
                     self.expect_observer(unreported)
             elif session is not None:
                 session.close()

@@ -13,6 +13,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2, struct_pb2
 
 from picker import headers
+from picker.config import canonical_address, format_address
 from picker.contract import Reply
 from picker.streams import Attempts
 
@@ -42,7 +43,10 @@ def access_log_entry(entry: accesslog_pb2.HTTPAccessLogEntry) -> tuple[str | Non
     common = entry.common_properties
     flags = frozenset(field.name for field, value in common.response_flags.ListFields() if value is True)
     address = common.upstream_remote_address.socket_address
-    upstream = f"{address.address}:{address.port_value}" if address.address else ""
+    # canonical, as endpoints are named (IPv6 in brackets): its failures are charged to the endpoint
+    upstream = (
+        canonical_address(format_address(address.address, address.port_value)) if address.address else ""
+    )
     attempts = Attempts(
         count=max(1, common.upstream_request_attempt_count),
         flags=flags,
@@ -113,15 +117,24 @@ def _set(name: str, value: str) -> base_pb2.HeaderValueOption:
 
 
 def route_response(
-    phase: str, destinations: Iterable[str], request_id: str, remove: Sequence[str] = ()
+    phase: str,
+    destinations: Iterable[str],
+    request_id: str,
+    remove: Sequence[str] = (),
+    extra: Sequence[tuple[str, str]] = (),
 ) -> ep.ProcessingResponse:
     """Answer a request phase with the pick: the same value in metadata and (for ORIGINAL_DST) a header.
 
     `remove` names the client's scheduling hints: they are the picker's, not the model server's.
+    `extra`: headers the routed request carries (the trace context naming the picker's span).
     """
     value = ",".join(destinations)
     mutation = ep.HeaderMutation(
-        set_headers=[_set(headers.DESTINATION, value), _set(headers.PICKER_REQUEST_ID, request_id)],
+        set_headers=[
+            _set(headers.DESTINATION, value),
+            _set(headers.PICKER_REQUEST_ID, request_id),
+            *(_set(name, text) for name, text in extra),
+        ],
         remove_headers=list(remove),
     )
     common = ep.CommonResponse(header_mutation=mutation)

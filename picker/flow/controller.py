@@ -16,6 +16,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# Restricted requests one pump may look past (each costs one pick over its subset).
+_MAX_PASSED = 64
+
 
 @dataclass(frozen=True, slots=True)
 class FlowLimits:
@@ -70,6 +73,7 @@ class FlowController(Generic[T]):
         limits: FlowLimits,
         on_outcome: Callable[[Outcome, float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        restricted: Callable[[T], bool] = lambda payload: False,
     ) -> None:
         self._try_dispatch = try_dispatch
         self._has_endpoints = has_endpoints
@@ -77,6 +81,7 @@ class FlowController(Generic[T]):
         self._queue = AdmissionQueue(limits.max_queued, limits.max_queued_bytes)
         self._on_outcome = on_outcome or (lambda outcome, waited: None)
         self._clock = clock
+        self._restricted = restricted
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self.closed = False
 
@@ -108,8 +113,15 @@ class FlowController(Generic[T]):
         return ticket
 
     def pump(self) -> int:
-        """Dispatch queued requests in order while there is room. Called whenever room may have freed."""
+        """Dispatch queued requests in order while there is room. Called whenever room may have freed.
+
+        A request that finds no room stops the pump, keeping its turn: nobody behind it could be
+        served either. Unless it is `restricted` (it may only go to some endpoints): those may be
+        full while others have room, so the pump looks past it (a bounded number per call) and the
+        requests it passed keep their places at the head.
+        """
         dispatched = 0
+        passed: list[QueuedItem] = []
         while len(self._queue):
             item = self._queue.pop()
             if item is None:
@@ -119,8 +131,13 @@ class FlowController(Generic[T]):
                 self._finish(ticket, Outcome.DISPATCHED, self._clock() - item.enqueued_at)
                 dispatched += 1
                 continue
+            if self._restricted(ticket.payload) and len(passed) < _MAX_PASSED:
+                passed.append(item)
+                continue
             self._queue.unpop(item)  # no room: it keeps its turn
             break
+        for item in reversed(passed):
+            self._queue.unpop(item)
         return dispatched
 
     def cancel(self, ticket: Ticket[T]) -> None:

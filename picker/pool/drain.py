@@ -59,6 +59,8 @@ class DrainRecord:
     ends: Counter[DrainEnd] = field(default_factory=Counter)
     picks_after_start: int = 0
     moved_away: int = 0  # in flight at the start, but served by another endpoint (Envoy fallback)
+    # served here by Envoy's fallback walk over a list handed out before the drain began
+    moved_in: int = 0
     zero_at: float | None = None  # when in flight last reached 0
     closed_at: float | None = None
     exit: DrainExit | None = None
@@ -86,6 +88,11 @@ class DrainRecord:
         self.moved_away += 1
         self._left(in_flight_now, now)
 
+    def moved_in_request(self) -> None:
+        """A fallback of a list handed out before the drain began was served here: not a late pick."""
+        self.moved_in += 1
+        self.zero_at = None
+
     def picked(self) -> None:
         """New work reached the endpoint after the drain started: the count that must stay 0."""
         self.picks_after_start += 1
@@ -112,6 +119,7 @@ class DrainRecord:
             "failed_before_start": self.failed_before_start,
             "ended": {end.value: self.ends[end] for end in DrainEnd},
             "moved_away": self.moved_away,
+            "moved_in": self.moved_in,
             "picks_after_start": self.picks_after_start,
             "time_to_zero_s": None if self.time_to_zero_s is None else round(self.time_to_zero_s, 3),
             "exit": None if self.exit is None else self.exit.value,
@@ -127,6 +135,7 @@ class DrainRecord:
             f"exit={exit_value} duration_s={self.duration_s(now):.3f} "
             f"in_flight_at_start={self.in_flight_at_start} "
             f"failed_before_start={self.failed_before_start} {ends} moved_away={self.moved_away} "
+            f"moved_in={self.moved_in} "
             f"picks_after_start={self.picks_after_start} time_to_zero_s={to_zero}"
         )
 

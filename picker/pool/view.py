@@ -45,11 +45,12 @@ class Lease:
     claim to the endpoint that really served it.
     """
 
-    __slots__ = ("_address", "_pool")
+    __slots__ = ("_address", "_picked_at", "_pool")
 
-    def __init__(self, pool: Pool, address: str) -> None:
+    def __init__(self, pool: Pool, address: str, picked_at: float) -> None:
         self._pool: Pool | None = pool
         self._address = address
+        self._picked_at = picked_at  # a move onto an endpoint whose drain began later is no late pick
 
     @property
     def address(self) -> str:
@@ -63,7 +64,7 @@ class Lease:
         if self._pool is None or address == self._address:
             return
         self._pool._left(self._address, None)
-        self._pool._arrived(address, picked=False)
+        self._pool._arrived(address, picked=False, picked_at=self._picked_at)
         self._address = address
 
     def release(self, end: DrainEnd = DrainEnd.UNKNOWN) -> None:
@@ -87,6 +88,7 @@ class Pool:
         self._recent: deque[DrainRecord] = deque(maxlen=keep_drains)
         self._drain_listeners: list[Callable[[DrainRecord], None]] = []
         self._change_listeners: list[Callable[[], None]] = []
+        self._forget_listeners: list[Callable[[str], None]] = []
         # answers that failed before their first byte, per endpoint (suspects; drain records)
         self.health = Health(clock=clock)
         self.failed_window_s = 10.0  # a drain record counts failures this long before it opened
@@ -122,6 +124,11 @@ class Pool:
 
     def on_drain_closed(self, listener: Callable[[DrainRecord], None]) -> None:
         self._drain_listeners.append(listener)
+
+    def on_forget(self, listener: Callable[[str], None]) -> None:
+        """Called with an address the pool forgets (GONE and its last request ended): whatever was
+        kept per endpoint (metric series, indexes) can go with it."""
+        self._forget_listeners.append(listener)
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Called after any state change (queued requests may fit now, or no longer)."""
@@ -186,7 +193,7 @@ class Pool:
         if address not in self._endpoints:
             raise UnknownEndpoint(address)
         self._arrived(address, picked=True)
-        return Lease(self, address)
+        return Lease(self, address, self._clock())
 
     def _known(self, address: str) -> Endpoint:
         endpoint = self._endpoints.get(address)
@@ -278,8 +285,9 @@ class Pool:
         for listener in list(self._drain_listeners):
             listener(record)
 
-    def _arrived(self, address: str, *, picked: bool) -> None:
-        """One more request on `address`: picked as primary, or served there by Envoy."""
+    def _arrived(self, address: str, *, picked: bool, picked_at: float | None = None) -> None:
+        """One more request on `address`: picked as primary, or served there by Envoy (a fallback
+        of a list handed out at `picked_at`)."""
         endpoint = self._endpoints.get(address)
         if endpoint is None:
             # Served by an endpoint the picker never listed (Envoy's fallback policy): track it as
@@ -292,8 +300,13 @@ class Pool:
         if endpoint.state is not EndpointState.READY:
             self.totals.picks_not_ready += 1
             log.warning("new work on a %s endpoint address=%s", endpoint.state.value, address)
-        if endpoint.drain is not None:
-            endpoint.drain.picked()
+        drain = endpoint.drain
+        if drain is None:
+            return
+        if picked_at is not None and picked_at < drain.started_at:
+            drain.moved_in_request()  # listed while it was ready; Envoy walked onto it after its drain began
+        else:
+            drain.picked()
             self.totals.picks_after_start += 1
 
     def _left(self, address: str, end: DrainEnd | None) -> None:
@@ -323,6 +336,8 @@ class Pool:
             del self._endpoints[endpoint.address]
             self.health.forget(endpoint.address)
             log.info("endpoint forgotten address=%s", endpoint.address)
+            for listener in list(self._forget_listeners):
+                listener(endpoint.address)
 
     def _changed(self) -> None:
         for listener in list(self._change_listeners):

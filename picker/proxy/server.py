@@ -132,7 +132,10 @@ class ProxyFrontend:
             await down.reply(self.path.reject(hints))
             return
         flow, priority, allowed = hints
-        ticket = self.path.admit(parsed, flow=flow, priority=priority, allowed=allowed)
+        trace_context = {k: v for k in headers.TRACE_CONTEXT if (v := down.header(k)) is not None}
+        ticket = self.path.admit(
+            parsed, flow=flow, priority=priority, allowed=allowed, trace_context=trace_context
+        )
         if not ticket.done:
             try:
                 await ticket.wait()
@@ -149,6 +152,13 @@ class ProxyFrontend:
         self._idle.clear()
         try:
             await self._relay(down, exchange)
+        except Exception:  # a defect: still the contract's answer, and the slot comes back
+            log.exception("proxying request_id=%s failed", decision.record.request_id)
+            self.path.finish(decision.record, EndReason.UPSTREAM_ERROR_STATUS)
+            if down.started:
+                down.abort()
+            else:
+                await down.reply(reply_for(Outcome.INTERNAL_ERROR))
         finally:
             self._exchanges.discard(exchange)
             if not self._exchanges:
@@ -193,7 +203,7 @@ class ProxyFrontend:
     async def _relay(self, down: Downstream, exchange: Exchange) -> None:
         record = exchange.routed.record
         path = self.path
-        outgoing = translate.upstream_headers(down.header_items(), record.request_id)
+        outgoing = translate.upstream_headers(down.header_items(), record.request_id, exchange.routed.headers)
         try:
             opened = await self._upstream.open(
                 exchange.routed.destinations, down.method, down.target, outgoing, exchange.body
@@ -234,10 +244,11 @@ class ProxyFrontend:
             if self._test_hooks:
                 response_headers.append((headers.TEST_SERVED_ENDPOINT, opened.served))
             await down.start(upstream.status, response_headers)
-            if opened.head is not None:
+            if opened.head is not None:  # read while deciding whether to try the next endpoint
                 path.body_chunk(record, opened.head)
+                tail = opened.head
                 await down.write(opened.head)
-            else:
+            if not opened.complete:
                 reader = upstream.content
                 while True:
                     try:
@@ -255,7 +266,7 @@ class ProxyFrontend:
             if cut is None:
                 path.response_ended(record, False, EndReason.CLIENT_DISCONNECT)
                 raise
-            path.response_ended(record, False, EndReason.UPSTREAM_TRUNCATED)
+            path.response_ended(record, False, EndReason.SHUTDOWN_CUT)  # the picker's cut, not the replica's
             await self._write_cut(down, cut, streaming, tail)
             return
         except _UpstreamCut as exc:
@@ -292,7 +303,7 @@ class ProxyFrontend:
         try:
             opened = await self._upstream.open([served], "GET", down.target, outgoing, b"")
             try:
-                content = opened.head if opened.head is not None else await opened.response.read()
+                content = (opened.head or b"") + (b"" if opened.complete else await opened.response.read())
             finally:
                 opened.response.close()
         except (UpstreamUnavailable, *UPSTREAM_READ_ERRORS):

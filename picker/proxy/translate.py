@@ -5,7 +5,7 @@ Pure functions over header mappings and bytes: no sockets, so both the server an
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from aiohttp import web
 
@@ -18,10 +18,19 @@ _DROPPED_UPSTREAM = frozenset({*headers.HOP_BY_HOP, *headers.CLIENT_HINTS, heade
 _SSE = "text/event-stream"
 
 
-def upstream_headers(incoming: Iterable[tuple[str, str]], request_id: str) -> list[tuple[str, str]]:
-    """The client's headers minus hop-by-hop ones and the picker's hints, plus the request id."""
-    out = [(name, value) for name, value in incoming if name.lower() not in _DROPPED_UPSTREAM]
+def upstream_headers(
+    incoming: Iterable[tuple[str, str]], request_id: str, replace: Sequence[tuple[str, str]] = ()
+) -> list[tuple[str, str]]:
+    """The client's headers minus hop-by-hop ones and the picker's hints, plus the request id and
+    `replace` (which supersede the client's of the same name: the trace context, with tracing on)."""
+    replaced = {name for name, _ in replace}
+    out = [
+        (name, value)
+        for name, value in incoming
+        if name.lower() not in _DROPPED_UPSTREAM and name.lower() not in replaced
+    ]
     out.append((headers.PICKER_REQUEST_ID, request_id))
+    out.extend(replace)
     return out
 
 

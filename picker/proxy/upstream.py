@@ -21,9 +21,15 @@ from picker import headers as header_names
 from picker.config import ProxyConfig
 from picker.proxy import translate
 
-_REFUSAL_READ_CAP = 64 * 1024  # a 500/503 is read this far to decide, and kept to pass on
-# Connect refused or timed out, reset or closed before the response headers: nothing was streamed yet.
-_BEFORE_HEADERS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError)
+_REFUSAL_READ_CAP = 64 * 1024  # a 500/503 is read this far to decide; the rest streams on after it
+# Connect refused or timed out, reset or closed before the response headers, or a response head
+# aiohttp cannot parse (ClientResponseError: a bad status line or header): nothing was streamed yet.
+_BEFORE_HEADERS = (
+    aiohttp.ClientConnectionError,
+    aiohttp.ClientPayloadError,
+    aiohttp.ClientResponseError,
+    TimeoutError,
+)
 # Upstream failures while a body is being read (a reset, a close in the middle of chunked framing).
 UPSTREAM_READ_ERRORS = (aiohttp.ClientError, TimeoutError)
 
@@ -35,7 +41,8 @@ class Opened:
     response: aiohttp.ClientResponse
     served: str
     attempts: int
-    head: bytes | None = None  # the whole (small) body of a 500/503, read to decide
+    head: bytes | None = None  # the start of a 500/503's body, read to decide
+    complete: bool = False  # `head` is the whole body (else the rest is still to be read)
 
 
 class UpstreamUnavailable(Exception):
@@ -95,11 +102,13 @@ class Upstream:
         except _TryNext as first:
             if len(targets) == 1:
                 return _answer_or_raise(first, 1)
+            _discard(first)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(len(targets) - 1),
             retry=retry_if_exception_type(_TryNext),
             wait=wait_none(),
             reraise=True,
+            before_sleep=lambda state: _discard(state.outcome.exception() if state.outcome else None),
         )
         try:
             async for attempt in retrying:
@@ -131,7 +140,7 @@ class Upstream:
             raise _TryNext(f"{destination}: {type(exc).__name__}") from exc
         opened = Opened(response, destination, number)
         if response.status in (500, 503):
-            opened.head = await _read_capped(response)
+            opened.head, opened.complete = await _read_capped(response)
             if response.status == 503 or translate.is_draining_refusal(500, opened.head):
                 raise _TryNext(f"{destination}: refused with {response.status}", opened)
         return opened
@@ -148,16 +157,24 @@ def _answer_or_raise(failure: _TryNext, attempts: int) -> Opened:
     raise UpstreamUnavailable(attempts, str(failure)) from None
 
 
-async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
+def _discard(failure: BaseException | None) -> None:
+    """A refusal the next attempt supersedes: its response is not the answer, so close it."""
+    if isinstance(failure, _TryNext) and failure.opened is not None:
+        failure.opened.response.close()
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+    """Up to the cap of a refusal's body, and whether that was all of it (else the caller streams
+    the rest: a passed-through 5xx body is never cut)."""
     out = bytearray()
     try:
         while len(out) < _REFUSAL_READ_CAP:
             chunk = await response.content.readany()
             if not chunk:
-                break
+                response.release()  # read to its end: the connection goes back to the pool
+                return bytes(out), True
             out += chunk
     except UPSTREAM_READ_ERRORS:
-        pass
-    finally:
         response.close()
-    return bytes(out)
+        return bytes(out), True  # broken off: what came is all there will be
+    return bytes(out), response.content.at_eof()

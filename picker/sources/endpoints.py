@@ -56,6 +56,8 @@ class EndpointSources:
     def name(self) -> str:
         if self._config.kube.pool_name is not None:
             return kube_pool.SOURCE
+        if self._config.kube.endpoint_selector is not None:
+            return kube_pool.SELECTOR_SOURCE
         if self._config.kube.enabled:
             return kube.SOURCE
         if self._config.pool.endpoints_file is not None:
@@ -114,6 +116,10 @@ class EndpointSources:
             self._spawn(self.watcher.run())
         elif kube_config.pool_name is not None:
             await self._start_pool_source(kube_config.pool_name)
+        elif kube_config.endpoint_selector is not None:
+            await self._start_selector_source(
+                kube_config.endpoint_selector, kube_config.endpoint_target_ports
+            )
 
     def on_problem(self, listener: Callable[[str | None], None]) -> None:
         """`listener(problem)` on every change of `problem` (a string: not ready; None: ready again)."""
@@ -150,6 +156,47 @@ class EndpointSources:
         except kube.SourceError as exc:
             log.warning("kube first list failed (%s: %s); retrying in the background", exc.kind, exc)
         self._spawn(self.pool_source.run())
+
+    async def _start_selector_source(self, selector: str, ports: tuple[int, ...]) -> None:
+        from picker.sources.kube_api import LightkubePoolApi, load_kubeconfig
+
+        kube_config = self._config.kube
+        api = LightkubePoolApi(
+            load_kubeconfig(kube_config.kubeconfig),
+            namespace=kube_config.namespace,
+            request_timeout_s=kube_config.request_timeout_s,
+            read_timeout_s=kube_config.inactivity_deadline_s + kube_config.request_timeout_s,
+        )
+        self._api = api
+        source = kube_pool.SelectorSource(
+            api,
+            self._pool,
+            selector,
+            ports,
+            self._watch_settings(),
+            on_event=lambda event: self._metrics.count_source_event(kube_pool.SELECTOR_SOURCE, event),
+        )
+        log.info(
+            "kube pod source server=%s namespace=%s selector=%s ports=%s",
+            api.server,
+            api.namespace,
+            selector,
+            ",".join(map(str, ports)),
+        )
+        try:
+            await source.first_load()
+        except kube.SourceError as exc:
+            log.warning("kube first list failed (%s: %s); retrying in the background", exc.kind, exc)
+        self._spawn(source.run())
+
+    def _watch_settings(self) -> kube.WatchSettings:
+        kube_config = self._config.kube
+        return kube.WatchSettings(
+            watch_timeout_s=kube_config.watch_timeout_s,
+            inactivity_deadline_s=kube_config.inactivity_deadline_s,
+            backoff_initial_s=kube_config.backoff_initial_s,
+            backoff_max_s=kube_config.backoff_max_s,
+        )
 
     def _set_problem(self, problem: str | None) -> None:
         if self._stopped:

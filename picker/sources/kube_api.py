@@ -19,6 +19,7 @@ are mapped to the loop's errors here, in one place.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,11 @@ def _mapped(what: str, namespace: str, res: type[Any] = EndpointSlice) -> Iterat
 
 
 def make_client(config: KubeConfig, namespace: str | None, request_timeout_s: float) -> GenericAsyncClient:
-    """The authenticated async client; ConfigError when it cannot even be built."""
+    """The authenticated async client; ConfigError when it cannot even be built.
+
+    No namespace configured: $NAMESPACE (the reference picker's chart sets it from the downward
+    API), else the service account's, else the kubeconfig context's."""
+    namespace = namespace or os.environ.get("NAMESPACE") or None
     params = ConnectionParams(timeout=httpx2.Timeout(request_timeout_s))
     try:
         return GenericAsyncClient(params, config=config, namespace=namespace)

@@ -27,6 +27,7 @@ from picker.sources.kube import Collection, ListWatch, SourceError, WatchSetting
 log = logging.getLogger(__name__)
 
 SOURCE = "kube-pool"
+SELECTOR_SOURCE = "kube-pods"  # pods by label selector, without an InferencePool (--endpoint-selector)
 
 
 class PoolApi(Protocol):
@@ -204,3 +205,40 @@ class PoolSource:
 
     def _kept(self) -> int:
         return len(self._pool.ready())
+
+
+class SelectorSource:
+    """The pods one label selector picks, at fixed ports: the reference picker's `--endpoint-selector`
+    with `--endpoint-target-ports`, for a pool with no InferencePool object. One `ListWatch` (RBAC:
+    get/list/watch pods); pod states as picker/pool/pods.py reads them."""
+
+    def __init__(
+        self,
+        api: PoolApi,
+        pool: Pool,
+        selector: str,
+        ports: tuple[int, ...],
+        settings: WatchSettings,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_event: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self._pool = pool
+        self.store = PodStore(ports)
+        self.name = f"{api.namespace}/{selector}"
+        self.pods = ListWatch(
+            api.pods(selector),
+            self.store,
+            settings,
+            what="pods",
+            publish=lambda: pool.reconcile(self.store.desired(), source=SELECTOR_SOURCE),
+            kept=lambda: len(pool.ready()),
+            sleep=sleep,
+            on_event=on_event,
+        )
+
+    async def first_load(self) -> None:
+        await self.pods.relist()
+
+    async def run(self) -> None:
+        await self.pods.run()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from picker.pool import Lease
 from picker.streams.tracker import ResponseTracker
@@ -18,6 +20,7 @@ class EndReason(enum.Enum):
     UPSTREAM_ERROR_EVENT = "upstream-error-event"  # an SSE error event inside a 200 stream
     UPSTREAM_ERROR_STATUS = "upstream-error-status"  # the model server answered 5xx before any token
     STALLED = "stalled"  # the model server stopped sending without closing
+    SHUTDOWN_CUT = "shutdown-cut"  # the picker's own drain deadline ended it (`picker proxy` only)
     REJECTED = "rejected"  # answered by the picker itself (status contract), never dispatched
     UNOBSERVED = "unobserved"  # dispatched, but nothing ever reported how it ended
 
@@ -30,6 +33,18 @@ class Attempts:
     flags: frozenset[str] = frozenset()
     status: int = 0
     upstream: str = ""
+
+
+class TraceHooks(Protocol):
+    """What the request path tells a request's trace (picker/tracing.py `RequestTrace`)."""
+
+    def outgoing(self) -> tuple[tuple[str, str], ...]: ...
+    def queued(self) -> None: ...
+    def refused(self, outcome: str) -> None: ...
+    def picked(self, destinations: Sequence[str], started_ns: int) -> None: ...
+    def response_started(self, status: int, served: str | None, primary: str | None) -> None: ...
+    def first_token(self) -> None: ...
+    def ended(self, reason: str, tokens: int, endpoint: str | None) -> None: ...
 
 
 @dataclass(slots=True)
@@ -55,6 +70,7 @@ class RequestRecord:
     stalled: bool = False
     ended_at: float | None = None
     end_reason: EndReason | None = None
+    trace: TraceHooks | None = None  # with tracing on (picker/tracing.py)
 
     @property
     def ended(self) -> bool:

@@ -116,3 +116,26 @@ def test_envoy_started_before_the_picker(tmp_path: Path) -> None:
         assert envoy_health(stack) == {stack.replicas[0]: "healthy"}
     finally:
         stack.stop()
+
+
+def test_an_admin_drain_answers_once_envoy_holds_it(tmp_path: Path) -> None:
+    """The admin API answers a drain once Envoy has ACKed the EDS version carrying it: a picker killed
+    right after the answer (no wait here) leaves failOpen round robin avoiding the drained replica."""
+    stack = Stack(tmp_path, StackOptions(replicas=3, failure_mode_allow=True, eds=True)).start()
+    try:
+        drained = stack.replicas[0]
+        url = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{drained}/drain"
+        answer = httpx.post(url, timeout=10)
+        assert answer.status_code == 200
+        assert stack.picker is not None
+        stack.picker.kill()  # at once: no propagation wait of the test's own
+        httpx.delete(f"http://{drained}/sim/requests", timeout=5).raise_for_status()
+        statuses = [
+            httpx.post(f"{stack.url}/v1/completions", json=completion_body(2, stream=False), timeout=20)
+            for _ in range(9)
+        ]
+        assert [r.status_code for r in statuses] == [200] * 9
+        assert len(stack.sim_requests(drained)) == 0
+        assert answer.json()["eds"] == {"acked": True, "streams": 1}
+    finally:
+        stack.stop()

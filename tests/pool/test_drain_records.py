@@ -107,7 +107,7 @@ def test_rolling_drain_record(pool: Pool, clock: FakeClock, caplog: pytest.LogCa
     assert closed_lines == [
         "drain closed address=a:1 cause=source source=kube exit=gone duration_s=10.000 in_flight_at_start=4 "
         "failed_before_start=0 completed=2 client_disconnect=1 upstream_error=1 cut=0 unknown=0 "
-        "moved_away=0 picks_after_start=0 time_to_zero_s=4.000"
+        "moved_away=0 moved_in=0 picks_after_start=0 time_to_zero_s=4.000"
     ]
     assert pool.totals.opened == 1 and pool.totals.closed[DrainExit.GONE] == 1
     assert pool.totals.ends[DrainEnd.COMPLETED] == 2
@@ -265,6 +265,7 @@ def test_summary_is_plain_json_values(pool: Pool, clock: FakeClock) -> None:
         "failed_before_start": 0,
         "ended": {"completed": 0, "client-disconnect": 0, "upstream-error": 0, "cut": 0, "unknown": 0},
         "moved_away": 0,
+        "moved_in": 0,
         "picks_after_start": 0,
         "time_to_zero_s": None,
         "exit": None,

@@ -18,6 +18,7 @@ EXPECTED = {
     EndReason.UPSTREAM_ERROR_EVENT: DrainEnd.UPSTREAM_ERROR,
     EndReason.UPSTREAM_ERROR_STATUS: DrainEnd.UPSTREAM_ERROR,
     EndReason.STALLED: DrainEnd.CUT,
+    EndReason.SHUTDOWN_CUT: DrainEnd.CUT,
     EndReason.REJECTED: DrainEnd.UNKNOWN,
     EndReason.UNOBSERVED: DrainEnd.UNKNOWN,
 }

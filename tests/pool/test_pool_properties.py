@@ -84,7 +84,8 @@ class PoolMachine(RuleBasedStateMachine):
                 assert record is None
             if record is not None:
                 accounted = sum(record.ends.values()) + record.moved_away + endpoint.in_flight
-                assert record.in_flight_at_start + record.picks_after_start == accounted
+                arrived = record.in_flight_at_start + record.picks_after_start + record.moved_in
+                assert arrived == accounted
                 assert (record.zero_at is not None) == (endpoint.in_flight == 0)
         for record in self.pool.recent_drains():
             assert not record.open and record.exit is not None

@@ -214,3 +214,34 @@ async def test_a_burst_of_changes_is_one_push() -> None:
         assert hosts(second) == {A: HEALTHY, B: HEALTHY, C: HEALTHY, D: HEALTHY}
         counter = int(second.version_info.rsplit("-", 1)[1]) - int(first.version_info.rsplit("-", 1)[1])
         assert counter == 1, "one version for the whole burst"
+
+
+async def test_a_change_can_wait_until_every_stream_acked_it() -> None:
+    pool = Pool()
+    pool.apply(ready=[A, B])
+    async with connected(pool) as (picker, envoy):
+        envoy.ask()
+        first = await envoy.response()
+        envoy.ask(first.version_info, first.nonce)
+        await until(lambda: picker.service.acks == 1)
+        pool.drain(A)
+        waiting = asyncio.create_task(picker.service.propagate(timeout_s=WAIT_S))
+        pushed = await envoy.response()  # pushed at once, not after the debounce
+        assert hosts(pushed)[A] == DRAINING
+        await asyncio.sleep(0)
+        assert not waiting.done()  # not held until Envoy says so
+        envoy.ask(pushed.version_info, pushed.nonce)
+        assert await waiting == (True, 1)
+
+
+async def test_waiting_for_an_ack_has_a_deadline_and_says_so() -> None:
+    pool = Pool()
+    pool.apply(ready=[A, B])
+    async with connected(pool) as (picker, envoy):
+        envoy.ask()
+        first = await envoy.response()
+        envoy.ask(first.version_info, first.nonce)
+        await until(lambda: picker.service.acks == 1)
+        pool.drain(A)
+        assert await picker.service.propagate(timeout_s=0.2) == (False, 1)  # never ACKed
+    assert await picker.service.propagate(timeout_s=0.2) == (True, 0)  # no stream: nothing to wait for

@@ -1,0 +1,113 @@
+"""The reference picker's flags and plugin configuration, read as this picker reads them (issue 21)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from picker.cli import _load
+from picker.plugin_config import PluginConfigError, parse_plugin_config
+from picker.reference_flags import ReferenceFlagError, add_reference_flags, reference_overrides, seconds
+from tests.gateways.reference_chart import DEFAULT_PLUGINS
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("50ms", 0.05), ("5s", 5.0), ("1m30s", 90.0), ("0.25", 0.25), ("1h", 3600.0), ("250us", 0.00025)],
+)
+def test_go_durations_are_seconds(text: str, expected: float) -> None:
+    assert seconds(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["", "soon", "5 s", "1x", "ms"])
+def test_a_bad_duration_is_refused(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        seconds(text)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_reference_flags(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_mapped_flags_set_settings_and_accepted_ones_say_so() -> None:
+    overrides, notes = reference_overrides(
+        parse(
+            "--grpc-health-port",
+            "9013",
+            "--zap-encoder",
+            "json",
+            "--v",
+            "4",
+            "--tracing",
+            "--refresh-metrics-interval=50ms",
+            "--ha-enable-leader-election",
+            "--enable-pprof=false",
+        )
+    )
+    assert overrides == {
+        "server": {"health_port": 9013},
+        "log_format": "json",
+        "log_level": "DEBUG",
+        "tracing": {"enabled": True},
+        "load": {"scrape_interval_s": 0.05},
+    }
+    assert len(notes) == 2 and any("leader election" in note for note in notes)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--pool-group", "inference.networking.x-k8s.io"),
+        ("--tracing=maybe",),
+        ("--zap-encoder", "xml"),
+        ("--model-server-metrics-https-insecure-skip-verify=false",),
+    ],
+)
+def test_values_that_cannot_be_honoured_name_their_flag(argv: tuple[str, ...]) -> None:
+    with pytest.raises(ReferenceFlagError, match=argv[0].split("=")[0]):
+        reference_overrides(parse(*argv))
+
+
+def test_the_charts_default_plugins_parse_and_say_what_is_not_applied_yet() -> None:
+    config = parse_plugin_config(DEFAULT_PLUGINS, "default-plugins.yaml")
+    assert [p.type for p in config.plugins] == [
+        "queue-scorer",
+        "kv-cache-utilization-scorer",
+        "prefix-cache-scorer",
+    ]
+    assert config.weight("prefix-cache-scorer") == 3.0 and config.weight("queue-scorer") == 2.0
+    assert any("prefix-cache-scorer" in note for note in config.notes)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        (
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: magic-scorer\n",
+            "magic-scorer",
+        ),
+        ("apiVersion: v9\nkind: EndpointPickerConfig\n", "apiVersion"),
+        ("apiVersion: llm-d.ai/v1alpha1\nkind: Other\n", "kind"),
+        (
+            "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: queue-scorer\n"
+            "schedulingProfiles:\n- name: d\n  plugins:\n  - pluginRef: nope\n",
+            "pluginRef",
+        ),
+        ("[unclosed", "YAML"),
+    ],
+)
+def test_a_config_this_picker_cannot_use_is_an_error_naming_what(text: str, named: str) -> None:
+    with pytest.raises(PluginConfigError, match=named):
+        parse_plugin_config(text)
+
+
+def test_our_flags_win_over_the_reference_ones() -> None:
+    from picker.cli import _add_serve_flags
+
+    parser = argparse.ArgumentParser()
+    _add_serve_flags(parser)
+    config = _load(parser.parse_args(["--grpc-health-port", "9013", "--health-port", "9023"]))
+    assert config.server.health_port == 9023
