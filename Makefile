@@ -43,6 +43,8 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_grpc_servers
 	$(BIN)/python -m loadtest.bench_grpc_reset
 	$(BIN)/python -m loadtest.bench_ngf
+	$(BIN)/python -m loadtest.bench_prefix
+	$(BIN)/python -m loadtest.bench_affinity
 	@test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
 	VLLM_ROUTER=$(CURDIR)/.venv-router/bin/vllm-router $(BIN)/python -m loadtest.bench_proxy
 
@@ -55,6 +57,7 @@ bench-soak: $(STAMP)
 # robin and Envoy + picker (shipped, --no-scrape, flow control relaxed), issue 15 (README, "Benchmarks").
 bench-realvllm: $(STAMP) real-vllm
 	$(BIN)/python -m loadtest.bench_realvllm
+	$(BIN)/python -m loadtest.bench_realvllm_affinity
 
 # A rolling update under streaming load, without and with the picker (README, "Rollouts"): prints
 # both tables and the drains' scorecard, and redraws the README's timeline picture.

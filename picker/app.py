@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from aiohttp import web
+from pydantic import ValidationError
 
 from picker.config import ConfigError, PickerConfig, format_address
 from picker.config_sources import read_plugin_config
@@ -25,6 +26,7 @@ from picker.extproc.tls import CertificateError, ServingCertificate
 from picker.flow import FlowLimits
 from picker.http_admin import admin_app
 from picker.pipeline import RequestPath
+from picker.plugin_config import affinity_settings
 from picker.pool import Pool
 from picker.pool.health import SuspectPolicy
 from picker.scheduling import LoadPolicy
@@ -37,6 +39,8 @@ from picker.tracing import Tracing
 
 if TYPE_CHECKING:
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
+    from picker.sources.kv_events import KvEvents
+    from picker.sources.tokenizer import EngineTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,16 @@ class Core:
     config: PickerConfig
     drain_api: LightkubeDrainRecordApi | None = None  # kube.drains_configmap, once opened
     tracing: Tracing | None = None
+    kv_events: KvEvents | None = None  # affinity.prefix precise: the engines' KV events
+    tokenizer: EngineTokenizer | None = None  # ... and their /tokenize
+
+    def start_background(self, spawn: Spawn) -> None:
+        """The core's own loops (scraper, KV events, stall sweep), run by the frontend's `spawn`."""
+        if self.scraper is not None:
+            spawn(self.scraper.run(), "scraper")
+        if self.kv_events is not None:
+            spawn(self.kv_events.run(), "kv-events")
+        spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
 
     def open_drains(self, spawn: Spawn) -> DrainStore | None:
         """Where admin drains are recorded so every picker replica applies them (drain_store.py):
@@ -125,6 +139,8 @@ class Core:
             await asyncio.to_thread(self.tracing.provider.shutdown)
         if self.scraper is not None:
             await self.scraper.close()
+        if self.tokenizer is not None:
+            await self.tokenizer.aclose()
         await self.sources.aclose()
         if self.drain_api is not None:
             await self.drain_api.aclose()
@@ -135,8 +151,17 @@ def build_core(config: PickerConfig) -> Core:
 
     ConfigError when the reference picker's plugin configuration cannot be used."""
     plugins = read_plugin_config(config.scheduling)
-    for note in plugins.notes if plugins is not None else ():
-        log.info("%s", note)
+    if plugins is not None:
+        for note in plugins.notes:
+            log.info("%s", note)
+        try:
+            affinity = config.affinity.model_validate(
+                {**config.affinity.model_dump(), **affinity_settings(plugins)}
+            )
+        except ValidationError as exc:
+            raise ConfigError(f"{config.scheduling.config_file or 'scheduling.config_text'}: {exc}") from exc
+        config = config.model_copy(update={"affinity": affinity})
+        log.info("plugin configuration: affinity %s", affinity.model_dump(exclude_defaults=True))
     pool = Pool()
     scheduling = config.scheduling
     pool.health.policy = SuspectPolicy(
@@ -173,6 +198,7 @@ def build_core(config: PickerConfig) -> Core:
         cut_after_silence_s=config.streams.cut_after_silence_s,
         engine_gauges=load.scrape,
         tracing=tracing,
+        affinity=config.affinity,
     )
     path.objectives = sources.objectives
     pool.on_change(path.capacity_changed)
@@ -181,7 +207,14 @@ def build_core(config: PickerConfig) -> Core:
         if load.scrape
         else None
     )
-    return Core(pool, metrics, sources, path, scraper, config, tracing=tracing)
+    core = Core(pool, metrics, sources, path, scraper, config, tracing=tracing)
+    if config.affinity.prefix == "precise":
+        from picker.sources.kv_events import KvEvents
+        from picker.sources.tokenizer import EngineTokenizer
+
+        core.kv_events = KvEvents(pool, config.affinity)
+        core.tokenizer = path.tokenizer = EngineTokenizer(pool, config.affinity.tokenize_timeout_s)
+    return core
 
 
 def start_tracing(config: PickerConfig) -> Tracing | None:
@@ -213,11 +246,17 @@ def start_tracing(config: PickerConfig) -> Tracing | None:
 
 
 async def sweep_stalls(path: RequestPath, stall_after_s: float) -> None:
-    """Forever: mark (and end, when their endpoint is gone) streams silent past the stall bound."""
+    """Forever: mark (and end, when their endpoint is gone) streams silent past the stall bound.
+
+    Supervised: a sweep that raises is logged and the next one runs (one bad record must not stop
+    the sweep for good, which would leave every later stall uncounted)."""
     interval = max(0.05, stall_after_s / 4)
     while True:
         await asyncio.sleep(interval)
-        path.sweep_stalls()
+        try:
+            path.sweep_stalls()
+        except Exception:
+            log.exception("stall sweep failed; the next one runs in %.2f s", interval)
 
 
 class PickerApp:
@@ -241,6 +280,7 @@ class PickerApp:
             response_end=ResponseEnd(config.streams.response_end),
             fallbacks=config.scheduling.fallbacks,
             max_model_bytes=config.requests.max_model_name_bytes,
+            session_header=config.affinity.session_header,
         )
         self.health = HealthState()
         self.scraper = core.scraper
@@ -294,9 +334,7 @@ class PickerApp:
         site = web.TCPSite(self._http, bind, server.metrics_port)
         await site.start()
         metrics_port = self._http.addresses[0][1]
-        if self.scraper is not None:
-            self._spawn(self.scraper.run(), "scraper")
-        self._spawn(self._sweep_stalls(), "stall-sweep")
+        self.core.start_background(self._spawn)
         if self.certificate is not None:
             self._spawn(self.certificate.watch(), "cert-watch")
         await self.health.serving()
@@ -327,12 +365,6 @@ class PickerApp:
         if self.certificate is None:
             return "plaintext"
         return f"tls from {self.config.server.cert_path}" if self.certificate.directory else "tls self-signed"
-
-    async def _sweep_stalls(self) -> None:
-        interval = max(0.05, self.config.streams.stall_after_s / 4)
-        while True:
-            await asyncio.sleep(interval)
-            self.path.sweep_stalls()
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         spawn_owned(self._tasks, coro, name)

@@ -66,6 +66,10 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "queue_ttl": ("flow", "ttl_s"),
     "max_queued": ("flow", "max_queued"),
     "reject_without_endpoints": ("flow", "reject_without_endpoints"),
+    "prefix_affinity": ("affinity", "prefix"),
+    "session_header": ("affinity", "session_header"),
+    "kv_events_port": ("affinity", "kv_events_port"),
+    "kv_events_port_offset": ("affinity", "kv_events_port_offset"),
     "config_file": ("scheduling", "config_file"),
     "config_text": ("scheduling", "config_text"),
     "log_level": ("log_level",),
@@ -214,6 +218,16 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--log-format", choices=["text", "json"], help="json: one JSON object per line")
+    parser.add_argument(
+        "--prefix-affinity",
+        choices=["off", "approximate", "precise"],
+        help="cache-aware routing: approximate (default), precise (KV events + /tokenize), off",
+    )
+    parser.add_argument("--session-header", help="header naming a session (e.g. x-session-id): sticky")
+    parser.add_argument("--kv-events-port", type=int, help="precise: each engine's KV-event port (5557)")
+    parser.add_argument(
+        "--kv-events-port-offset", type=int, help="precise: or each endpoint's port plus this (one host)"
+    )
     add_reference_flags(parser)
 
 

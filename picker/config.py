@@ -308,6 +308,9 @@ class LoadConfig(_Group):
     kv_gauge: str | None = Field(
         None, pattern=_METRIC_NAME, description="gauge of KV-cache usage, 0-1 (default: engine's)"
     )
+    lora_info_metric: str | None = Field(
+        None, pattern=_METRIC_NAME, description="LoRA adapters info series (default: vllm:lora_requests_info)"
+    )
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="scrape this port of each endpoint's host (default: its own)"
     )
@@ -412,6 +415,55 @@ class ShutdownConfig(_Group):
         return self
 
 
+class AffinityConfig(_Group):
+    """Cache-aware routing (README, "Cache-aware routing"): prefix, LoRA and session affinity."""
+
+    prefix: Literal["off", "approximate", "precise"] = Field(
+        "approximate",
+        description="approximate: learned from what was routed where; precise: the engines' KV events "
+        "and token ids from their /tokenize; off: load alone",
+    )
+    block_tokens: int = Field(64, ge=16, le=4096, description="approximate: pseudo-tokens per block")
+    bytes_per_token: int = Field(4, ge=1, le=16, description="approximate: prompt bytes per pseudo-token")
+    max_blocks: int = Field(2048, ge=1, description="blocks of a prompt hashed at most")
+    index_blocks: int = Field(
+        31250, ge=64, description="approximate: blocks kept per endpoint (its num_gpu_blocks when published)"
+    )
+    sticky_threshold: float = Field(
+        0.5, ge=0, le=1.01, description="share of the prompt an endpoint must hold to keep it (above 1: off)"
+    )
+    max_load_gap: float = Field(
+        4.0, ge=0, description="sticky while within this many requests of the least load"
+    )
+    load_gap_ratio: float = Field(0.25, ge=0, description="... or this share of the least load, when more")
+    balance_ratio: float = Field(
+        0.2, ge=0, description="sticky while its load averaged over seconds is within this of the pool's mean"
+    )
+    balance_window_s: float = Field(2.0, gt=0, description="the time constant of that average")
+    prefill_penalty_tokens: float = Field(
+        65536, ge=0, description="sticky while its prefill wait is within this many tokens of the quickest's"
+    )
+    prefix_weight: float = Field(3.0, ge=0, description="score weight of the cached share of the prompt")
+    load_weight: float = Field(2.0, ge=0, description="score weight of the load (queue and KV cache)")
+    lora_weight: float = Field(2.0, ge=0, description="score weight of LoRA affinity")
+    room_weight: float = Field(1.0, ge=0, description="score weight of room in the cache (cold prompts)")
+    session_header: str | None = Field(
+        None, pattern=r"^[a-z0-9-]+$", description="request header naming a session (e.g. x-session-id)"
+    )
+    session_ttl_s: float = Field(
+        300.0, gt=0, description="a session stays bound this long after its last request"
+    )
+    engine_feedback: bool = Field(
+        True, description="approximate: correct the index by the cached tokens engines report in usage"
+    )
+    kv_events_port: int = Field(5557, ge=1, le=65535, description="precise: each engine's KV-event port")
+    kv_events_port_offset: int | None = Field(
+        None, ge=-65535, le=65535, description="precise: or the endpoint's own port plus this (one host)"
+    )
+    kv_events_topic: str = Field("kv@", description="precise: the topic prefix subscribed to")
+    tokenize_timeout_s: float = Field(0.5, gt=0, description="precise: an engine's /tokenize answer, at most")
+
+
 class TracingConfig(_Group):
     """OpenTelemetry traces: one per request (admission, queue wait, pick, the stream to its end),
     exported over OTLP. The standard OTEL_* environment sets the endpoint, sampler and service name."""
@@ -454,6 +506,7 @@ class PickerConfig(BaseModel):
     streams: StreamsConfig = StreamsConfig()
     shutdown: ShutdownConfig = ShutdownConfig()
     proxy: ProxyConfig = ProxyConfig()
+    affinity: AffinityConfig = AffinityConfig()
     tracing: TracingConfig = TracingConfig()
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line")

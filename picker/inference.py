@@ -1,9 +1,18 @@
-"""What the picker reads of an OpenAI-style inference request, parsed once at admission."""
+"""What the picker reads of an OpenAI-style inference request, parsed once at admission.
+
+Besides model, stream and sizes, the prompt's material for prefix affinity: the bytes a cache-aware
+pick hashes (completions: the prompt text, or its token ids; chat: the JSON of `tools`, then each
+message's role and content text, as the reference picker reads them, no template applied), and the
+part of the body an engine's `/tokenize` takes, for precise affinity. Never logged.
+"""
 
 from __future__ import annotations
 
+import array
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from picker.contract import Outcome, Reply, reply_for
 
@@ -19,6 +28,48 @@ class InferenceRequest:
     max_tokens: int | None = None
     prompt_chars: int = 0
     body_bytes: int = 0
+    prompt: bytes = field(default=b"", repr=False)  # what prefix affinity hashes (never logged)
+    cache_salt: str | None = field(default=None, repr=False)  # vLLM's cache isolation key
+    # what an engine's /tokenize takes: {"prompt": ...} or {"messages": ..., "tools": ...}
+    tokenize: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+
+
+def _text(value: Any) -> str:
+    """The text of a message's content: a string, or the text parts of a list."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return "".join(p["text"] for p in value if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _prompt_material(body: dict[str, Any]) -> tuple[bytes, Mapping[str, Any] | None]:
+    """(the bytes prefix affinity hashes, what /tokenize takes) of a completions or chat request."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt.encode(), {"prompt": prompt}
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        try:
+            return array.array("I", prompt).tobytes(), {"prompt": prompt}
+        except OverflowError:
+            return b"", None
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return b"", None
+    parts: list[str] = []
+    tools = body.get("tools")
+    if tools:
+        parts.append(json.dumps(tools, separators=(",", ":"), sort_keys=True))
+    for message in messages:
+        if isinstance(message, dict):
+            parts.append(str(message.get("role", "")))
+            parts.append(_text(message.get("content")))
+    tokenize: dict[str, Any] = {"messages": messages}
+    if tools:
+        tokenize["tools"] = tools
+    return "\x1e".join(parts).encode(), tokenize
 
 
 def _prompt_chars(body: dict[str, object]) -> int:
@@ -83,6 +134,10 @@ def parse_request(
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         return reply_for(Outcome.BAD_REQUEST, "'stream' must be a boolean")
+    salt = data.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        return reply_for(Outcome.BAD_REQUEST, "'cache_salt' must be a non-empty string")
+    prompt, tokenize = _prompt_material(data)
     return InferenceRequest(
         method=method,
         path=path,
@@ -91,4 +146,7 @@ def parse_request(
         max_tokens=max_tokens,
         prompt_chars=_prompt_chars(data),
         body_bytes=len(body),
+        prompt=prompt,
+        cache_salt=salt,
+        tokenize=tokenize,
     )

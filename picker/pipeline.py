@@ -10,15 +10,18 @@ import random
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import assert_never
+from typing import Any, Protocol, assert_never
 
+from picker.config import AffinityConfig
 from picker.contract import Outcome, Reply, reply_for
 from picker.flow import FlowController, FlowLimits, Ticket
 from picker.inference import InferenceRequest
 from picker.objectives import Objectives
+from picker.placement import Placement
 from picker.pool import DrainEnd, EndpointState, Pool
+from picker.pool.sessions import Sessions
 from picker.scheduling import LoadPolicy, pick, without_metrics
 from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
 from picker.streams.classify import shutting_down
@@ -28,6 +31,12 @@ from picker.tracing import Tracing
 _RECENT_KEPT = 4096  # ended records kept for late access-log entries (a few seconds of traffic)
 
 Schedule = Callable[[float, Callable[[], None]], Callable[[], None]]  # (delay, fn) -> cancel
+
+
+class Tokenizer(Protocol):
+    """Token ids of a request as an engine reads them (picker/sources/tokenizer.py); None: unknown."""
+
+    async def tokenize(self, model: str, request: Mapping[str, Any]) -> list[int] | None: ...
 
 
 def _call_later(delay: float, fn: Callable[[], None]) -> Callable[[], None]:
@@ -92,6 +101,7 @@ class RequestPath:
         cut_after_silence_s: float = 5.0,
         engine_gauges: bool = True,
         tracing: Tracing | None = None,
+        affinity: AffinityConfig | None = None,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
@@ -107,6 +117,11 @@ class RequestPath:
         self._cut_after_silence_s = cut_after_silence_s
         self._engine_gauges = engine_gauges  # endpoints are scraped: their running counts are known
         self._tracing = tracing  # None: no trace is started, no hook is called
+        # cache-aware routing (picker/placement.py); off unless configured (the wiring turns it on)
+        affinity = affinity or AffinityConfig(prefix="off")
+        sessions = Sessions(affinity.session_ttl_s, clock=clock) if affinity.session_header else None
+        self.placement = Placement(pool, affinity, metrics, sessions)
+        self.tokenizer: Tokenizer | None = None  # precise prefix affinity: set by the wiring
         self._engine_tracked = 0
         # Envoy's gRPC access log has reported a request: it can tell each response's end.
         self.access_log_seen = False
@@ -150,12 +165,16 @@ class RequestPath:
         allowed: frozenset[str] | None = None,
         fallbacks: bool = True,
         trace_context: Mapping[str, str] | None = None,
+        session: str | None = None,
+        tokens: Sequence[int] | None = None,
     ) -> Ticket[RequestRecord]:
         """Admit one parsed request: dispatched now, refused now, or queued (await `ticket.wait()`).
 
         `allowed` restricts the pick to these endpoints (the data plane's subset hint); `fallbacks`
         false answers with the primary alone (an ORIGINAL_DST data plane cannot use a list).
         `trace_context`: the client's `traceparent` / `tracestate`, continued with tracing on.
+        `session`: the request's session (affinity.session_header); `tokens`: its prompt's token ids
+        from an engine (precise prefix affinity).
         """
         now = self._clock()
         self.arrivals += 1
@@ -168,6 +187,7 @@ class RequestPath:
             body_bytes=request.body_bytes,
             allowed=allowed,
             fallbacks=fallbacks,
+            keys=self.placement.keys(request, session, tokens),
         )
         if self._tracing is not None:
             record.trace = self._tracing.start(
@@ -186,6 +206,18 @@ class RequestPath:
         if record.trace is not None and not ticket.done:
             record.trace.queued()
         return ticket
+
+    def wants_tokens(self, request: InferenceRequest) -> bool:
+        """Whether the frontend should get the request's token ids (`tokens`) before admitting it."""
+        return (
+            self.placement.mode == "precise" and self.tokenizer is not None and request.tokenize is not None
+        )
+
+    async def tokens(self, request: InferenceRequest) -> list[int] | None:
+        """The request's token ids from an engine (precise affinity), or None."""
+        if self.tokenizer is None or request.tokenize is None:
+            return None
+        return await self.tokenizer.tokenize(request.model, request.tokenize)
 
     def settle(self, ticket: Ticket[RequestRecord]) -> Routed | Reply:
         """What to answer for a ticket that is done: the route, or the contract's refusal."""
@@ -225,6 +257,7 @@ class RequestPath:
 
     def capacity_changed(self) -> None:
         """Load or endpoints changed (a scrape, a source update): queued requests may fit now."""
+        self.placement.tune()
         if self._engine_tracked:
             self._settle_from_engines()
         self.flow.pump()
@@ -292,11 +325,16 @@ class RequestPath:
                     "metrics?): picking by the picker's own in-flight counts"
                 )
         suspects = self._pool.health.suspects()  # failing fast: never the primary, last resort only
-        destinations = pick(candidates, count, self._rng, started, policy, suspects)
+        choice = self.placement.choose(record, candidates, count, self._rng, started, policy, suspects)
+        if choice is not None:
+            destinations = choice.destinations
+        else:
+            destinations = pick(candidates, count, self._rng, started, policy, suspects)
         if not destinations:
             return False
         record.picked = tuple(destinations)
         record.lease = self._pool.lease(destinations[0])
+        self.placement.dispatched(record, destinations[0])
         self._live[record.request_id] = record
         self._metrics.count_pick(destinations[0], self._clock() - started)
         if record.trace is not None:
@@ -319,6 +357,7 @@ class RequestPath:
             record.served = served
             if record.picked and served != record.picked[0]:
                 self._metrics.count_fallback_served()
+                self.placement.dispatched(record, served)  # its prompt is cached where it ran
             if record.lease is not None:
                 record.lease.move(served)
         self._pool.health.answered(record.picked, served, status)  # suspects: failing fast
@@ -348,6 +387,8 @@ class RequestPath:
         gap = tracker.feed(chunk, now)
         if first and tracker.first_byte_at is not None:
             self._metrics.observe_ttft(record.model, now - record.admitted_at)
+            if record.prefill_at is not None:
+                self.placement.prefilled(record)
             if record.trace is not None:
                 record.trace.first_token()
         elif gap is not None:
@@ -480,8 +521,12 @@ class RequestPath:
         # counted before the release: a GONE endpoint's last request ending forgets it, series too
         tokens = record.tracker.tokens if record.tracker else 0
         self._metrics.count_end(reason, record.endpoint, record.model, tokens)
+        if record.prefill_at is not None:
+            self.placement.prefilled(record)
         if record.trace is not None:
             record.trace.ended(reason.value, tokens, record.endpoint)
+        if reason is EndReason.COMPLETED:
+            self.placement.ended(record)
         if record.lease is not None:
             record.lease.release(drain_end(reason))
         self._live.pop(record.request_id, None)

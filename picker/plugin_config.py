@@ -23,24 +23,26 @@ API_VERSIONS = ("llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
 KIND = "EndpointPickerConfig"
 DEFAULT_WEIGHT = 1.0
 
-# What this picker's scheduling does, by the reference's plugin type.
+# What this picker's scheduling does, by the reference's plugin type (README, "Cache-aware routing").
 APPLIED: Mapping[str, str] = {
-    "queue-scorer": "the load score's engine queue term",
-    "kv-cache-utilization-scorer": "the load score's KV-cache term",
+    "queue-scorer": "affinity.load_weight (with the KV-cache scorer's weight)",
+    "kv-cache-utilization-scorer": "affinity.load_weight (with the queue scorer's weight)",
     "max-score-picker": "the best-scored endpoint is the primary, the next ones are fallbacks",
     "single-profile-handler": "one scheduling profile",
     "metrics-data-source": "the /metrics scraper",
     "core-metrics-extractor": "the /metrics scraper's vLLM gauges",
+    "prefix-cache-scorer": "affinity.prefix approximate, affinity.prefix_weight",
+    "approx-prefix-cache-producer": "affinity.prefix approximate (block size, blocks, index size)",
+    "precise-prefix-cache-producer": "affinity.prefix precise (the engines' KV events)",
+    "precise-prefix-cache-scorer": "affinity.prefix precise, affinity.prefix_weight",
+    "prefix-cache-affinity-filter": "affinity.sticky_threshold (its affinityThreshold)",
+    "lora-affinity-scorer": "affinity.lora_weight",
+    "session-affinity-scorer": "affinity.session_header (the session_id mode)",
+    "token-producer": "precise: token ids from the engines' /tokenize",
 }
 # Types this picker knows and will apply, not yet in this version: named in a log line at start.
 NOT_YET: Mapping[str, str] = {
-    "prefix-cache-scorer": "prefix-cache affinity",
-    "prefix-cache-affinity-filter": "prefix-cache affinity",
-    "approx-prefix-cache-producer": "prefix-cache affinity",
-    "precise-prefix-cache-producer": "prefix-cache affinity from KV events",
-    "lora-affinity-scorer": "LoRA affinity",
-    "session-affinity-scorer": "session affinity",
-    "token-load-scorer": "in-flight token load",
+    "token-load-scorer": "in-flight token load (the load score counts requests)",
 }
 
 
@@ -158,3 +160,51 @@ def parse_plugin_config(text: str, source: str = "--config-text") -> PluginConfi
             f"{source}: {len(profiles)} scheduling profiles: only the first ({profiles[0].name}) is used"
         )
     return PluginConfig(tuple(plugins), tuple(profiles), tuple(notes))
+
+
+def affinity_settings(config: PluginConfig) -> dict[str, Any]:
+    """The `affinity` settings a plugin configuration implies (its first profile's weights)."""
+    types = {plugin.type: plugin for plugin in config.plugins}
+    out: dict[str, Any] = {}
+    precise = "precise-prefix-cache-producer" in types or "precise-prefix-cache-scorer" in types
+    approximate = "prefix-cache-scorer" in types or "approx-prefix-cache-producer" in types
+    out["prefix"] = "precise" if precise else "approximate" if approximate else "off"
+    scorer = (
+        "precise-prefix-cache-scorer" if "precise-prefix-cache-scorer" in types else "prefix-cache-scorer"
+    )
+    prefix = config.weight(scorer)
+    out["prefix_weight"] = (
+        prefix if prefix is not None else (DEFAULT_WEIGHT if out["prefix"] != "off" else 0.0)
+    )
+    load = [
+        w
+        for w in (config.weight("queue-scorer"), config.weight("kv-cache-utilization-scorer"))
+        if w is not None
+    ]
+    if load:
+        out["load_weight"] = sum(load)
+    lora = config.weight("lora-affinity-scorer")
+    out["lora_weight"] = lora if lora is not None else 0.0
+    affinity_filter = types.get("prefix-cache-affinity-filter")
+    if affinity_filter is not None:
+        threshold = affinity_filter.parameters.get("affinityThreshold", 0.8)
+        if isinstance(threshold, int | float) and 0 <= threshold <= 1:
+            out["sticky_threshold"] = float(threshold)
+    else:
+        out["sticky_threshold"] = 1.01  # no affinity filter: the weighted scores alone, as configured
+    producer = types.get("approx-prefix-cache-producer") or types.get("prefix-cache-scorer")
+    parameters = producer.parameters if producer is not None else {}
+    block = parameters.get("blockSizeTokens", parameters.get("blockSize"))
+    if isinstance(block, int) and block > 0:
+        out["block_tokens"] = max(64, block)  # the reference clamps up to 64 too
+    blocks = parameters.get("maxPrefixBlocksToMatch")
+    if isinstance(blocks, int) and blocks > 0:
+        out["max_blocks"] = blocks
+    capacity = parameters.get("lruCapacityPerServer")
+    if isinstance(capacity, int) and capacity >= 64:
+        out["index_blocks"] = capacity
+    session = types.get("session-affinity-scorer")
+    if session is not None:
+        header = session.parameters.get("headerName", "x-session-id")
+        out["session_header"] = header.lower() if isinstance(header, str) else "x-session-id"
+    return out

@@ -136,6 +136,13 @@ MAPPED: tuple[Mapped, ...] = (
     Mapped("--v", ("log_level",), _verbosity, "N", "reference verbosity: 4 and above is debug"),
     Mapped("--tracing", ("tracing", "enabled"), go_bool, "true|false", "OpenTelemetry traces", boolean=True),
     Mapped(
+        "--lora-info-metric",
+        ("load", "lora_info_metric"),
+        str,
+        "NAME",
+        "the LoRA adapters' info series (vllm:lora_requests_info)",
+    ),
+    Mapped(
         "--endpoint-selector",
         ("kube", "endpoint_selector"),
         str,
@@ -198,14 +205,9 @@ ACCEPTED: tuple[Accepted, ...] = (
     Accepted("--zap-stacktrace-level", str, lambda _: "--zap-stacktrace-level: tracebacks on errors only"),
     Accepted("--zap-time-encoding", str, lambda _: "--zap-time-encoding: log times are ISO 8601"),
     Accepted(
-        "--lora-info-metric",
-        str,
-        lambda name: f"--lora-info-metric {name}: LoRA adapters are not read from metrics in this version",
-    ),
-    Accepted(
         "--cache-info-metric",
         str,
-        lambda name: f"--cache-info-metric {name}: cache sizes are not read from metrics in this version",
+        lambda name: f"--cache-info-metric {name}: the cache size is read from vllm:cache_config_info",
     ),
 )
 

@@ -257,6 +257,30 @@ class Metrics:
         self._scrape_failures = Counter(
             "picker_scrape_failures", "Failed /metrics scrapes per endpoint", ["endpoint", "kind"], registry=r
         )
+        self._placements = Counter(
+            "picker_affinity_picks",
+            "Cache-aware picks by how the primary was chosen (session, lora, sticky prefix, or score)",
+            ["how"],
+            registry=r,
+        )
+        self._placed_cached = Histogram(
+            "picker_affinity_cached_share",
+            "Share of the prompt the primary was known to hold, per cache-aware pick",
+            buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0),
+            registry=r,
+        )
+        self._prefix_predicted = Counter(
+            "picker_prefix_predicted_tokens",
+            "Prompt tokens the approximate index expected the serving engine to hold",
+            registry=r,
+        )
+        self._prefix_engine_cached = Counter(
+            "picker_prefix_engine_cached_tokens",
+            "Prompt tokens the serving engine reported cached (usage.prompt_tokens_details)",
+            registry=r,
+        )
+        for how in ("session", "lora", "sticky", "score"):
+            self._placements.labels(how)
         self._access_log_failures = Counter(
             "picker_access_log_entry_failures",
             "Envoy access-log entries the picker could not handle (logged and skipped)",
@@ -361,6 +385,16 @@ class Metrics:
 
     def count_pick_without_metrics(self) -> None:
         self._picks_without_metrics.inc()
+
+    def count_placement(self, how: str, cached: float) -> None:
+        """A cache-aware pick: how it was chosen, and the share of the prompt it was known to hold."""
+        self._placements.labels(how).inc()
+        self._placed_cached.observe(cached)
+
+    def count_prefix_feedback(self, predicted_tokens: int, engine_cached_tokens: int) -> None:
+        """The engine's report of a prompt's cached tokens beside what the picker's index predicted."""
+        self._prefix_predicted.inc(predicted_tokens)
+        self._prefix_engine_cached.inc(engine_cached_tokens)
 
     def count_access_log_failure(self) -> None:
         self._access_log_failures.inc()

@@ -21,7 +21,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from loadtest.sim.config import DrainTimeoutAction
 from loadtest.sim.faults import parse_fault_mapping
 from loadtest.sim.handlers import STATE_KEY, chat_completions, completions
-from loadtest.sim.openai_format import ApiError, bad_request, models_body
+from loadtest.sim.openai_format import ApiError, bad_request, invalid_body, models_body
+from loadtest.sim.prefix import chat_tokens, completion_tokens
 
 REPLICA_HEADER = "x-sim-replica"
 
@@ -68,8 +69,50 @@ async def health(request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    body = models_body(state.config.model, state.config.capacity.max_model_len, int(state.stats.created))
+    config = state.config
+    body = models_body(
+        config.model, config.capacity.max_model_len, int(state.stats.created), config.cache.lora_modules
+    )
     return web.Response(body=body, content_type="application/json")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's `POST /tokenize`: `{"tokens": [...], "count": n, "max_model_len": m}` for a completions
+    `prompt` or chat `messages` (with `tools`), as the simulator's tokenizer reads them."""
+    state = request.app[STATE_KEY]
+    data = await _read_json_object(request)
+    if "messages" in data:
+        messages = data["messages"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise invalid_body("messages: Input should be a list of messages", "messages")
+        tokens = chat_tokens(messages, data.get("tools"))
+    elif "prompt" in data:
+        tokens = completion_tokens(data["prompt"])
+        if not tokens:
+            raise invalid_body("prompt: Input should be a string or a list of token ids", "prompt")
+    else:
+        raise invalid_body("prompt or messages: Field required", "prompt")
+    body = {"count": len(tokens), "max_model_len": state.config.capacity.max_model_len, "tokens": tokens}
+    return web.json_response(body)
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM's `POST /reset_prefix_cache` (VLLM_SERVER_DEV_MODE): every block goes; AllBlocksCleared."""
+    request.app[STATE_KEY].engine.clear_prefix_cache()
+    return web.Response(status=200)
+
+
+async def skip_kv_events(request: web.Request) -> web.Response:
+    """A fault: lose the next `count` KV-event batches' sequence numbers (a subscriber sees a gap)."""
+    data = await _read_json_object(request)
+    count = data.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise bad_request("count must be an integer >= 1", "count")
+    publisher = request.app[STATE_KEY].engine.publisher
+    if publisher is None:
+        raise bad_request("this replica publishes no KV events (--kv-events-port)")
+    publisher.skip(count)
+    return web.json_response({"sequence": publisher.sequence})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -191,6 +234,9 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    app.router.add_post("/sim/kv-events/skip", skip_kv_events)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/sim/shutdown", shutdown)

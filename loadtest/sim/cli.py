@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from loadtest.sim.config import (
     AbortStyle,
+    CacheConfig,
     CapacityConfig,
     DrainTimeoutAction,
     LatencyConfig,
@@ -136,6 +137,49 @@ def build_parser() -> argparse.ArgumentParser:
         "--default-max-tokens", type=int, default=16, help="max_tokens of a request that sets none"
     )
 
+    cache = parser.add_argument_group("prefix cache, prefill, KV events and LoRA (loadtest/sim/prefix.py)")
+    cache.add_argument(
+        "--no-enable-prefix-caching",
+        dest="prefix_caching",
+        action="store_false",
+        help="turn vLLM's automatic prefix caching off",
+    )
+    cache.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    cache.add_argument(
+        "--num-gpu-blocks",
+        "--num-gpu-blocks-override",
+        dest="num_gpu_blocks",
+        type=int,
+        default=None,
+        help="blocks the prefix cache holds (default: --kv-capacity-tokens / --block-size)",
+    )
+    cache.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=None,
+        help="prefill as a shared compute: uncached prompt tokens at this rate, one request after another",
+    )
+    cache.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage.prompt_tokens_details.cached_tokens in responses",
+    )
+    cache.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="a usage chunk at the end of every stream, asked for or not",
+    )
+    cache.add_argument(
+        "--kv-events-port",
+        type=int,
+        action="append",
+        default=None,
+        help="publish KV-cache events on tcp://HOST:PORT (ZMQ PUB), one per replica in --port order",
+    )
+    cache.add_argument("--lora-modules", nargs="+", default=(), help="LoRA adapter names served")
+    cache.add_argument("--max-loras", type=int, default=1, help="adapters active at once")
+    cache.add_argument("--lora-load-ms", type=float, default=0.0, help="TTFT added when an adapter loads")
+
     shutdown = parser.add_argument_group("shutdown (SIGTERM or POST /sim/shutdown)")
     shutdown.add_argument(
         "--shutdown-timeout",
@@ -209,6 +253,17 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             max_model_len=args.max_model_len,
             default_max_tokens=args.default_max_tokens,
         ),
+        cache=CacheConfig(
+            prefix_caching=args.prefix_caching,
+            block_size=args.block_size,
+            num_gpu_blocks=args.num_gpu_blocks,
+            prefill_tokens_per_s=args.prefill_tokens_per_s,
+            prompt_tokens_details=args.enable_prompt_tokens_details,
+            force_include_usage=args.enable_force_include_usage,
+            lora_modules=tuple(args.lora_modules),
+            max_loras=args.max_loras,
+            lora_load_ms=args.lora_load_ms,
+        ),
         shutdown=ShutdownConfig(
             timeout_s=args.shutdown_timeout,
             abort_style=AbortStyle(args.abort_style),
@@ -223,9 +278,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
-async def serve(config: SimConfig, ports: Sequence[int]) -> int:
+async def serve(config: SimConfig, ports: Sequence[int], kv_events_ports: Sequence[int] = ()) -> int:
     loop = asyncio.get_running_loop()
-    replicas = [Replica(config, port) for port in ports]
+    kv_ports: list[int | None] = [*kv_events_ports, *([None] * (len(ports) - len(kv_events_ports)))]
+    replicas = [Replica(config, port, kv_events_port=kv) for port, kv in zip(ports, kv_ports, strict=True)]
     started: list[Replica] = []
     signals_seen = 0
 
@@ -269,8 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.kv_events_port and len(args.kv_events_port) > len(args.port):
+        parser.error("more --kv-events-port than --port")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _raise_open_file_limit()
     import uvloop
 
-    return uvloop.run(serve(config, args.port))
+    return uvloop.run(serve(config, args.port, args.kv_events_port or ()))

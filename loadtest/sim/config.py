@@ -74,6 +74,32 @@ class CapacityConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Prefix caching, prefill compute, KV events and LoRA adapters (see loadtest/sim/prefix.py)."""
+
+    prefix_caching: bool = True  # vLLM's automatic prefix caching (on by default, as in vLLM)
+    block_size: int = 16  # tokens per KV block (vLLM's GPU default; its CPU build uses 128)
+    num_gpu_blocks: int | None = None  # blocks the cache holds; default kv_capacity_tokens // block_size
+    # Prefill as a shared compute resource: each request's uncached prompt tokens take
+    # tokens / rate seconds, one request after another (None: the per-token TTFT term only).
+    prefill_tokens_per_s: float | None = None
+    prompt_tokens_details: bool = False  # usage.prompt_tokens_details.cached_tokens (vLLM's flag)
+    force_include_usage: bool = False  # a usage chunk in every stream (vLLM --enable-force-include-usage)
+    lora_modules: tuple[str, ...] = ()  # adapter names served besides the base model
+    max_loras: int = 1  # adapters active at once (vLLM --max-loras)
+    lora_load_ms: float = 0.0  # added to the TTFT of a request whose adapter had to be loaded
+
+    def __post_init__(self) -> None:
+        _require(self.block_size >= 1, "block_size", "must be >= 1")
+        _require(self.num_gpu_blocks is None or self.num_gpu_blocks >= 1, "num_gpu_blocks", "must be >= 1")
+        _require(
+            self.prefill_tokens_per_s is None or self.prefill_tokens_per_s > 0, "prefill_tokens_per_s", "> 0"
+        )
+        _require(self.max_loras >= 1, "max_loras", "must be >= 1")
+        _require(self.lora_load_ms >= 0, "lora_load_ms", "must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class ShutdownConfig:
     """Shutdown like vLLM 0.32: abort mode when timeout_s == 0, drain mode otherwise."""
 
@@ -96,6 +122,7 @@ class SimConfig:
     host: str = "127.0.0.1"
     latency: LatencyConfig = field(default_factory=LatencyConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
     faults: FaultSpec | None = None  # a server-wide fault for completion requests
     fault_count: int | None = None  # apply `faults` to the next K requests only; None = to all

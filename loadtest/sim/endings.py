@@ -53,9 +53,15 @@ def unsent() -> web.Response:
     return web.Response(status=500)
 
 
-def _tail(call: Call, encoder: StreamEncoder, completion_tokens: int) -> bytes:
-    usage = encoder.usage(call.parsed.prompt_tokens, completion_tokens) if call.parsed.include_usage else b""
-    return usage + DONE_FRAME
+def _tail(call: Call, encoder: StreamEncoder, completion_tokens: int, cached: int | None = None) -> bytes:
+    if not call.parsed.include_usage:
+        return DONE_FRAME
+    return encoder.usage(call.parsed.prompt_tokens, completion_tokens, cached) + DONE_FRAME
+
+
+def _cached(state: ReplicaState, flight: InFlight) -> int | None:
+    """usage.prompt_tokens_details.cached_tokens, when the replica reports it (vLLM's flag)."""
+    return flight.cached_tokens if state.config.cache.prompt_tokens_details else None
 
 
 async def complete(
@@ -67,11 +73,11 @@ async def complete(
 ) -> web.StreamResponse:
     finish_reason = call.plan.finish_reason
     if response is not None and encoder is not None:
-        await response.write(_tail(call, encoder, flight.generated))
+        await response.write(_tail(call, encoder, flight.generated, _cached(state, flight)))
         await response.write_eof()
     else:
         flight.record.status = 200
-        response = json_response(200, _body(call, flight.generated, finish_reason))
+        response = json_response(200, _body(call, flight.generated, finish_reason, _cached(state, flight)))
     stats = state.stats
     stats.served += 1
     stats.success[finish_reason] += 1
@@ -80,7 +86,7 @@ async def complete(
     return response
 
 
-def _body(call: Call, tokens: int, finish_reason: str) -> bytes:
+def _body(call: Call, tokens: int, finish_reason: str, cached: int | None = None) -> bytes:
     parsed = call.parsed
     return completion_body(
         parsed.endpoint,
@@ -90,6 +96,7 @@ def _body(call: Call, tokens: int, finish_reason: str) -> bytes:
         parsed.prompt_tokens,
         tokens,
         finish_reason,
+        cached,
     )
 
 

@@ -4,6 +4,12 @@ Concurrency model: single event loop, no locks. Each request is an `InFlight` ow
 task; the engine only moves it between `waiting` and `running` and wakes it. A waiting request is
 promoted when a slot is free and its prompt fits the KV cache (head of line blocks, as FCFS does);
 tokens held = prompt + generated tokens of running requests. No preemption: usage is capped at 1.0.
+
+LoRA: a request for an adapter runs only while at most `max_loras` adapters are active (adapters of
+running requests); one whose adapter cannot be activated waits, and the requests behind it may pass
+(vLLM's scheduler skips it). Prefill (`prefill`): the prompt's cached blocks are looked up and its
+blocks stored (loadtest/sim/prefix.py); with a prefill rate, uncached tokens are computed one request
+after another, so prefill is a shared resource and cache hits free it.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import asyncio
 import enum
 from collections import deque
 
-from loadtest.sim.config import CapacityConfig
+from loadtest.sim.config import CacheConfig, CapacityConfig
+from loadtest.sim.kv_events import KvEventPublisher
+from loadtest.sim.prefix import PrefixCache
 from loadtest.sim.requestlog import RequestRecord
 
 
@@ -38,13 +46,39 @@ def _resolve(waiter: asyncio.Future[None]) -> None:
 class InFlight:
     """One admitted-or-pending completion request; its handler sleeps on it, the replica wakes it."""
 
-    __slots__ = ("_loop", "_waiter", "generated", "interrupt", "prompt_tokens", "record", "running")
+    __slots__ = (
+        "_loop",
+        "_waiter",
+        "cache_salt",
+        "cached_tokens",
+        "generated",
+        "interrupt",
+        "lora",
+        "lora_loaded",
+        "prompt_tokens",
+        "record",
+        "running",
+        "token_ids",
+    )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, record: RequestRecord, prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        record: RequestRecord,
+        prompt_tokens: int,
+        token_ids: tuple[int, ...] = (),
+        cache_salt: str | None = None,
+        lora: str | None = None,
+    ) -> None:
         self._loop = loop
         self._waiter: asyncio.Future[None] | None = None
         self.record = record
         self.prompt_tokens = prompt_tokens
+        self.token_ids = token_ids
+        self.cache_salt = cache_salt
+        self.lora = lora
+        self.lora_loaded = False  # its adapter was not active when it started: it paid the load
+        self.cached_tokens = 0  # prompt tokens its prefill found cached
         self.generated = 0
         self.running = False
         self.interrupt: Interrupt | None = None
@@ -80,11 +114,42 @@ class InFlight:
 
 
 class Engine:
-    def __init__(self, capacity: CapacityConfig) -> None:
+    def __init__(self, capacity: CapacityConfig, cache: CacheConfig | None = None) -> None:
         self._capacity = capacity
+        self._cache = cache or CacheConfig()
         self.running: set[InFlight] = set()
         self.waiting: deque[InFlight] = deque()
         self.tokens_held = 0
+        blocks = self._cache.num_gpu_blocks or max(1, capacity.kv_capacity_tokens // self._cache.block_size)
+        self.prefix = PrefixCache(self._cache.block_size, blocks) if self._cache.prefix_caching else None
+        self.publisher: KvEventPublisher | None = None
+        self._prefill_free_at = 0.0  # loop time when the prefill compute is next free
+        self.active_loras: dict[str, int] = {}  # adapter -> running requests using it
+
+    def prefill(self, flight: InFlight, now: float) -> float:
+        """Look up and store the prompt's blocks; return when its prefill is done (loop time)."""
+        prefix = self.prefix
+        if prefix is not None and flight.token_ids:
+            flight.cached_tokens = prefix.lookup(flight.token_ids, flight.cache_salt)
+            stored = prefix.store(flight.token_ids, flight.cache_salt)
+            if self.publisher is not None:
+                self.publisher.stored(stored)
+        rate = self._cache.prefill_tokens_per_s
+        if rate is None:
+            return now
+        start = max(now, self._prefill_free_at)
+        self._prefill_free_at = start + max(0, flight.prompt_tokens - flight.cached_tokens) / rate
+        return self._prefill_free_at
+
+    def clear_prefix_cache(self) -> None:
+        if self.prefix is not None:
+            self.prefix.clear()
+            if self.publisher is not None:
+                self.publisher.cleared()
+
+    @property
+    def waiting_loras(self) -> set[str]:
+        return {f.lora for f in self.waiting if f.lora is not None}
 
     @property
     def kv_usage(self) -> float:
@@ -97,7 +162,9 @@ class Engine:
         limit = self._capacity.max_num_queued_reqs
         if limit is None or len(self.waiting) < limit:
             self.waiting.append(flight)
-            return Admission.QUEUED
+            if self.waiting[0].lora is not None:
+                self._promote()  # only adapters wait ahead: it may pass them
+            return Admission.RUNNING if flight.running else Admission.QUEUED
         return Admission.REJECTED
 
     def add_tokens(self, flight: InFlight, count: int) -> None:
@@ -110,6 +177,12 @@ class Engine:
             flight.running = False
             self.running.discard(flight)
             self.tokens_held -= flight.prompt_tokens + flight.generated
+            if flight.lora is not None:
+                left = self.active_loras[flight.lora] - 1
+                if left:
+                    self.active_loras[flight.lora] = left
+                else:
+                    del self.active_loras[flight.lora]
         else:
             try:
                 self.waiting.remove(flight)
@@ -117,8 +190,12 @@ class Engine:
                 return
         self._promote()
 
+    def _lora_fits(self, flight: InFlight) -> bool:
+        lora = flight.lora
+        return lora is None or lora in self.active_loras or len(self.active_loras) < self._cache.max_loras
+
     def _fits(self, flight: InFlight) -> bool:
-        if len(self.running) >= self._capacity.max_num_seqs:
+        if len(self.running) >= self._capacity.max_num_seqs or not self._lora_fits(flight):
             return False
         # A prompt larger than the whole cache still runs alone, as it would in vLLM (max_model_len rules).
         return (
@@ -129,8 +206,20 @@ class Engine:
         flight.running = True
         self.running.add(flight)
         self.tokens_held += flight.prompt_tokens
+        if flight.lora is not None:
+            flight.lora_loaded = flight.lora not in self.active_loras
+            self.active_loras[flight.lora] = self.active_loras.get(flight.lora, 0) + 1
         flight.wake()
 
     def _promote(self) -> None:
-        while self.waiting and self._fits(self.waiting[0]):
-            self._start(self.waiting.popleft())
+        """FCFS; a request waiting only for an adapter slot is passed by those behind it."""
+        passed: list[InFlight] = []
+        while self.waiting:
+            head = self.waiting[0]
+            if self._fits(head):
+                self._start(self.waiting.popleft())
+            elif not self._lora_fits(head) and len(self.running) < self._capacity.max_num_seqs:
+                passed.append(self.waiting.popleft())
+            else:
+                break
+        self.waiting.extendleft(reversed(passed))

@@ -81,7 +81,8 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     except asyncio.CancelledError:
         _client_gone(state, record)
         raise
-    flight = InFlight(loop, record, call.parsed.prompt_tokens)
+    parsed = call.parsed
+    flight = InFlight(loop, record, parsed.prompt_tokens, parsed.token_ids, parsed.cache_salt, parsed.lora)
     state.enter(flight)
     try:
         return await _run(request, state, call, flight)
@@ -128,7 +129,14 @@ async def _validate(
             ApiError(413, "Request body too large", "RequestEntityTooLarge"), Outcome.BAD_REQUEST, "too-large"
         ) from None
     try:
-        parsed = parse_request(endpoint, body, config.model, config.capacity.default_max_tokens)
+        parsed = parse_request(
+            endpoint,
+            body,
+            config.model,
+            config.capacity.default_max_tokens,
+            config.cache.lora_modules,
+            config.cache.force_include_usage,
+        )
         record.model, record.stream, record.prompt_tokens = parsed.model, parsed.stream, parsed.prompt_tokens
         try:
             overrides = parse_overrides(request.headers)
@@ -214,7 +222,13 @@ async def _generate(
         await flight.wait(None)
     t_slot = loop.time()
     stats.queue_time.observe(t_slot - call.arrival)
-    t_first = t_slot + plan.ttft_s
+    # prefill: cached blocks found (and this prompt's stored); with a prefill rate, its uncached
+    # tokens wait for the shared prefill compute. Cached tokens save their per-token TTFT too.
+    t_prefilled = engine.prefill(flight, t_slot)
+    ttft_s = max(0.0, plan.ttft_s - plan.per_prompt_token_s * flight.cached_tokens)
+    if flight.lora_loaded:
+        ttft_s += state.config.cache.lora_load_ms / 1000
+    t_first = t_prefilled + ttft_s
     await flight.wait(t_first)
     if flight.interrupt is not None:
         return Stop.INTERRUPTED

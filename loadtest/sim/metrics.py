@@ -22,6 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from loadtest.sim.config import CacheConfig
 from loadtest.sim.engine import Engine
 
 # vLLM's bucket boundaries (seconds).
@@ -154,8 +155,10 @@ class SimCollector(Collector):
         stats: SimStats,
         in_flight: Callable[[], int],
         draining: Callable[[], bool],
+        cache: CacheConfig | None = None,
     ) -> None:
         self._labels = ["0", model]
+        self._cache = cache or CacheConfig()
         self._engine = engine
         self._stats = stats
         self._in_flight = in_flight
@@ -193,6 +196,7 @@ class SimCollector(Collector):
         yield self._gauge(
             "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine.kv_usage
         )
+        yield from self._cache_families()
         success = CounterMetricFamily(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -224,6 +228,43 @@ class SimCollector(Collector):
             "vllm:request_queue_time_seconds", "Time spent in the WAITING phase.", stats.queue_time
         )
         yield from self._sim_families()
+
+    def _cache_families(self) -> Iterable[Metric]:
+        """Prefix caching and LoRA, as vLLM 0.32 names them."""
+        engine, stats = self._engine, self._stats
+        prefix = engine.prefix
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=("block_size", "enable_prefix_caching", "num_gpu_blocks", "engine"),
+        )
+        blocks = prefix.num_blocks if prefix is not None else 0
+        info.add_metric([str(self._cache.block_size), str(prefix is not None), str(blocks), "0"], 1.0)
+        yield info
+        yield self._counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", prefix.queries if prefix else 0
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", prefix.hits if prefix else 0
+        )
+        yield self._counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens.", prefix.hits if prefix else 0
+        )
+        if self._cache.lora_modules:
+            lora = GaugeMetricFamily(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                labels=("max_lora", "running_lora_adapters", "waiting_lora_adapters"),
+            )
+            lora.add_metric(
+                [
+                    str(self._cache.max_loras),
+                    ",".join(sorted(engine.active_loras)),
+                    ",".join(sorted(engine.waiting_loras)),
+                ],
+                stats.created if not engine.active_loras else time.time(),
+            )
+            yield lora
 
     def _sim_families(self) -> Iterable[Metric]:
         stats = self._stats

@@ -6,9 +6,9 @@ with empty `choices`, compact JSON everywhere except the in-stream error event (
 `json.dumps`, i.e. with spaces). Per-token frames are pre-encoded once per request: the hot path writes a
 cached `bytes` object and never calls `json.dumps`.
 
-Prompt tokens are estimated, not tokenized: a string counts ceil(chars / 4) tokens (at least 1), a token-id
-list counts its length, a chat request counts its text parts that way plus 4 tokens per message and 2 for
-the assistant turn (ChatML-like overhead).
+Prompt tokens come from the simulator's tokenizer (loadtest/sim/prefix.py): a string is ceil(chars / 4)
+tokens (at least 1), a token-id list is itself, a chat request is its text parts that way plus 4 tokens
+per message and 2 for the assistant turn (ChatML-like overhead), after the JSON of its `tools`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtest.sim.config import CapacityConfig
+from loadtest.sim.prefix import chat_tokens, completion_tokens
 
 TOKEN_TEXT = " tok"  # the synthetic text of one generated token
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -80,12 +81,28 @@ class ParsedRequest:
     max_tokens: int
     ignore_eos: bool
     prompt_tokens: int
+    token_ids: tuple[int, ...] = ()  # the prompt as the simulator's tokenizer reads it
+    cache_salt: str | None = None  # vLLM's per-request prefix-cache isolation key
+    lora: str | None = None  # the LoRA adapter the request names as its model
+
+
+def _checked_salt(data: dict[str, Any]) -> str | None:
+    salt = data.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise invalid_body("cache_salt: Input should be a non-empty string", "cache_salt")
+    return salt
 
 
 def parse_request(
-    endpoint: Endpoint, body: bytes, served_model: str, default_max_tokens: int
+    endpoint: Endpoint,
+    body: bytes,
+    served_model: str,
+    default_max_tokens: int,
+    adapters: tuple[str, ...] = (),
+    force_usage: bool = False,
 ) -> ParsedRequest:
-    """Validate a completion request the way vLLM does (400), then the model name (404)."""
+    """Validate a completion request the way vLLM does (400), then the model name (404): the served
+    model, or one of its LoRA `adapters`."""
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -105,7 +122,7 @@ def parse_request(
         raise invalid_body("stream_options: Input should be a valid dictionary", "stream_options")
     if stream_options and not stream:
         raise invalid_body("Stream options can only be defined when `stream=True`.", "stream_options")
-    include_usage = bool(stream_options and stream_options.get("include_usage"))
+    include_usage = bool(stream_options and stream_options.get("include_usage")) or (force_usage and stream)
     key = (
         "max_completion_tokens"
         if endpoint is Endpoint.CHAT and "max_completion_tokens" in data
@@ -126,23 +143,32 @@ def parse_request(
         raise bad_request("n: the simulator supports only n=1", "n")
     if endpoint is Endpoint.COMPLETIONS:
         prompt_tokens = _completion_prompt_tokens(data.get("prompt"))
+        token_ids = completion_tokens(data.get("prompt"))
     else:
         prompt_tokens = _chat_prompt_tokens(data.get("messages"))
-    if model is not None and model != served_model:
+        token_ids = chat_tokens(data["messages"], data.get("tools"))
+        prompt_tokens = len(token_ids)
+    salt = _checked_salt(data)
+    if model is not None and model != served_model and model not in adapters:
+        names = ", ".join((served_model, *adapters))
         raise ApiError(
             404,
-            f"The model `{model}` does not exist. Valid aliases: {served_model}.",
+            f"The model `{model}` does not exist. Valid aliases: {names}.",
             "NotFoundError",
             "model",
         )
+    lora = model if model is not None and model in adapters else None
     return ParsedRequest(
         endpoint=endpoint,
-        model=served_model,
+        model=lora or served_model,
         stream=stream,
         include_usage=include_usage,
         max_tokens=max_tokens,
         ignore_eos=ignore_eos,
         prompt_tokens=prompt_tokens,
+        token_ids=tuple(token_ids),
+        cache_salt=salt,
+        lora=lora,
     )
 
 
@@ -244,11 +270,12 @@ class StreamEncoder:
             '"logprobs":null,"finish_reason":null}]}\n\n'
         ).encode()
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached: int | None = None) -> bytes:
         total = prompt_tokens + completion_tokens
+        details = "" if cached is None else f',"prompt_tokens_details":{{"cached_tokens":{cached}}}'
         return (
             f'data: {{{self._meta},"choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
-            f'"total_tokens":{total},"completion_tokens":{completion_tokens}}}}}\n\n'
+            f'"total_tokens":{total},"completion_tokens":{completion_tokens}{details}}}}}\n\n'
         ).encode()
 
 
@@ -260,14 +287,15 @@ def completion_body(
     prompt_tokens: int,
     completion_tokens: int,
     finish_reason: str,
+    cached: int | None = None,
 ) -> bytes:
-    """A non-streaming response body in vLLM's field order."""
+    """A non-streaming response body in vLLM's field order (`cached`: prompt_tokens_details)."""
     text = TOKEN_TEXT * completion_tokens
     usage = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
     }
     if endpoint is Endpoint.COMPLETIONS:
         choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None}
@@ -294,15 +322,20 @@ def completion_body(
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def models_body(model: str, max_model_len: int, created: int) -> bytes:
-    card = {
-        "id": model,
-        "object": "model",
-        "created": created,
-        "owned_by": "vllm",
-        "root": model,
-        "parent": None,
-        "max_model_len": max_model_len,
-        "permission": [],
-    }
-    return json.dumps({"object": "list", "data": [card]}, separators=(",", ":")).encode()
+def models_body(model: str, max_model_len: int, created: int, adapters: tuple[str, ...] = ()) -> bytes:
+    """The base model's card, then one per LoRA adapter (vLLM: `parent` names the base)."""
+
+    def card(name: str, parent: str | None) -> dict[str, Any]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "vllm",
+            "root": name,
+            "parent": parent,
+            "max_model_len": max_model_len,
+            "permission": [],
+        }
+
+    cards = [card(model, None), *(card(adapter, model) for adapter in adapters)]
+    return json.dumps({"object": "list", "data": cards}, separators=(",", ":")).encode()

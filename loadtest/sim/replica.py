@@ -36,9 +36,10 @@ STOP_GRACE_S = 2.0
 class Replica:
     """One replica: `await start()`, then `begin_shutdown()` + `wait_stopped()`, or `await stop()`."""
 
-    def __init__(self, config: SimConfig, port: int = 0) -> None:
+    def __init__(self, config: SimConfig, port: int = 0, kv_events_port: int | None = None) -> None:
         self.config = config
         self._requested_port = port
+        self._kv_events_port = kv_events_port
         self.port = 0
         self._state: ReplicaState | None = None
         self._runner: web.AppRunner | None = None
@@ -74,7 +75,7 @@ class Replica:
         sock = socket.create_server((self.config.host, self._requested_port), backlog=1024)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
-        self._state = ReplicaState(self.config, self.address)
+        self._state = ReplicaState(self.config, self.address, self._kv_events_port)
         app = web.Application(client_max_size=CLIENT_MAX_SIZE)
         app[STATE_KEY] = self._state
         app[CONTROLS_KEY] = self
@@ -180,16 +181,21 @@ class Replica:
         self._close_listener()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self._state is not None and self._state.engine.publisher is not None:
+            self._state.engine.publisher.close()
         self._stopped.set()
         log.info("replica %s: stopped", self.address)
 
 
 @contextlib.asynccontextmanager
 async def run_sim(
-    config: SimConfig | None = None, ports: Sequence[int] = (0,)
+    config: SimConfig | None = None, ports: Sequence[int] = (0,), kv_events_ports: Sequence[int] = ()
 ) -> AsyncIterator[list[Replica]]:
     """Run one replica per port (0 = any free port) in this event loop; stop them all on exit."""
-    replicas = [Replica(config or SimConfig(), port) for port in ports]
+    kv: list[int | None] = [*kv_events_ports, *([None] * (len(ports) - len(kv_events_ports)))]
+    replicas = [
+        Replica(config or SimConfig(), port, kv_events_port=k) for port, k in zip(ports, kv, strict=True)
+    ]
     try:
         for replica in replicas:
             await replica.start()

@@ -11,6 +11,7 @@ from prometheus_client.core import CollectorRegistry
 from loadtest.sim.config import AbortStyle, SimConfig
 from loadtest.sim.engine import Engine, InFlight, Interrupt
 from loadtest.sim.faults import FaultBoard
+from loadtest.sim.kv_events import KvEventPublisher
 from loadtest.sim.metrics import SimCollector, SimStats, make_registry
 from loadtest.sim.requestlog import Outcome, RequestLog, RequestRecord
 
@@ -18,10 +19,14 @@ log = logging.getLogger("loadtest.sim")
 
 
 class ReplicaState:
-    def __init__(self, config: SimConfig, address: str) -> None:
+    def __init__(self, config: SimConfig, address: str, kv_events_port: int | None = None) -> None:
         self.config = config
         self.address = address  # "127.0.0.1:PORT", the x-sim-replica header value
-        self.engine = Engine(config.capacity)
+        self.engine = Engine(config.capacity, config.cache)
+        if kv_events_port is not None and self.engine.prefix is not None:
+            self.engine.publisher = KvEventPublisher(
+                config.host, kv_events_port, config.model, config.cache.block_size
+            )
         self.stats = SimStats()
         self.log = RequestLog(config.request_log_size)
         self.faults = FaultBoard(config.faults, config.fault_count)
@@ -34,7 +39,12 @@ class ReplicaState:
         self._sequence = itertools.count()
         self.registry: CollectorRegistry = make_registry(
             SimCollector(
-                config.model, self.engine, self.stats, lambda: len(self.active), lambda: self.draining
+                config.model,
+                self.engine,
+                self.stats,
+                lambda: len(self.active),
+                lambda: self.draining,
+                config.cache,
             )
         )
 

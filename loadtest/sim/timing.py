@@ -66,7 +66,15 @@ def _header_int(headers: Mapping[str, str], name: str) -> int | None:
 class TokenPlan:
     """Timing and length of one request's output."""
 
-    __slots__ = ("_jitter_s", "_rng", "finish_reason", "itl_s", "output_tokens", "ttft_s")
+    __slots__ = (
+        "_jitter_s",
+        "_rng",
+        "finish_reason",
+        "itl_s",
+        "output_tokens",
+        "per_prompt_token_s",
+        "ttft_s",
+    )
 
     def __init__(
         self,
@@ -76,8 +84,10 @@ class TokenPlan:
         finish_reason: str,
         itl_jitter_s: float,
         rng: random.Random,
+        per_prompt_token_s: float = 0.0,
     ) -> None:
         self.ttft_s = ttft_s
+        self.per_prompt_token_s = per_prompt_token_s  # in ttft_s per prompt token: cached ones save it
         self.itl_s = itl_s
         self.output_tokens = output_tokens
         self.finish_reason = finish_reason
@@ -123,4 +133,5 @@ def plan_tokens(
         finish_reason=finish_reason,
         itl_jitter_s=latency.itl_jitter_ms / 1000,
         rng=rng,
+        per_prompt_token_s=0.0 if overrides.ttft_ms is not None else latency.ttft_per_prompt_token_ms / 1000,
     )

@@ -25,17 +25,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from picker import headers
-from picker.config import canonical_address
 from picker.contract import Outcome, Reply, reply_for
 from picker.extproc import translate
 from picker.flow import Ticket
+from picker.hints import HintRules, Hints, read_hints
 from picker.inference import InferenceRequest, parse_request
-from picker.objectives import request_priority
 from picker.pipeline import RequestPath
 from picker.streams import RequestRecord
 
@@ -45,9 +44,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class RoutingOptions:
     max_body_bytes: int
-    max_hint_bytes: int = 256  # fairness id and priority header length bound (config: requests.*)
+    hints: HintRules = field(default_factory=HintRules)  # how hint headers are read (requests.*, affinity.*)
     max_model_bytes: int | None = None  # model name length bound (config: requests.*)
-    test_hooks: bool = False
+
+    @property
+    def test_hooks(self) -> bool:
+        return self.hints.test_hooks
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,18 +60,16 @@ class Pending:
     phase: str
 
 
-Step = ep.ProcessingResponse | Pending
+@dataclass(frozen=True, slots=True)
+class Tokenize:
+    """Precise prefix affinity: the request's token ids come from an engine before it is admitted."""
+
+    parsed: InferenceRequest
+    hints: Hints
+    phase: str
 
 
-def _endpoints(values: tuple[str, ...]) -> frozenset[str]:
-    """Canonical addresses; entries that are not ip:port cannot match any endpoint and are dropped."""
-    out = set()
-    for value in values:
-        try:
-            out.add(canonical_address(value))
-        except ValueError:
-            continue
-    return frozenset(out)
+Step = ep.ProcessingResponse | Pending | Tokenize
 
 
 def _eos(request: ep.ProcessingRequest) -> bool | None:
@@ -226,28 +226,11 @@ class RoutingSession:
             )
         return parsed
 
-    def _hints(self) -> tuple[str, int, frozenset[str] | None] | Reply:
+    def _hints(self) -> Hints | Reply:
         """The client's scheduling hints and the allowed endpoints, or the contract reply refusing them."""
-        bound = self._options.max_hint_bytes
-        for name in headers.CLIENT_HINTS:
-            value = self._headers.get(name, "")
-            if len(value.encode()) > bound:
-                return reply_for(Outcome.BAD_REQUEST, f"header {name} is longer than {bound} bytes")
-        priority = request_priority(
-            self._headers.get(headers.PRIORITY), self._headers.get(headers.OBJECTIVE), self._path.objectives
+        return read_hints(
+            self._headers.get, self._options.hints, self._path.objectives, self._path.eligible, self._hint
         )
-        if priority is None:
-            return reply_for(Outcome.BAD_REQUEST, f"header {headers.PRIORITY} must be an integer")
-        allowed = None if self._hint is None else _endpoints(self._hint)
-        if self._options.test_hooks and headers.TEST_ENDPOINT_SELECTION in self._headers:
-            chosen = _endpoints(tuple(self._headers[headers.TEST_ENDPOINT_SELECTION].split(",")))
-            allowed = chosen if allowed is None else allowed & chosen
-        if allowed is not None and not self._path.eligible(allowed):
-            return reply_for(
-                Outcome.REJECTED_NO_ENDPOINTS,
-                f"none of the {len(allowed)} endpoints the data plane allows for this request is ready",
-            )
-        return self._headers.get(headers.FAIRNESS_ID, ""), priority, allowed
 
     def _decide(self, phase: str, *, headers_only: bool = False, partial: bool = False) -> list[Step]:
         self._decided = True
@@ -257,14 +240,26 @@ class RoutingSession:
         hints = self._hints()  # again: endpoints may have drained while the body arrived
         if isinstance(hints, Reply):
             return self._refuse(hints)
-        flow, priority, allowed = hints
+        if self._path.wants_tokens(parsed):
+            return [Tokenize(parsed, hints, phase)]
+        return self._admit(parsed, hints, phase, None)
+
+    async def tokenized(self, step: Tokenize) -> list[Step]:
+        """Get the token ids (precise affinity), then admit as `_decide` would have."""
+        return self._admit(step.parsed, step.hints, step.phase, await self._path.tokens(step.parsed))
+
+    def _admit(
+        self, parsed: InferenceRequest, hints: Hints, phase: str, tokens: list[int] | None
+    ) -> list[Step]:
         ticket = self._path.admit(
             parsed,
-            flow=flow,
-            priority=priority,
-            allowed=allowed,
+            flow=hints.flow,
+            priority=hints.priority,
+            allowed=hints.allowed,
             fallbacks=self._fallbacks,
-            trace_context={k: self._headers[k] for k in headers.TRACE_CONTEXT if k in self._headers},
+            trace_context=hints.trace_context,
+            session=hints.session,
+            tokens=tokens,
         )
         if ticket.done:
             return list(self._answer(ticket, phase))

@@ -19,7 +19,8 @@ from picker import headers
 from picker.contract import Outcome, reply_for
 from picker.extproc import translate
 from picker.extproc.observer import ObserverSession
-from picker.extproc.routing import Pending, RoutingOptions, RoutingSession
+from picker.extproc.routing import Pending, RoutingOptions, RoutingSession, Tokenize
+from picker.hints import HintRules
 from picker.pipeline import RequestPath
 from picker.streams import EndReason, RequestRecord
 
@@ -71,11 +72,14 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         response_end: ResponseEnd = ResponseEnd.AUTO,
         fallbacks: str = "auto",
         max_model_bytes: int | None = None,
+        session_header: str | None = None,
     ) -> None:
         self.path = path
         self.max_body_bytes = max_body_bytes
         self.queue_wait_s = queue_wait_s  # asked of Envoy while queued; <= its max_message_timeout
-        self._routing = RoutingOptions(max_body_bytes, max_hint_bytes, max_model_bytes, test_hooks)
+        self._routing = RoutingOptions(
+            max_body_bytes, HintRules(max_hint_bytes, test_hooks, session_header), max_model_bytes
+        )
         self._fallbacks = fallbacks
         self._grace_s = observer_attach_grace_s
         self._response_end = response_end
@@ -140,8 +144,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                             self.path.reject(reply_for(Outcome.INTERNAL_ERROR))
                         )
                     return
-                for step in steps:
-                    if isinstance(step, Pending):
+                while steps:
+                    step = steps.pop(0)
+                    if isinstance(step, Tokenize):
+                        steps = [*await session.tokenized(step), *steps]
+                    elif isinstance(step, Pending):
                         # FULL_DUPLEX request bodies have no message timeout to extend (nor a shim).
                         if session.extends_timeouts:
                             yield translate.extend_timeout(self.queue_wait_s)

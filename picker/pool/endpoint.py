@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from picker.pool.cache import KvBlocks, PrefixIndex
 from picker.pool.drain import DrainRecord
 from picker.pool.load import LoadSample
 
@@ -31,6 +32,23 @@ class Endpoint:
     arrivals: int = 0  # requests ever attributed here (picked, or moved here by Envoy's choice)
     departures: int = 0  # requests ever ended here or moved away
     drain: DrainRecord | None = None  # the open drain record, while there is one
+    # What the endpoint holds, for cache-aware routing (picker/pool/cache.py); dropped when GONE.
+    prefix: PrefixIndex | None = None  # approximate: learned from what was routed here
+    kv: KvBlocks | None = None  # precise: from the engine's KV events
+    # uncached prompt tokens of the requests routed here that have not sent a first token yet:
+    # the prefill backlog a new request would wait behind (the reference's in-flight token load)
+    pending_prefill: float = 0.0
+    # its load (running + waiting, estimated) averaged over the last seconds, at `load_avg_at`: a
+    # sustained imbalance, which breaks affinity, from the moment-to-moment swings, which must not
+    load_avg: float = 0.0
+    load_avg_at: float | None = None
+    pending_prefill: int = 0  # estimated uncached prompt tokens of requests not started yet
+    # From the engine's /metrics (vllm:cache_config_info, vllm:lora_requests_info), when it has them.
+    block_size: int | None = None
+    num_blocks: int | None = None
+    running_adapters: frozenset[str] = frozenset()
+    waiting_adapters: frozenset[str] = frozenset()
+    max_adapters: int | None = None
 
     @property
     def pickable(self) -> bool:

@@ -42,6 +42,23 @@ def record_sample(
         endpoint.learned_slots = int(running)
 
 
+def record_engine_info(
+    endpoint: Endpoint,
+    block_size: int | None,
+    num_blocks: int | None,
+    adapters: tuple[frozenset[str], frozenset[str], int] | None,
+) -> None:
+    """What a scrape said of the engine's cache and adapters (absent: unchanged)."""
+    if block_size is not None:
+        endpoint.block_size = block_size
+    if num_blocks is not None and num_blocks != endpoint.num_blocks:
+        endpoint.num_blocks = num_blocks
+        if endpoint.prefix is not None:
+            endpoint.prefix.resize(num_blocks)
+    if adapters is not None:
+        endpoint.running_adapters, endpoint.waiting_adapters, endpoint.max_adapters = adapters
+
+
 def record_failure(endpoint: Endpoint) -> None:
     """A failed scrape (down, slow, garbage): the endpoint's load is unknown, so it counts as saturated."""
     endpoint.load = None

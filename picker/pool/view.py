@@ -240,6 +240,7 @@ class Pool:
                 if endpoint.drain is not None:
                     self._close_drain(endpoint, _EXITS[target])
             case EndpointState.GONE:
+                endpoint.prefix = endpoint.kv = None  # what it cached goes with it
                 if endpoint.drain is None and endpoint.in_flight > 0:
                     self._open_drain(endpoint, DrainCause.REMOVED)
                 self._forget_if_done(endpoint)

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from picker.app import build_core, run_until_signalled, spawn_owned, sweep_stalls
+from picker.app import build_core, run_until_signalled, spawn_owned
 from picker.config import PickerConfig
 from picker.contract import Outcome, reply_for
 from picker.http_admin import admin_app
@@ -55,6 +55,7 @@ class ProxyApp:
             max_hint_bytes=requests.max_hint_header_bytes,
             max_model_bytes=requests.max_model_name_bytes,
             test_hooks=requests.enable_test_hooks,
+            session_header=config.affinity.session_header,
         )
         self.ready = False
         self._stopping = False  # once shutdown starts, readiness only goes down
@@ -93,9 +94,7 @@ class ProxyApp:
         await self._admin.setup()
         await web.TCPSite(self._admin, bind, self.config.server.metrics_port).start()
         metrics_port = self._admin.addresses[0][1]
-        if self.scraper is not None:
-            self._spawn(self.scraper.run(), "scraper")
-        self._spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
+        self.core.start_background(self._spawn)
         self.ready = True
         self.core.follow_sources(self._source_problem)
         log.info(

@@ -15,10 +15,9 @@ import random
 from aiohttp import web
 
 from picker import headers
-from picker.config import canonical_address
 from picker.contract import Outcome, Reply, reply_for
+from picker.hints import HintRules, read_hints
 from picker.inference import parse_request
-from picker.objectives import request_priority
 from picker.pipeline import RequestPath, Routed
 from picker.pool import Pool
 from picker.proxy import translate
@@ -31,17 +30,6 @@ log = logging.getLogger(__name__)
 _READ_SIZE = 64 * 1024
 _MODELS = "/v1/models"
 _CLIENT_GONE = (ConnectionError,)  # what a write raises once the client went away
-
-
-def _endpoints(values: list[str]) -> frozenset[str]:
-    """Canonical addresses; entries that are not ip:port cannot match any endpoint and are dropped."""
-    out = set()
-    for value in values:
-        try:
-            out.add(canonical_address(value.strip()))
-        except ValueError:
-            continue
-    return frozenset(out)
 
 
 class _UpstreamCut(Exception):
@@ -84,13 +72,14 @@ class ProxyFrontend:
         max_hint_bytes: int = 256,
         max_model_bytes: int | None = None,
         test_hooks: bool = False,
+        session_header: str | None = None,
     ) -> None:
         self.path = path
+        self._hint_rules = HintRules(max_hint_bytes, test_hooks, session_header)
         self._test_hooks = test_hooks  # GIE conformance hooks (requests.enable_test_hooks)
         self._pool = pool
         self._upstream = upstream
         self._max_body_bytes = max_body_bytes
-        self._max_hint_bytes = max_hint_bytes
         self._max_model_bytes = max_model_bytes
         self._exchanges: set[Exchange] = set()
         self._idle = asyncio.Event()
@@ -127,14 +116,19 @@ class ProxyFrontend:
         if isinstance(parsed, Reply):
             await down.reply(self.path.reject(parsed))
             return
-        hints = self._hints(down)
+        hints = read_hints(down.header, self._hint_rules, self.path.objectives, self.path.eligible)
         if isinstance(hints, Reply):
             await down.reply(self.path.reject(hints))
             return
-        flow, priority, allowed = hints
-        trace_context = {k: v for k in headers.TRACE_CONTEXT if (v := down.header(k)) is not None}
+        tokens = await self.path.tokens(parsed) if self.path.wants_tokens(parsed) else None
         ticket = self.path.admit(
-            parsed, flow=flow, priority=priority, allowed=allowed, trace_context=trace_context
+            parsed,
+            flow=hints.flow,
+            priority=hints.priority,
+            allowed=hints.allowed,
+            trace_context=hints.trace_context,
+            session=hints.session,
+            tokens=tokens,
         )
         if not ticket.done:
             try:
@@ -163,29 +157,6 @@ class ProxyFrontend:
             self._exchanges.discard(exchange)
             if not self._exchanges:
                 self._idle.set()
-
-    def _hints(self, down: Downstream) -> tuple[str, int, frozenset[str] | None] | Reply:
-        """The client's scheduling hints (fairness id, priority) and, with the test hooks on, the
-        endpoints a conformance test allows; or the contract reply refusing them."""
-        bound = self._max_hint_bytes
-        for name in headers.CLIENT_HINTS:
-            if len((down.header(name) or "").encode()) > bound:
-                return reply_for(Outcome.BAD_REQUEST, f"header {name} is longer than {bound} bytes")
-        priority = request_priority(
-            down.header(headers.PRIORITY), down.header(headers.OBJECTIVE), self.path.objectives
-        )
-        if priority is None:
-            return reply_for(Outcome.BAD_REQUEST, f"header {headers.PRIORITY} must be an integer")
-        allowed = None
-        selection = down.header(headers.TEST_ENDPOINT_SELECTION) if self._test_hooks else None
-        if selection is not None:
-            allowed = _endpoints(selection.split(","))
-            if not self.path.eligible(allowed):
-                return reply_for(
-                    Outcome.REJECTED_NO_ENDPOINTS,
-                    f"none of the {len(allowed)} endpoints the test allows for this request is ready",
-                )
-        return down.header(headers.FAIRNESS_ID) or "", priority, allowed
 
     async def _read_body(self, down: Downstream) -> bytes | Reply:
         limit = self._max_body_bytes

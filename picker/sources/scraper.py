@@ -20,7 +20,7 @@ import aiohttp
 
 from picker.config import LoadConfig
 from picker.pool import EndpointState, Pool
-from picker.pool.load import record_failure, record_sample
+from picker.pool.load import record_engine_info, record_failure, record_sample
 from picker.sources.vllm_metrics import EngineGauges, GaugeScanner, MetricsPageError, gauge_names
 
 log = logging.getLogger(__name__)
@@ -104,6 +104,13 @@ class Scraper:
                 gauges.kv_usage,
                 self._clock(),
                 arrivals_before=arrivals_before,
+            )
+            adapters = gauges.adapters
+            record_engine_info(
+                endpoint,
+                gauges.block_size,
+                gauges.num_blocks,
+                (adapters.running, adapters.waiting, adapters.max_lora) if adapters is not None else None,
             )
         self._next_due[address] = 0.0
 

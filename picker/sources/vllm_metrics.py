@@ -1,4 +1,7 @@
-"""Read the three engine gauges the scheduler needs out of a model server's /metrics page.
+"""Read the three engine gauges the scheduler needs out of a model server's /metrics page, and the
+two info series cache-aware routing reads when the engine has them: `vllm:cache_config_info` (the
+KV block size and the number of blocks) and `vllm:lora_requests_info` (running and waiting LoRA
+adapters, and `max_lora`; the series with the newest value wins, as the reference picker reads it).
 
 The gauge names are vLLM's by default; `ENGINES` holds the presets (vLLM, SGLang: the names the
 GIE model-server protocol lists) and `gauge_names` applies the configured preset and overrides.
@@ -28,6 +31,8 @@ from picker.config import LoadConfig
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"
+CACHE_INFO = "vllm:cache_config_info"
+LORA_INFO = "vllm:lora_requests_info"
 
 # A protocol bound, not a tunable: a real gauge line is a name, a few labels and a number.
 MAX_LINE_BYTES = 4096
@@ -42,6 +47,12 @@ class GaugeNames:
     running: str
     waiting: str
     kv_usage: str  # a 0-1 fraction
+    cache_info: str = CACHE_INFO  # optional: read when present
+    lora_info: str = LORA_INFO  # optional: read when present
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return (self.running, self.waiting, self.kv_usage, self.cache_info, self.lora_info)
 
 
 # Engine facts, not tunables: the names each engine's /metrics page uses.
@@ -57,6 +68,8 @@ def gauge_names(config: LoadConfig) -> GaugeNames:
         config.running_gauge or preset.running,
         config.waiting_gauge or preset.waiting,
         config.kv_gauge or preset.kv_usage,
+        preset.cache_info,
+        config.lora_info_metric or preset.lora_info,
     )
 
 
@@ -65,7 +78,7 @@ def _name_pattern(names: GaugeNames) -> re.Pattern[bytes]:
     """Searched for anywhere (a literal common prefix: fast), then kept only at the start of a line,
     alone or after "# HELP " / "# TYPE ". An anchored multi-line regex tries every byte and costs 8x more.
     """
-    encoded = [n.encode() for n in (names.running, names.waiting, names.kv_usage)]
+    encoded = [n.encode() for n in names.all]
     prefix = min(encoded)
     while not all(n.startswith(prefix) for n in encoded):
         prefix = prefix[:-1]
@@ -78,10 +91,22 @@ class MetricsPageError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Adapters:
+    """LoRA adapters on one engine (vllm:lora_requests_info)."""
+
+    running: frozenset[str]
+    waiting: frozenset[str]
+    max_lora: int
+
+
+@dataclass(frozen=True, slots=True)
 class EngineGauges:
     running: float  # summed over engines
     waiting: float  # summed over engines
     kv_usage: float  # the fullest engine's, 0-1
+    block_size: int | None = None  # vllm:cache_config_info, when the page has it
+    num_blocks: int | None = None
+    adapters: Adapters | None = None  # vllm:lora_requests_info, when the page has it
 
 
 class GaugeScanner:
@@ -95,7 +120,7 @@ class GaugeScanner:
         self._max_lines = max_lines
         self._names = names
         self._pattern = _name_pattern(names)
-        self._head = len(b"# HELP ") + max(len(n) for n in (names.running, names.waiting, names.kv_usage)) + 1
+        self._head = len(b"# HELP ") + max(len(n) for n in names.all) + 1
         self._lines: list[bytes] = []
         self._carry = bytearray()  # a partial last line, at most MAX_LINE_BYTES
         self._skipping = False  # inside a line too long to keep
@@ -178,6 +203,8 @@ def _parse(wanted: list[bytes], names: GaugeNames) -> EngineGauges:
     except (UnicodeDecodeError, ValueError, TypeError, IndexError) as exc:
         raise MetricsPageError(f"unparsable gauge lines: {exc}") from exc
     found: dict[str, list[float]] = {names.running: [], names.waiting: [], names.kv_usage: []}
+    block_size = num_blocks = None
+    adapters: tuple[float, Adapters] | None = None
     for family in families:
         for sample in family.samples:
             if sample.name in found:
@@ -185,10 +212,42 @@ def _parse(wanted: list[bytes], names: GaugeNames) -> EngineGauges:
                 if not math.isfinite(value) or value < 0:
                     raise MetricsPageError(f"{sample.name} is {value}")
                 found[sample.name].append(value)
+            elif sample.name == names.cache_info:
+                block_size = _positive(sample.labels.get("block_size")) or block_size
+                num_blocks = _positive(sample.labels.get("num_gpu_blocks")) or num_blocks
+            elif sample.name == names.lora_info:
+                seen = _adapters(sample.labels)
+                if seen is not None and (adapters is None or float(sample.value) >= adapters[0]):
+                    adapters = (float(sample.value), seen)
     missing = [name for name, values in found.items() if not values]
     if missing:
         raise MetricsPageError(f"missing {', '.join(missing)}")
     kv = max(found[names.kv_usage])
     if kv > 1.0:
         raise MetricsPageError(f"{names.kv_usage} is {kv}, above 1")
-    return EngineGauges(sum(found[names.running]), sum(found[names.waiting]), kv)
+    return EngineGauges(
+        sum(found[names.running]),
+        sum(found[names.waiting]),
+        kv,
+        block_size,
+        num_blocks,
+        adapters[1] if adapters is not None else None,
+    )
+
+
+def _positive(text: str | None) -> int | None:
+    """A label's positive integer, or None (absent, "None", garbage: the info is optional)."""
+    if text is None or not text.isdigit():
+        return None
+    return int(text) or None
+
+
+def _adapters(labels: dict[str, str]) -> Adapters | None:
+    max_lora = _positive(labels.get("max_lora"))
+    if max_lora is None:
+        return None
+
+    def names(key: str) -> frozenset[str]:
+        return frozenset(name for name in labels.get(key, "").split(",") if name)
+
+    return Adapters(names("running_lora_adapters"), names("waiting_lora_adapters"), max_lora)

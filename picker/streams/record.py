@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from picker.pool import Lease
+from picker.pool.cache import CacheKeys
 from picker.streams.tracker import ResponseTracker
 
 
@@ -71,6 +72,10 @@ class RequestRecord:
     ended_at: float | None = None
     end_reason: EndReason | None = None
     trace: TraceHooks | None = None  # with tracing on (picker/tracing.py)
+    keys: CacheKeys | None = None  # what it looks up in caches (cache-aware routing)
+    predicted_blocks: int = 0  # of its blocks, how many the picker expected its primary to hold
+    prefill: float = 0.0  # uncached prompt tokens it adds to its endpoint's backlog until its first token
+    prefill_at: str | None = None  # ... which endpoint's
 
     @property
     def ended(self) -> bool:

@@ -28,6 +28,8 @@ class ResponseTracker:
     finish_reason: str | None = None
     error_event: bool = False
     usage_completion_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
+    usage_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
     _parser: SSEParser | None = None
     _body: bytearray | None = None
 
@@ -110,5 +112,11 @@ class ResponseTracker:
                 if isinstance(reason, str):
                     self.finish_reason = reason
         usage = event.get("usage")
-        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-            self.usage_completion_tokens = usage["completion_tokens"]
+        if isinstance(usage, dict):
+            if isinstance(usage.get("completion_tokens"), int):
+                self.usage_completion_tokens = usage["completion_tokens"]
+            if isinstance(usage.get("prompt_tokens"), int):
+                self.usage_prompt_tokens = usage["prompt_tokens"]
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                self.usage_cached_tokens = details["cached_tokens"]

@@ -76,7 +76,7 @@ def test_target_ports_against_the_declared_container_ports(tmp_path: Path) -> No
     m = Manifests()
     undeclared_target_port(m)
     (message,) = messages(tmp_path / "undeclared", m, "POOL-007")
-    assert message == "targetPorts 8001, but Deployment/vllm-llama declares only 8000"
+    assert message == "targetPorts 8001, but Deployment/vllm-llama declares only 5557, 8000"
     m.vllm["ports"].append({"name": "rank1", "containerPort": 8001})  # a second rank's port: fine
     assert ids(check(m.write(tmp_path / "declared"))) == set()
     for container in m.model_server["spec"]["template"]["spec"]["containers"]:

@@ -98,7 +98,7 @@ async def test_the_charts_arguments_start_a_picker_that_routes(
         assert lines, "--zap-encoder json: JSON log lines"
         said = " ".join(line["msg"] for line in lines)
         assert "--metrics-endpoint-auth=false" in said
-        assert "prefix-cache-scorer" in said
+        assert "plugin configuration: affinity" in said and "'load_weight': 4.0" in said
         assert ("--ha-enable-leader-election" in said) == (replicas > 1)
     finally:
         proc.stop()

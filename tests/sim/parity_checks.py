@@ -39,6 +39,8 @@ REQUIRED_METRICS = {
     "vllm:generation_tokens": "counter",
     "vllm:time_to_first_token_seconds": "histogram",
     "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:prefix_cache_queries": "counter",  # in tokens (cache-aware routing reads the hit rate)
+    "vllm:prefix_cache_hits": "counter",
 }
 FINISHED_REASONS = {"stop", "length", "abort", "error", "repetition"}
 
@@ -254,6 +256,9 @@ async def check_metric_names(target: Target) -> None:
     reasons = {s.labels["finished_reason"] for s in families["vllm:request_success"].samples}
     assert reasons == FINISHED_REASONS, reasons
     assert 0.0 <= families["vllm:kv_cache_usage_perc"].samples[0].value <= 1.0
+    # what the picker reads of the cache: its block size and its size in blocks (info labels)
+    (info,) = families["vllm:cache_config_info"].samples
+    assert info.labels["block_size"].isdigit() and info.labels["num_gpu_blocks"].isdigit(), info.labels
 
 
 async def _abort_not_counted(client: httpx.AsyncClient, before: str, target: Target) -> None:

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from picker.cli import _load
-from picker.plugin_config import PluginConfigError, parse_plugin_config
+from picker.plugin_config import PluginConfigError, affinity_settings, parse_plugin_config
 from picker.reference_flags import ReferenceFlagError, add_reference_flags, reference_overrides, seconds
 from tests.gateways.reference_chart import DEFAULT_PLUGINS
 
@@ -71,7 +71,7 @@ def test_values_that_cannot_be_honoured_name_their_flag(argv: tuple[str, ...]) -
         reference_overrides(parse(*argv))
 
 
-def test_the_charts_default_plugins_parse_and_say_what_is_not_applied_yet() -> None:
+def test_the_charts_default_plugins_parse_and_map_onto_affinity_settings() -> None:
     config = parse_plugin_config(DEFAULT_PLUGINS, "default-plugins.yaml")
     assert [p.type for p in config.plugins] == [
         "queue-scorer",
@@ -79,7 +79,41 @@ def test_the_charts_default_plugins_parse_and_say_what_is_not_applied_yet() -> N
         "prefix-cache-scorer",
     ]
     assert config.weight("prefix-cache-scorer") == 3.0 and config.weight("queue-scorer") == 2.0
-    assert any("prefix-cache-scorer" in note for note in config.notes)
+    assert config.notes == ()
+    assert affinity_settings(config) == {
+        "prefix": "approximate",
+        "prefix_weight": 3.0,
+        "load_weight": 4.0,  # queue 2 + KV cache 2: one load score here
+        "lora_weight": 0.0,
+        "sticky_threshold": 1.01,  # no prefix-cache-affinity-filter in that file: weighted scores only
+    }
+
+
+def test_the_sticky_stack_of_the_current_guides_maps_too() -> None:
+    text = """\
+apiVersion: llm-d.ai/v1alpha1
+kind: EndpointPickerConfig
+plugins:
+- type: prefix-cache-affinity-filter
+  parameters: {affinityThreshold: 0.7}
+- type: precise-prefix-cache-producer
+- type: queue-scorer
+- type: lora-affinity-scorer
+- type: session-affinity-scorer
+- type: max-score-picker
+schedulingProfiles:
+- name: default
+  plugins:
+  - pluginRef: prefix-cache-affinity-filter
+  - pluginRef: queue-scorer
+    weight: 2
+  - pluginRef: lora-affinity-scorer
+  - pluginRef: max-score-picker
+"""
+    settings = affinity_settings(parse_plugin_config(text))
+    assert settings["prefix"] == "precise" and settings["sticky_threshold"] == 0.7
+    assert settings["load_weight"] == 2.0 and settings["lora_weight"] == 1.0
+    assert settings["session_header"] == "x-session-id"
 
 
 @pytest.mark.parametrize(

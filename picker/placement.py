@@ -1,0 +1,211 @@
+"""Cache-aware placement for the request path: a request's cache keys, the pick, and what is learned.
+
+The request path (picker/pipeline.py) calls this at four moments:
+- `keys` at admission: the request's chained block keys (approximate: its prompt material in
+  pseudo-token blocks; precise: the engine's token ids in engine blocks), its size, model, session;
+- `choose` at dispatch: the affinities of each READY candidate (what share of the prompt it holds,
+  LoRA, session) and the pick (picker/scheduling/affinity.py); None when there is nothing to weigh,
+  and the plain load pick applies;
+- `dispatched` / `served`: the endpoint that takes the request learns its blocks (approximate),
+  its session binds there;
+- `ended`: the engine's own report of what it had cached (`usage.prompt_tokens_details`) corrects
+  the approximate index of the endpoint that served.
+Approximate block size: `affinity.block_tokens` pseudo-tokens, raised to the engines' block size
+when they publish a larger one (`vllm:cache_config_info`); the indexes are emptied when it changes.
+No I/O: token ids for precise keys come from the frontend (an engine's /tokenize).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Sequence
+
+from picker.config import AffinityConfig
+from picker.inference import InferenceRequest
+from picker.pool import Endpoint, Pool
+from picker.pool.cache import CacheKeys, PrefixIndex
+from picker.pool.sessions import Sessions
+from picker.scheduling import LoadPolicy, estimated_load
+from picker.scheduling.affinity import Affinity, AffinityPolicy, Choice, lora_score, pick_with_affinity
+from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
+from picker.streams import RequestRecord
+from picker.telemetry import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Placement:
+    def __init__(
+        self, pool: Pool, config: AffinityConfig, metrics: Metrics, sessions: Sessions | None
+    ) -> None:
+        self._pool = pool
+        self._config = config
+        self._metrics = metrics
+        self.sessions = sessions
+        self.policy = AffinityPolicy.of(config)
+        self.block_tokens = config.block_tokens
+        pool.on_forget(self._forgotten)
+
+    @property
+    def mode(self) -> str:
+        return self._config.prefix
+
+    def keys(
+        self, request: InferenceRequest, session: str | None, tokens: Sequence[int] | None
+    ) -> CacheKeys | None:
+        """What the request looks up in caches; None when there is nothing to look up."""
+        config = self._config
+        if config.prefix == "off" and session is None:
+            return None
+        seed = seed_of(request.model, request.cache_salt)
+        blocks: tuple[int, ...] = ()
+        token_keys: tuple[int, ...] = ()
+        if config.prefix == "approximate" and request.prompt:
+            block_bytes = self.block_tokens * config.bytes_per_token
+            blocks = prompt_blocks(request.prompt, block_bytes, seed, config.max_blocks)
+        elif config.prefix == "precise" and tokens:
+            block_size = self._kv_block_size()
+            if block_size:
+                token_keys = token_blocks(tokens[: block_size * config.max_blocks], block_size, seed)
+        estimated = len(tokens) if tokens else len(request.prompt) // config.bytes_per_token
+        return CacheKeys(blocks, token_keys, estimated, request.model, session)
+
+    def choose(
+        self,
+        record: RequestRecord,
+        candidates: Sequence[Endpoint],
+        count: int,
+        rng: random.Random,
+        now: float,
+        load: LoadPolicy,
+        suspects: frozenset[str],
+    ) -> Choice | None:
+        """The affinity pick, or None when nothing but load tells the candidates apart."""
+        keys = record.keys
+        model = record.model  # an adapter some candidate runs or queues: LoRA affinity applies
+        lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
+        if keys is None and not lora:
+            return None
+        bound = None
+        if keys is not None and keys.session is not None and self.sessions is not None:
+            bound = self.sessions.endpoint(keys.session)
+        size = keys.estimated_tokens if keys is not None else 0
+        affinities = []
+        window = self._config.balance_window_s
+        for c in candidates:
+            load_avg = _averaged(c, estimated_load(c), now, window)
+            cached = keys.cached_fraction(c) if keys is not None else 0.0
+            affinities.append(
+                Affinity(
+                    cached=cached,
+                    lora=lora_score(record.model, c.running_adapters, c.waiting_adapters, c.max_adapters)
+                    if lora
+                    else 0.0,
+                    session=c.address == bound,
+                    prefill=c.pending_prefill + size * (1.0 - cached),
+                    room=_room(c),
+                    load_avg=load_avg,
+                )
+            )
+        choice = pick_with_affinity(candidates, affinities, count, rng, now, load, self.policy, suspects)
+        if choice.destinations:
+            primary = choice.destinations[0]
+            found = next(a for c, a in zip(candidates, affinities, strict=True) if c.address == primary)
+            if keys is not None and keys.blocks:
+                record.predicted_blocks = round(found.cached * len(keys.blocks))
+            record.prefill = size * (1.0 - found.cached)
+            self._metrics.count_placement(choice.reason, found.cached)
+        return choice
+
+    def dispatched(self, record: RequestRecord, address: str) -> None:
+        """`address` takes the request (its primary, or the fallback that served it)."""
+        keys = record.keys
+        if keys is None:
+            return
+        endpoint = self._pool.get(address)
+        self.prefilled(record)  # a fallback that served it carries its backlog now
+        if endpoint is not None and record.prefill:
+            endpoint.pending_prefill += record.prefill
+            record.prefill_at = address
+        if endpoint is not None and keys.blocks:
+            if endpoint.prefix is None:
+                endpoint.prefix = PrefixIndex(self._index_capacity(endpoint))
+            endpoint.prefix.add(keys.blocks)
+        if keys.session is not None and self.sessions is not None:
+            self.sessions.bind(keys.session, address)
+
+    def prefilled(self, record: RequestRecord) -> None:
+        """Its first token came (or it ended): its prompt no longer waits in its endpoint's prefill."""
+        address, record.prefill_at = record.prefill_at, None
+        endpoint = self._pool.get(address) if address is not None else None
+        if endpoint is not None:
+            endpoint.pending_prefill = max(0.0, endpoint.pending_prefill - record.prefill)
+
+    def ended(self, record: RequestRecord) -> None:
+        """The engine said how much of the prompt it had cached: correct the approximate index."""
+        keys, tracker = record.keys, record.tracker
+        if keys is None or not keys.blocks or tracker is None or tracker.usage_cached_tokens is None:
+            return
+        if not self._config.engine_feedback:
+            return
+        prompt = tracker.usage_prompt_tokens
+        if not prompt or not record.picked or record.endpoint != record.picked[0]:
+            return
+        endpoint = self._pool.get(record.endpoint)
+        if endpoint is None or endpoint.prefix is None:
+            return
+        cached_blocks = int(tracker.usage_cached_tokens / prompt * len(keys.blocks))
+        # blocks differ in size between the picker and the engine: one block short is noise
+        endpoint.prefix.observed(record.predicted_blocks - 1, cached_blocks)
+        self._metrics.count_prefix_feedback(
+            record.predicted_blocks * self.block_tokens, tracker.usage_cached_tokens
+        )
+
+    def tune(self) -> None:
+        """Raise the block size to the engines' when they publish a larger one (after a scrape)."""
+        published = max((e.block_size or 0 for e in self._pool.endpoints()), default=0)
+        wanted = max(self._config.block_tokens, published)
+        if self._config.prefix != "approximate" or wanted == self.block_tokens:
+            return
+        log.info("prefix affinity block_tokens=%d (the engines' block size)", wanted)
+        self.block_tokens = wanted
+        for endpoint in self._pool.endpoints():
+            endpoint.prefix = None  # keyed by the old block size: useless now
+
+    def _index_capacity(self, endpoint: Endpoint) -> int:
+        """The engine's cache in the index's blocks when it publishes it, else the configured size."""
+        if endpoint.num_blocks and endpoint.block_size:
+            return max(1, endpoint.num_blocks * endpoint.block_size // self.block_tokens)
+        return self._config.index_blocks
+
+    def _kv_block_size(self) -> int | None:
+        for endpoint in self._pool.ready():
+            if endpoint.kv is not None and endpoint.kv.block_size:
+                return endpoint.kv.block_size
+        return None
+
+    def _forgotten(self, address: str) -> None:
+        if self.sessions is not None:
+            self.sessions.forget_endpoint(address)
+
+
+def _room(endpoint: Endpoint) -> float:
+    """The share of an endpoint's cache not known to be taken: by its KV events, else its index."""
+    if endpoint.kv is not None and endpoint.num_blocks:
+        return max(0.0, 1.0 - len(endpoint.kv) / endpoint.num_blocks)
+    if endpoint.prefix is not None:
+        return max(0.0, 1.0 - len(endpoint.prefix) / endpoint.prefix.capacity)
+    return 1.0
+
+
+def _averaged(endpoint: Endpoint, load: float, now: float, window_s: float) -> float:
+    """The endpoint's load averaged over about `window_s` seconds (an exponential moving average)."""
+    at = endpoint.load_avg_at
+    if at is None:
+        endpoint.load_avg = load
+    elif now > at:
+        endpoint.load_avg += (1.0 - math.exp((at - now) / window_s)) * (load - endpoint.load_avg)
+    endpoint.load_avg_at = now
+    return endpoint.load_avg

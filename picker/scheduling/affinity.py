@@ -1,0 +1,199 @@
+"""Cache-aware picking: sticky to what an endpoint holds until it saturates, never into a drain.
+
+Candidates are READY endpoints only (the pool's rule: a draining, not-ready or gone endpoint is never
+a candidate, whatever its cache holds). For each the caller gives what the request would find there
+(`Affinity`: the cached share of the prompt, a LoRA score, whether the request's session is bound
+there). Then, among the candidates with room (not saturated, not suspect):
+1. **Session**: the endpoint the session is bound to, while it has room and its load is within the
+   allowed gap of the least loaded one.
+2. **LoRA** (for a request naming an adapter some candidate runs or queues): only the best tier
+   within the gap, the reference's scores: running 1, a free adapter slot 0.8, waiting 0.6.
+3. **Sticky prefix** (the reference's prefix-cache affinity filter, with its TTFT penalty): among
+   the endpoints within the gap (`max_load_gap` requests of the least loaded, or `load_gap_ratio`
+   of its load when larger) and in balance (their load averaged over the last seconds at most
+   `balance_ratio` above the pool's average: a hot prefix's endpoint that stays busier than the
+   rest is out of balance, a moment's swing is not) that hold at least `sticky_threshold` of the
+   prompt, the one where the
+   request waits for the fewest prefill tokens (its backlog of uncached prompt tokens not started,
+   plus what this prompt lacks there), unless that wait exceeds the quickest endpoint's by more than
+   `prefill_penalty_tokens`. A hot prefix whose endpoint falls behind goes where computing it again
+   is quicker, and that endpoint learns it: the prefix spreads as far as its load needs.
+4. **Score**: otherwise the best weighted sum of the prefix share (counted only within the load
+   gap: past it, what an endpoint holds earns nothing), the load score (1 for the least loaded, 0 for
+   the most, min-max as the reference's queue scorer), the LoRA score and the cache's room (a cold
+   prompt goes where it evicts least, as the reference's no-hit-LRU scorer spreads cold requests);
+   ties random.
+Fallbacks follow as `pick` orders them. No I/O; the weights come from configuration.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from picker.config import AffinityConfig
+from picker.scheduling.load import LoadPolicy, assess, estimated_load
+from picker.scheduling.pick import Candidate
+
+
+@dataclass(frozen=True, slots=True)
+class AffinityPolicy:
+    """The weights and bounds of the affinity pick (their defaults and meaning: config.AffinityConfig)."""
+
+    prefix_weight: float
+    load_weight: float
+    lora_weight: float
+    room_weight: float
+    sticky_threshold: float
+    max_load_gap: float
+    load_gap_ratio: float
+    balance_ratio: float
+    prefill_penalty_tokens: float
+
+    @classmethod
+    def of(cls, config: AffinityConfig) -> AffinityPolicy:
+        return cls(
+            prefix_weight=config.prefix_weight,
+            load_weight=config.load_weight,
+            lora_weight=config.lora_weight,
+            room_weight=config.room_weight,
+            sticky_threshold=config.sticky_threshold,
+            max_load_gap=config.max_load_gap,
+            load_gap_ratio=config.load_gap_ratio,
+            balance_ratio=config.balance_ratio,
+            prefill_penalty_tokens=config.prefill_penalty_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """What one request would find on one candidate."""
+
+    cached: float = 0.0  # share of the prompt held there (0-1)
+    lora: float = 0.0  # 1 adapter running, 0.8 a free adapter slot, 0.6 adapter waiting, 0 none
+    session: bool = False  # the request's session is bound there
+    # prefill tokens it would wait for there: the candidate's backlog plus its own uncached tokens
+    prefill: float = 0.0
+    room: float = 1.0  # the share of the candidate's cache not yet known to be taken (0-1)
+    load_avg: float = 0.0  # its load averaged over the last seconds (sustained, not a swing)
+
+
+_BALANCE_SLACK = 0.05  # requests: a pool at rest is never out of balance
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    destinations: list[str]
+    reason: str  # "session", "lora", "sticky", "score" or "" (none had room): for metrics and traces
+
+
+@dataclass(slots=True)
+class _Row:
+    suspect: bool
+    full: bool
+    cost: float  # the load score of `assess` (lower is better)
+    tiebreak: float
+    candidate: Candidate
+    affinity: Affinity
+
+    @property
+    def order(self) -> tuple[bool, bool, float, float]:
+        """`pick`'s order: suspects last, saturated after those with room, then by load."""
+        return self.suspect, self.full, self.cost, self.tiebreak
+
+
+def pick_with_affinity(
+    candidates: Sequence[Candidate],
+    affinities: Sequence[Affinity],
+    count: int,
+    rng: random.Random,
+    now: float,
+    load: LoadPolicy,
+    policy: AffinityPolicy,
+    last_resort: frozenset[str] = frozenset(),
+) -> Choice:
+    """Up to `count` addresses, primary first; no destinations when no candidate has room."""
+    if count <= 0 or not candidates:
+        return Choice([], "")
+    rows = []
+    for candidate, affinity in zip(candidates, affinities, strict=True):
+        full, cost = assess(candidate, now, load)
+        rows.append(_Row(candidate.address in last_resort, full, cost, rng.random(), candidate, affinity))
+    rows.sort(key=lambda row: row.order)
+    open_rows = [row for row in rows if not row.suspect and not row.full]
+    if not open_rows:
+        if rows[0].full:
+            return Choice([], "")  # every candidate is saturated: queue
+        return Choice([row.candidate.address for row in rows[:count]], "score")  # suspects only
+    primary, reason = _primary(open_rows, policy)
+    rest = [row.candidate.address for row in rows if row is not primary]
+    return Choice([primary.candidate.address, *rest[: count - 1]], reason)
+
+
+def _primary(rows: list[_Row], policy: AffinityPolicy) -> tuple[_Row, str]:
+    """Session, then sticky prefix, each within the load gap; else the best weighted score."""
+    loads = [estimated_load(row.candidate) for row in rows]
+    least = min(loads)
+    limit = least + max(policy.max_load_gap, policy.load_gap_ratio * least)
+    averages = [row.affinity.load_avg for row in rows]
+    balanced = sum(averages) / len(averages) * (1 + policy.balance_ratio) + _BALANCE_SLACK
+    within = [
+        row
+        for row, load in zip(rows, loads, strict=True)
+        if load <= limit and row.affinity.load_avg <= balanced
+    ]
+    if not within:
+        within = rows[:1]  # every one is past a bound: the least loaded
+    for row in within:  # rows come least loaded first
+        if row.affinity.session:
+            return row, "session"
+    tier = max((row.affinity.lora for row in within), default=0.0)
+    if tier > 0:  # an adapter request: where it runs, else a free slot, else where it waits
+        within = [row for row in within if row.affinity.lora == tier]
+    holders = [row for row in within if row.affinity.cached >= policy.sticky_threshold]
+    if holders:
+        # an endpoint holding the prefix keeps it until the prefill the request would wait for there
+        # (its backlog of uncached tokens not started, plus what it lacks) exceeds the quickest
+        # endpoint's by more than the penalty: computing a prefix again costs more than its own time
+        # (it evicts other prefixes), as the reference's maxTTFTPenalty says
+        sticky = min(holders, key=lambda row: (row.affinity.prefill, row.cost, row.tiebreak))
+        quickest = min(row.affinity.prefill for row in within)
+        if sticky.affinity.prefill <= quickest + policy.prefill_penalty_tokens:
+            return sticky, "sticky"
+    if tier > 0:
+        return within[0], "lora"
+    low, high = rows[0].cost, max(row.cost for row in rows)
+    span = high - low
+
+    near = {id(row) for row in within}
+
+    def score(row: _Row) -> tuple[float, float]:
+        load_score = 1.0 if span <= 0 else 1.0 - (row.cost - low) / span
+        affinity = row.affinity
+        # past the load gap an endpoint's cache earns nothing: that is where stickiness breaks
+        cached = affinity.cached if id(row) in near else 0.0
+        total = (
+            policy.prefix_weight * cached
+            + policy.load_weight * load_score
+            + policy.lora_weight * affinity.lora
+            + policy.room_weight * affinity.room
+        )
+        return total, row.tiebreak
+
+    return max(rows, key=score), "score"
+
+
+def lora_score(
+    model: str, running: frozenset[str], waiting: frozenset[str], max_adapters: int | None
+) -> float:
+    """The reference's LoRA affinity: running 1, a free slot 0.8, waiting 0.6, else 0."""
+    if max_adapters is None:
+        return 0.0
+    if model in running:
+        return 1.0
+    if len(running | waiting) < max_adapters:
+        return 0.8
+    if model in waiting:
+        return 0.6
+    return 0.0

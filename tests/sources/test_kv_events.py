@@ -1,0 +1,164 @@
+"""The engines' KV events as the picker reads them (issue 22): both wire forms, gaps, parents, and a
+simulated replica's real stream matching what the replica holds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import msgpack
+
+from loadtest.procs import async_wait_until, free_port
+from loadtest.sim import run_sim
+from loadtest.sim.config import CacheConfig
+from loadtest.sim.prefix import completion_tokens
+from picker.config import AffinityConfig
+from picker.pool import Pool
+from picker.pool.cache import KvBlocks
+from picker.scheduling.prefix import seed_of, token_blocks
+from picker.sources.kv_events import KvEvents, apply_batch
+from tests.sim.simkit import fast_config
+
+TOKENS = list(range(1000, 1064))  # 4 blocks of 16
+
+
+def batch(*events: object) -> bytes:
+    return msgpack.packb([1.0, list(events)])
+
+
+def test_stored_blocks_are_keyed_by_their_tokens_in_either_wire_form() -> None:
+    expected = token_blocks(TOKENS, 16, seed_of("m"))
+    for stored in (
+        {
+            "type": "BlockStored",
+            "block_hashes": [11, 12, 13, 14],
+            "parent_block_hash": None,
+            "token_ids": TOKENS,
+            "block_size": 16,
+            "lora_id": None,
+            "medium": "GPU",
+        },
+        ["BlockStored", [11, 12, 13, 14], None, TOKENS, 16, None, "GPU", None, None, 0],
+    ):
+        view = KvBlocks()
+        assert apply_batch(view, "m", 0, batch(stored)) == 1
+        assert all(key in view for key in expected) and view.block_size == 16
+
+
+def test_children_chain_from_their_parent_and_removals_and_clears_apply() -> None:
+    view = KvBlocks()
+    apply_batch(
+        view,
+        "m",
+        0,
+        batch(
+            {
+                "type": "BlockStored",
+                "block_hashes": [11, 12],
+                "parent_block_hash": None,
+                "token_ids": TOKENS[:32],
+                "block_size": 16,
+            }
+        ),
+    )
+    apply_batch(
+        view,
+        "m",
+        1,
+        batch(
+            {
+                "type": "BlockStored",
+                "block_hashes": [13, 14],
+                "parent_block_hash": 12,
+                "token_ids": TOKENS[32:],
+                "block_size": 16,
+            }
+        ),
+    )
+    assert all(key in view for key in token_blocks(TOKENS, 16, seed_of("m")))
+    apply_batch(view, "m", 2, batch(["BlockRemoved", [14], "GPU"]))
+    assert len(view) == 3
+    apply_batch(
+        view,
+        "m",
+        3,
+        batch(
+            {
+                "type": "BlockStored",
+                "block_hashes": [99],
+                "parent_block_hash": 777,
+                "token_ids": TOKENS[:16],
+                "block_size": 16,
+            }
+        ),
+    )
+    assert len(view) == 3  # an unknown parent: those blocks cannot be keyed
+    apply_batch(view, "m", 4, batch({"type": "AllBlocksCleared"}))
+    assert len(view) == 0
+
+
+def test_a_gap_in_the_sequence_empties_the_view() -> None:
+    view = KvBlocks()
+    apply_batch(
+        view,
+        "m",
+        5,
+        batch(
+            {
+                "type": "BlockStored",
+                "block_hashes": [11],
+                "parent_block_hash": None,
+                "token_ids": TOKENS[:16],
+                "block_size": 16,
+            }
+        ),
+    )
+    assert len(view) == 1
+    apply_batch(view, "m", 7, batch())  # 6 was lost
+    assert len(view) == 0 and view.resets == 1
+
+
+def test_garbage_is_refused_not_raised_through() -> None:
+    view = KvBlocks()
+    for payload in (b"\xc1", msgpack.packb({"not": "a batch"}), msgpack.packb([1.0])):
+        try:
+            apply_batch(view, "m", 0, payload)
+        except ValueError:
+            continue
+        raise AssertionError("garbage accepted")
+    assert apply_batch(view, "m", 1, batch({"type": "Mystery"}, ["BlockStored"], 42)) == 0
+
+
+async def test_the_pickers_view_follows_a_replicas_cache() -> None:
+    kv_port, serving_port = free_port(), free_port()
+    config = fast_config(cache=CacheConfig(block_size=16, num_gpu_blocks=64))
+    async with run_sim(config, ports=[serving_port], kv_events_ports=[kv_port]) as (replica,):
+        pool = Pool()
+        pool.apply(ready=[replica.address])
+        events = KvEvents(
+            pool, AffinityConfig(prefix="precise", kv_events_port_offset=kv_port - serving_port)
+        )
+        task = asyncio.create_task(events.run())
+        try:
+            endpoint = pool.get(replica.address)
+            assert endpoint is not None
+            await async_wait_until(lambda: endpoint.kv is not None, 2, what="a subscriber")
+            prompt = "p" * 640  # 160 tokens: 10 blocks
+            keys = token_blocks(completion_tokens(prompt), 16, seed_of("tiny-llama"))
+            async with httpx.AsyncClient(base_url=replica.url) as http:
+                body = {"model": "tiny-llama", "max_tokens": 1}
+                for i in range(100):  # until the subscription has reached the publisher (ZMQ)
+                    await http.post("/v1/completions", json={**body, "prompt": f"{i:03d}" + "w" * 61})
+                    if events.messages:
+                        break
+                    await asyncio.sleep(0.01)
+                await http.post("/v1/completions", json={**body, "prompt": prompt})
+                await async_wait_until(lambda: all(k in endpoint.kv for k in keys), 5, what="the blocks")
+                await http.post(
+                    "/v1/completions", json={**body, "prompt": "e" * 4096}
+                )  # 64 blocks: evicts all
+                await async_wait_until(lambda: not any(k in endpoint.kv for k in keys), 5, what="evictions")
+                assert len(endpoint.kv) <= 64 and events.bad == 0
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
