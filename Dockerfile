@@ -11,7 +11,11 @@ COPY pyproject.toml README.md ./
 COPY picker ./picker
 COPY loadtest ./loadtest
 COPY config ./config
-RUN pip install . && useradd --system --uid 10001 --no-create-home picker
+# xds-protos overwrites opentelemetry-proto's files with an older copy; the OTLP exporter needs the newer.
+RUN pip install . \
+ && pip install --no-deps --force-reinstall \
+      "opentelemetry-proto==$(python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')" \
+ && useradd --system --uid 10001 --no-create-home picker
 
 USER 10001
 # 9002 ext_proc (gRPC), 9003 gRPC health, 9090 Prometheus /metrics and the admin API

@@ -6,10 +6,14 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-fast lint real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-real-vllm clean
 
+# xds-protos ships an old copy of the OpenTelemetry protos in the same files as opentelemetry-proto;
+# whichever pip installs last wins. The OTLP exporter (--tracing) needs opentelemetry-proto's, so it goes last.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps --force-reinstall \
+	  "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	@touch $(STAMP)
 
 demo: $(STAMP)

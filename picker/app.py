@@ -34,6 +34,7 @@ from picker.shutdown import Shutdown, ShutdownSummary
 from picker.sources.drain_store import DrainStore, EndpointsFileDrains
 from picker.sources.endpoints import EndpointSources
 from picker.sources.scraper import Scraper
+from picker.startup import StartupProblem
 from picker.telemetry import Metrics
 from picker.tracing import Tracing
 
@@ -237,8 +238,13 @@ def start_tracing(config: PickerConfig) -> Tracing | None:
     if config.tracing.exporter == "console":
         exporter = ConsoleSpanExporter()
     else:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:  # xds-protos' older copy of the OTel protos installed over the newer
+            raise StartupProblem(
+                f"tracing.exporter: otlp cannot load ({exc}); reinstall opentelemetry-proto "
+                "after xds-protos (`pip install --no-deps --force-reinstall opentelemetry-proto==<version>`)"
+            ) from exc
         exporter = OTLPSpanExporter()
     provider.add_span_processor(BatchSpanProcessor(exporter))
     log.info("tracing on exporter=%s", config.tracing.exporter)

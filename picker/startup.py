@@ -15,6 +15,10 @@ from picker.config import PickerConfig
 _PORT_FIELDS = ("grpc_port", "health_port", "metrics_port")
 
 
+class StartupProblem(Exception):
+    """A reason the picker cannot start, already worded as the one line the operator reads."""
+
+
 def cannot_listen(config: PickerConfig) -> str | None:
     """Why the servers could not bind, naming the field, or None. Checked before anything starts.
 
@@ -55,6 +59,8 @@ async def serve_or_reason(config: PickerConfig) -> str | None:
 
     try:
         await serve(config)
+    except StartupProblem as exc:
+        return str(exc)
     except (OSError, RuntimeError) as exc:
         text = str(exc)
         if "bind" not in text.lower():  # grpc: "Failed to bind to address"; aiohttp: "attempting to bind"

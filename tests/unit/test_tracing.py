@@ -111,3 +111,20 @@ def test_without_tracing_no_trace_and_no_header() -> None:
     routed = path.settle(path.admit(REQUEST, trace_context={"traceparent": TRACEPARENT}))
     assert isinstance(routed, Routed)
     assert routed.record.trace is None and routed.headers == ()
+
+
+def test_an_otlp_exporter_that_cannot_load_is_one_line_at_start(monkeypatch) -> None:
+    """xds-protos ships older OTel protos in the same files; installed last, the exporter cannot load.
+    The picker says so in one line (and how to fix it) instead of dying on a traceback."""
+    import sys
+
+    import pytest
+
+    from picker.app import start_tracing
+    from picker.config import PickerConfig, TracingConfig
+    from picker.startup import StartupProblem
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
+    config = PickerConfig(tracing=TracingConfig(enabled=True, exporter="otlp"))
+    with pytest.raises(StartupProblem, match=r"tracing\.exporter: otlp cannot load.*opentelemetry-proto"):
+        start_tracing(config)
