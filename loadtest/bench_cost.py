@@ -181,33 +181,40 @@ def ttfts(results: list[Stream]) -> list[float]:
 # --- CPU accounting ---------------------------------------------------------------------------------
 
 
+Pids = int | tuple[int, ...]  # one process, or several counted as one (two pickers)
+
+
+def _cpu(pids: Pids) -> float:
+    return sum(cpu_seconds(pid) for pid in (pids if isinstance(pids, tuple) else (pids,)))
+
+
 @dataclass
 class Meter:
     """CPU seconds of named processes (and this client) over one measured window, less idle rates."""
 
-    pids: dict[str, int]
+    pids: dict[str, Pids]
     idle: dict[str, float] = field(default_factory=dict)  # CPU seconds per second when idle
     cpu: dict[str, float] = field(default_factory=dict)
     wall: float = 0.0
 
     @contextmanager
     def window(self) -> Iterator[Meter]:
-        before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        before = {name: _cpu(pid) for name, pid in self.pids.items()}
         client_before, started = time.process_time(), time.monotonic()
         yield self
         self.wall = time.monotonic() - started
         self.cpu = {
-            name: cpu_seconds(pid) - before[name] - self.idle.get(name, 0.0) * self.wall
+            name: _cpu(pid) - before[name] - self.idle.get(name, 0.0) * self.wall
             for name, pid in self.pids.items()
         }
         self.cpu["client"] = time.process_time() - client_before
 
 
-async def idle_rates(pids: dict[str, int], seconds: float) -> dict[str, float]:
-    before, started = {n: cpu_seconds(p) for n, p in pids.items()}, time.monotonic()
+async def idle_rates(pids: dict[str, Pids], seconds: float) -> dict[str, float]:
+    before, started = {n: _cpu(p) for n, p in pids.items()}, time.monotonic()
     await asyncio.sleep(seconds)  # a measurement window, not a synchronisation
     wall = time.monotonic() - started
-    return {n: (cpu_seconds(p) - before[n]) / wall for n, p in pids.items()}
+    return {n: (_cpu(p) - before[n]) / wall for n, p in pids.items()}
 
 
 # --- the stacks ---------------------------------------------------------------------------------------
@@ -215,8 +222,8 @@ async def idle_rates(pids: dict[str, int], seconds: float) -> dict[str, float]:
 
 @dataclass
 class Paths:
-    ports: dict[str, int]  # envoy / picker / lean -> listen port
-    pickers: dict[str, int]  # picker / lean -> picker pid
+    ports: dict[str, int]  # envoy / picker / lean (/ plain1 / plain2) -> listen port
+    pickers: dict[str, Pids]  # picker / lean -> picker pid(s)
     sims: int
     envoys: dict[str, int]
 
@@ -262,7 +269,7 @@ async def streams_cpu(
     paths: Paths, name: str, streams: int, tokens: int, idle: float
 ) -> tuple[int, Meter, int]:
     port = paths.ports[name]
-    pids = {"sims": paths.sims}
+    pids: dict[str, Pids] = {"sims": paths.sims}
     if name in paths.pickers:
         pids["picker"] = paths.pickers[name]
     meter = Meter(pids, idle={"picker": idle})
@@ -456,6 +463,7 @@ async def run(args: argparse.Namespace) -> None:
         (workdir / "lean").mkdir()
         lean: Stack | None = None
         traced: Stack | None = None
+        others: list[Stack] = []
         collector = Collector().start() if args.traced else None
         baseline: Proc | None = None
         await asyncio.to_thread(stack.start)
@@ -476,6 +484,22 @@ async def run(args: argparse.Namespace) -> None:
                 sims=stack.sims.pid,
                 envoys={"envoy": baseline.pid, "picker": stack.envoy.pid, "lean": lean.envoy.pid},
             )
+            if args.two_pickers:  # issue 23: one picker against two with one set of books, both plaintext
+                for name, count in (("plain1", 1), ("plain2", 2)):
+                    (workdir / name).mkdir()
+                    options = StackOptions(
+                        replicas=0,
+                        picker_endpoints=stack.replicas,
+                        pickers=count,
+                        peers=count > 1,
+                        envoy_picker_tls=False,
+                    )
+                    extra = await asyncio.to_thread(Stack(workdir / name, options).start)
+                    others.append(extra)
+                    assert extra.envoy is not None
+                    paths.ports[name] = extra.listen_port
+                    paths.pickers[name] = tuple(p.pid for p in extra.pickers if p is not None)
+                    paths.envoys[name] = extra.envoy.pid
             if collector is not None:
                 (workdir / "traced").mkdir()
                 traced_options = StackOptions(
@@ -515,6 +539,8 @@ async def run(args: argparse.Namespace) -> None:
                 lean.stop()
             if traced is not None:
                 traced.stop()
+            for other in others:
+                other.stop()
             if collector is not None:
                 print(f"collector received {len(collector.spans)} spans from the traced path")
                 collector.stop()
@@ -527,6 +553,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--parts", default="short,chunks,streams60,ttft,prompts,rss")
     parser.add_argument("--idle-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--no-two-pickers",
+        dest="two_pickers",
+        action="store_false",
+        help="skip the plain1 / plain2 paths (one picker, two with shared books; plaintext to the picker)",
+    )
     parser.add_argument("--seconds", type=float, default=6.0, help="bound of each throughput phase")
     parser.add_argument("--short-levels", default="1,20,60")
     parser.add_argument("--streams", type=int, default=200, help="concurrent streams of the per-chunk part")

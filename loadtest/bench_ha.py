@@ -1,16 +1,18 @@
-"""Benchmark: load spread over the replicas with one picker vs two or four active-active pickers.
+"""Benchmark: load spread and books with one picker vs two or four active-active pickers.
 
-Several pickers behind one Envoy (the `picker` cluster with every picker as a host, ext_proc streams
-spread round robin) each count only their own in-flight requests; the engines' scraped running counts are the
-shared truth. Same traffic for each variant (a closed loop of streams through the real Envoy), and
+Several pickers behind one Envoy (the `picker` cluster lists every picker, ext_proc streams spread
+round robin, so a request's observer stream lands on another picker than the one that routed it about
+half the time). Same traffic for each variant (a closed loop of streams through the real Envoy), and
 every replica's running count (GET /sim/state) sampled while it runs: the spread is max/mean running
 per replica over the samples (1.0 = perfectly even).
 
-Variants: `one` (one picker), `two` and `four` (that many pickers, engine scrape on: the default),
-`two-noscrape` (two pickers, in-flight only: what each picker alone can know).
-`elsewhere`: observer streams a picker got for requests another picker routed (Envoy picks a host for
-each ext_proc stream on its own). Run: `python -m loadtest.bench_ha [--streams 24] [--seconds 15]
-[--replicas 4]` (about 1.5 min).
+Variants: `one` (one picker), `two-separate` (two pickers, each with its own books: the shape before
+issue 23), `two` and `four` (that many pickers sharing one set of books over the channel between
+pickers, `--peers`). Columns: `elsewhere`: observer streams a picker got for a request another picker
+routed (handed to the routing picker with peers, unmatched without); `timer`: requests ended by the
+observer grace timer or as unobserved while they still streamed (0 is the goal); `routed`: each
+picker's share of the routing streams (what its flow-control queue sees). Run:
+`python -m loadtest.bench_ha [--streams 24] [--seconds 15] [--replicas 4]` (about 1.5 min).
 """
 
 from __future__ import annotations
@@ -21,56 +23,37 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import httpx
-import yaml
 
-import loadtest.stack as stack_module
-from loadtest.procs import Proc, free_port
-from loadtest.stack import Stack, StackOptions, parse_metrics, serve_argv
+from loadtest.stack import Stack, StackOptions, parse_metrics
 from loadtest.traffic import run_closed_loop
 
-VARIANTS = {"one": 1, "two": 2, "two-noscrape": 2, "four": 4}  # variant: pickers
+VARIANTS = {  # variant: (pickers, shared books, extra picker args)
+    "one": (1, False, ()),
+    "two-separate": (2, False, ()),
+    "two": (2, True, ()),
+    "four": (4, True, ()),
+    "two-noscrape": (2, True, ("--no-scrape",)),
+}
 
 
-def with_more_pickers(ports: Sequence[int]) -> None:
-    """Make the stack's Envoy config list more hosts in the `picker` cluster."""
-    original = stack_module.render
-
-    def render_more(params: Any, template: Path | None = None) -> str:
-        text = original(params) if template is None else original(params, template)
-        config = yaml.safe_load(text)
-        for cluster in config["static_resources"]["clusters"]:
-            if cluster["name"] == "picker":
-                endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-                endpoints.extend(
-                    {
-                        "endpoint": {
-                            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}
-                        }
-                    }
-                    for port in ports
-                )
-        return yaml.safe_dump(config, sort_keys=False)
-
-    stack_module.render = render_more  # type: ignore[assignment]
-
-
-def another_picker(workdir: Path, name: str, grpc_port: int, metrics_port: int, extra: Sequence[str]) -> Proc:
-    argv = serve_argv(grpc_port, free_port(), metrics_port, "--quiet-interval", "0.2", *extra)
-    proc = Proc(name, argv, workdir / f"{name}.log")
-    proc.wait_ready(lambda: "picker ready" in proc.log_text())
-    return proc
-
-
-def counters(metrics_port: int) -> tuple[float, float]:
-    """(picks, observer streams for requests another picker routed) of one picker."""
+def counters(metrics_port: int) -> dict[str, float]:
+    """One picker's picks, foreign observer streams and ends other than by the response."""
     metrics = parse_metrics(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text)
-    picks = sum(v for (name, _), v in metrics.items() if name == "picker_picks_total")
-    return picks, metrics.get(("picker_observer_unmatched_total", ()), 0.0)
+
+    def total(name: str, **labels: str) -> float:
+        want = set(labels.items())
+        return sum(v for (n, ls), v in metrics.items() if n == name and want <= set(ls))
+
+    return {
+        "picks": total("picker_picks_total"),
+        "unmatched": total("picker_observer_unmatched_total"),
+        "foreign": total("picker_peer_observers_total"),
+        "timer": total("picker_request_ends_total", reason="unobserved")
+        + total("picker_request_ends_total", reason="client-disconnect"),
+    }
 
 
 class Sampler:
@@ -110,34 +93,19 @@ class Sampler:
 
 
 async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str:
-    workdir = root / variant
-    workdir.mkdir()
-    endpoints_file = workdir / "endpoints.yaml"
-    scrape = () if variant != "two-noscrape" else ("--no-scrape",)
-    source = ("--endpoints-file", str(endpoints_file), *scrape)
+    workdir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=root))
+    pickers, peers, extra = VARIANTS[variant]
     options = StackOptions(
         replicas=args.replicas,
-        static_endpoints=False,
-        picker_args=source,
+        pickers=pickers,
+        peers=peers,
+        envoy_picker_tls=False,
+        picker_args=extra,
         sim_args=("--ttft-ms", "20", "--itl-ms", "25", "--max-num-seqs", str(args.slots)),
     )
     stack = Stack(workdir, options)
-    endpoints_file.write_text("".join(f"- {r}\n" for r in stack.replicas))
-    render = stack_module.render
-    others: list[tuple[Proc, int]] = []  # the pickers beside the stack's own, with their metrics ports
     try:
-        stack.start_sims()
-        stack.start_picker()
-        ports = []
-        for index in range(2, VARIANTS[variant] + 1):
-            port, metrics_port = free_port(), free_port()
-            others.append(
-                (another_picker(workdir, f"picker-{index}", port, metrics_port, source), metrics_port)
-            )
-            ports.append(port)
-        if ports:
-            with_more_pickers(ports)
-        stack.start_envoy()
+        stack.start()
         with Sampler(stack.replicas) as sampler:
             report = await run_closed_loop(
                 stack.url,
@@ -147,20 +115,18 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
                 max_tokens=args.tokens,
             )
         failed = sum(1 for r in report.results if not r.ok)
-        (first_picks, unmatched), *rest = [counters(stack.metrics_port)] + [counters(m) for _, m in others]
-        other_picks = sum(p for p, _ in rest)
-        unmatched += sum(u for _, u in rest)
-        share = other_picks / max(1.0, first_picks + other_picks)
-        elsewhere = unmatched / max(1.0, first_picks + other_picks)
+        await asyncio.to_thread(stack.wait_no_leaks)
+        rows = [counters(metrics) for _, _, metrics in stack.picker_ports]
+        picks = max(1.0, sum(r["picks"] for r in rows))
+        elsewhere = sum(r["unmatched"] + r["foreign"] for r in rows) / picks
+        timer = sum(r["timer"] for r in rows)
+        shares = "/".join(f"{r['picks'] / picks:.0%}" for r in rows)  # each picker's share of the routing
         mean, p95, worst = sampler.spread()
         return (
             f"{variant:<13} | {len(report.results):>8} | {failed:>6} | {len(sampler.samples):>7} | "
-            f"{mean:>9.2f} | {p95:>8.2f} | {worst:>8.2f} | {share:>6.0%} | {elsewhere:>8.0%}"
+            f"{mean:>8.2f} | {p95:>6.2f} | {worst:>6.2f} | {elsewhere:>9.0%} | {timer:>5.0f} | {shares}"
         )
     finally:
-        stack_module.render = render  # type: ignore[assignment]
-        for proc, _ in others:
-            proc.stop()
         stack.stop()
 
 
@@ -178,9 +144,8 @@ async def main() -> None:
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     print(f"{args.streams} streams x {args.tokens} tokens, {args.replicas} replicas, {args.seconds:g} s each")
-    print(
-        "variant       | requests | failed | samples | max/mean  | p95      | worst    | others | elsewhere"
-    )
+    columns = ("variant      ", "requests", "failed", "samples", "max/mean", "p95   ", "worst ", "elsewhere")
+    print(" | ".join((*columns, "timer", "routed")))
     with tempfile.TemporaryDirectory(prefix="bench-ha-") as root:
         for variant in variants:
             started = time.monotonic()

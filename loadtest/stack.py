@@ -43,6 +43,8 @@ class StackOptions:
     access_log_flush_interval: str = "0.1s"
     routing_response_body: str = "NONE"  # STREAMED / FULL_DUPLEX_STREAMED: the routing stream tracks bodies
     picker_env: dict[str, str] | None = None  # extra environment for the picker(s) (OTEL_*, ...)
+    peers: bool = False  # with pickers > 1: one set of books over the channel between them (issue 23)
+    args_at: tuple[tuple[str, ...], ...] = ()  # more arguments for picker i (its own kubeconfig, ...)
 
 
 def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
@@ -134,6 +136,7 @@ class Stack:
             (free_port(), free_port(), free_port()) for _ in range(self.options.pickers - 1)
         ]
         self.pickers: list[Proc | None] = [None] * self.options.pickers  # pickers[0] is `picker`
+        self.peer_ports = [free_port() for _ in range(self.options.pickers)] if self.options.peers else []
         self.sims: Proc | None = None
         self.picker: Proc | None = None
         self.envoy: Proc | None = None
@@ -179,8 +182,17 @@ class Stack:
             "0.2",
             # the lean shape: Envoy's access log ends every request, from the first one on
             *(() if self.options.observer else ("--response-end", "access-log")),
+            *self.peer_args(index),
             *self.options.picker_args,
+            *(self.options.args_at[index] if index < len(self.options.args_at) else ()),
         )
+
+    def peer_args(self, index: int) -> tuple[str, ...]:
+        if not self.peer_ports:
+            return ()
+        members = ",".join(f"127.0.0.1:{port}" for port in self.peer_ports)
+        port = self.peer_ports[index]
+        return ("--peers", members, "--peer-port", str(port), "--peer-advertise", f"127.0.0.1:{port}")
 
     def start_picker(self) -> None:
         self.picker = Proc(

@@ -16,7 +16,7 @@ import grpc
 from aiohttp import web
 from pydantic import ValidationError
 
-from picker.config import ConfigError, PickerConfig, format_address
+from picker.config import ConfigError, PickerConfig, canonical_address, format_address
 from picker.config_sources import read_plugin_config
 from picker.extproc.access_log import AccessLogService
 from picker.extproc.eds import EndpointDiscovery, EndpointPublisher, add_eds_to_server
@@ -25,9 +25,11 @@ from picker.extproc.service import ExtProcService, ResponseEnd
 from picker.extproc.tls import CertificateError, ServingCertificate
 from picker.flow import FlowLimits
 from picker.http_admin import admin_app
+from picker.peering import Peering
 from picker.pipeline import RequestPath
 from picker.plugin_config import affinity_settings
 from picker.pool import Pool
+from picker.pool.drain import merge_summaries
 from picker.pool.health import SuspectPolicy
 from picker.scheduling import LoadPolicy
 from picker.shutdown import Shutdown, ShutdownSummary
@@ -39,8 +41,10 @@ from picker.telemetry import Metrics
 from picker.tracing import Tracing
 
 if TYPE_CHECKING:
+    from picker.peers import PeerService
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
     from picker.sources.kv_events import KvEvents
+    from picker.sources.lease import Election
     from picker.sources.tokenizer import EngineTokenizer
 
 log = logging.getLogger(__name__)
@@ -85,6 +89,8 @@ class Core:
     tracing: Tracing | None = None
     kv_events: KvEvents | None = None  # affinity.prefix precise: the engines' KV events
     tokenizer: EngineTokenizer | None = None  # ... and their /tokenize
+    peer_server: asyncio.Server | None = None  # peers.members: the channel between pickers
+    peer_service: PeerService | None = None
 
     def start_background(self, spawn: Spawn) -> None:
         """The core's own loops (scraper, KV events, stall sweep), run by the frontend's `spawn`."""
@@ -92,6 +98,18 @@ class Core:
             spawn(self.scraper.run(), "scraper")
         if self.kv_events is not None:
             spawn(self.kv_events.run(), "kv-events")
+        if self.path.peering is not None:
+            from picker.peers import PeerLinks
+
+            token, peers = self.config.admin.token, self.config.peers
+            links = PeerLinks(
+                self.path.peering,
+                self.path,
+                token.get_secret_value() if token else None,
+                service=peers.service,
+                every_s=peers.resolve_interval_s,
+            )
+            spawn(links.run(), "peer-links")
         spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
 
     def open_drains(self, spawn: Spawn) -> DrainStore | None:
@@ -133,8 +151,55 @@ class Core:
         if self.sources.problem is not None:
             listener(self.sources.problem)
 
+    async def start_peers(self) -> int | None:
+        """Serve this picker's peers (peers.members set); the port, or None when alone."""
+        peering = self.path.peering
+        if peering is None:
+            return None
+        from picker.peers import PeerService, peer_server
+
+        token = self.config.admin.token
+        service = PeerService(
+            peering, self.path, token.get_secret_value() if token else None, self.drain_summaries
+        )
+        self.peer_service = service
+        self.peer_server, port = await peer_server(
+            service, self.config.server.bind_address, self.config.peers.port
+        )
+        log.info("peers name=%s members=%s port=%d", peering.name, ",".join(peering.peers), port)
+        return port
+
+    async def pool_drains(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every picker's drain records merged: what the pool's drains were (`picker scorecard`)."""
+        from picker.peers import peer_drains
+
+        peering = self.path.peering
+        token = self.config.admin.token
+        secret = token.get_secret_value() if token else None
+        theirs = (
+            await asyncio.gather(*(peer_drains(p, peering.name, secret) for p in peering.peers))
+            if peering
+            else []
+        )
+        return merge_summaries([own, *theirs])
+
+    def drain_summaries(self) -> list[dict[str, Any]]:
+        """Every open drain record, newest first, then the recently closed ones (the scorecard's input)."""
+        pool, now = self.pool, self.pool.now()
+        open_records = sorted(
+            (e.drain for e in pool.endpoints() if e.drain is not None),
+            key=lambda r: r.started_at,
+            reverse=True,
+        )
+        return [r.summary(now) for r in [*open_records, *pool.recent_drains()]]
+
     async def aclose(self) -> None:
         """Close what the core opened (after the frontend cancelled its background tasks)."""
+        if self.peer_server is not None:
+            self.peer_server.close()
+            if self.peer_service is not None:
+                await self.peer_service.close()  # its connections: a server's close leaves them open
+            await self.peer_server.wait_closed()
         if self.tracing is not None:
             # the batch of spans still buffered goes out now (bounded: the exporter's own timeout)
             await asyncio.to_thread(self.tracing.provider.shutdown)
@@ -200,8 +265,11 @@ def build_core(config: PickerConfig) -> Core:
         engine_gauges=load.scrape,
         tracing=tracing,
         affinity=config.affinity,
+        peering=peering_of(config, pool),
     )
     path.objectives = sources.objectives
+    if path.peering is not None:
+        metrics.register_peers(path.peering)
     pool.on_change(path.capacity_changed)
     scraper = (
         Scraper(pool, load, on_round=path.capacity_changed, on_failure=metrics.count_scrape_failure)
@@ -216,6 +284,22 @@ def build_core(config: PickerConfig) -> Core:
         core.kv_events = KvEvents(pool, config.affinity)
         core.tokenizer = path.tokenizer = EngineTokenizer(pool, config.affinity.tokenize_timeout_s)
     return core
+
+
+def peering_of(config: PickerConfig, pool: Pool) -> Peering | None:
+    """This picker among `peers.members` (None: it is alone). Its name is its own peer address."""
+    peers = config.peers
+    if not peers.members and peers.service is None:
+        return None
+    import os
+
+    name = peers.advertise or format_address(
+        os.environ.get("POD_IP") or config.server.bind_address, peers.port
+    )
+    name = canonical_address(name)
+    if peers.service is None and len(peers.members) == 1 and peers.members[0] == name:
+        return None
+    return Peering(name, peers.members, pool)
 
 
 def start_tracing(config: PickerConfig) -> Tracing | None:
@@ -306,6 +390,7 @@ class PickerApp:
         self.certificate: ServingCertificate | None = None
         self._health: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
+        self.election: Election | None = None  # leader.enabled: ready only while holding the Lease
 
     async def start(self) -> BoundPorts:
         server = self.config.server
@@ -318,6 +403,13 @@ class PickerApp:
                 raise ConfigError(f"server.cert_path {server.cert_path}: {exc}") from exc
             credentials = self.certificate.credentials()
         await self.sources.start()  # the first view, before Envoy can reach the picker
+        await self.core.start_peers()
+        if self.config.leader.enabled:
+            from picker.sources.lease_api import open_election
+
+            self.election = open_election(self.config, self._leader_changed)
+            self.health.holds.add("standby")  # until the first campaign step says otherwise
+            self.metrics.set_leader(False)
         self._grpc, grpc_port = ext_proc_server(
             self.service, self.access_log, format_address(bind, server.grpc_port), credentials
         )
@@ -334,6 +426,7 @@ class PickerApp:
             token=token.get_secret_value() if token else None,
             drains=self.core.open_drains(self._spawn),
             propagate=self._propagate if self.config.eds.enabled else None,
+            pool_drains=self.core.pool_drains if self.path.peering is not None else None,
         )
         self._http = web.AppRunner(admin, access_log=None)
         await self._http.setup()
@@ -343,6 +436,8 @@ class PickerApp:
         self.core.start_background(self._spawn)
         if self.certificate is not None:
             self._spawn(self.certificate.watch(), "cert-watch")
+        if self.election is not None:
+            self._spawn(self.election.run(), "leader-election")  # ready from its first step, if leading
         await self.health.serving()
         self.core.follow_sources(self._source_problem)
         ports = BoundPorts(grpc_port, health_port, metrics_port)
@@ -375,16 +470,28 @@ class PickerApp:
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         spawn_owned(self._tasks, coro, name)
 
+    def _leader_changed(self, leading: bool) -> None:
+        """Only the Lease's holder is ready (active-passive, as the reference picker's HA mode)."""
+        self.metrics.set_leader(leading)
+        if not self._stopping:
+            self._spawn(self.health.hold("standby", not leading), "leader-readiness")
+
+    async def _stand_down(self) -> None:
+        """Shutdown's first step: not ready, and the Lease handed back so a standby leads at once."""
+        await self.health.not_ready()
+        if self.election is not None:
+            await self.election.release()
+
     def _source_problem(self, problem: str | None) -> None:
         """Readiness follows whether the endpoint source can be trusted (never up again once stopping)."""
         if problem is None and self._stopping:
             return
-        self._spawn(self.health.not_ready() if problem else self.health.serving(), "source-readiness")
+        self._spawn(self.health.hold("source", problem is not None), "source-readiness")
 
     async def shutdown(self, force: asyncio.Event) -> ShutdownSummary:
         """The phased drain (picker/shutdown.py), then the servers stop."""
         self._stopping = True
-        summary = await Shutdown(self.path, self.health.not_ready, self.config.shutdown).run(force)
+        summary = await Shutdown(self.path, self._stand_down, self.config.shutdown).run(force)
         await self.stop()
         return summary
 
@@ -397,6 +504,8 @@ class PickerApp:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.core.aclose()
+        if self.election is not None:
+            await self.election.api.aclose()  # type: ignore[attr-defined]
         if self._grpc is not None:
             await self._grpc.stop(0.5)
         self.service.cancel_timers()

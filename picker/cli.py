@@ -66,6 +66,10 @@ _SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "queue_ttl": ("flow", "ttl_s"),
     "max_queued": ("flow", "max_queued"),
     "reject_without_endpoints": ("flow", "reject_without_endpoints"),
+    "peers": ("peers", "members"),
+    "peer_port": ("peers", "port"),
+    "peers_service": ("peers", "service"),
+    "peer_advertise": ("peers", "advertise"),
     "prefix_affinity": ("affinity", "prefix"),
     "session_header": ("affinity", "session_header"),
     "kv_events_port": ("affinity", "kv_events_port"),
@@ -224,6 +228,14 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="cache-aware routing: approximate (default), precise (KV events + /tokenize), off",
     )
     parser.add_argument("--session-header", help="header naming a session (e.g. x-session-id): sticky")
+    parser.add_argument(
+        "--peers", help="every picker's peer address, host:port,host:port: one set of books (README)"
+    )
+    parser.add_argument(
+        "--peers-service", help="or the pickers by DNS: a headless Service's host:port, re-resolved (README)"
+    )
+    parser.add_argument("--peer-port", type=int, help="where this picker serves its peers (9004)")
+    parser.add_argument("--peer-advertise", help="this picker's own peer address (default $POD_IP:port)")
     parser.add_argument("--kv-events-port", type=int, help="precise: each engine's KV-event port (5557)")
     parser.add_argument(
         "--kv-events-port-offset", type=int, help="precise: or each endpoint's port plus this (one host)"

@@ -464,6 +464,69 @@ class AffinityConfig(_Group):
     tokenize_timeout_s: float = Field(0.5, gt=0, description="precise: an engine's /tokenize answer, at most")
 
 
+class PeersConfig(_Group):
+    """Several pickers with one set of books (README, "Two pickers"): each request's end reaches the
+    picker that routed it, and each counts the others' requests on every endpoint."""
+
+    members: tuple[str, ...] = Field(
+        (), description="every picker's peer address host:port (this one's may be listed); empty: alone"
+    )
+    service: str | None = Field(
+        None,
+        description="or, found by DNS: host:port of a headless Service over the picker pods, re-resolved",
+    )
+    resolve_interval_s: float = Field(5.0, gt=0, description="with service: how often it is re-resolved")
+    port: int = Field(9004, ge=0, le=65535, description="where this picker serves its peers (plaintext)")
+    advertise: str | None = Field(
+        None, description="this picker's own address in members; default $POD_IP (else bind_address):port"
+    )
+
+    @field_validator("members", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part for part in (p.strip() for p in value.split(",")) if part)
+        return value
+
+    @field_validator("members")
+    @classmethod
+    def _canonical(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(canonical_address(v) for v in value))
+
+    @field_validator("service")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_address(value)
+        return value
+
+
+class LeaderConfig(_Group):
+    """Active-passive, as the reference picker's `--ha-enable-leader-election`: the replicas campaign
+    for a coordination.k8s.io/v1 Lease and only its holder is ready (the others stand by, warm).
+    RBAC in kube.namespace: get/create/update on leases. Timings are client-go's defaults."""
+
+    enabled: bool = Field(False, description="campaign for the Lease; ready only while holding it")
+    lease_name: str | None = Field(
+        None, pattern=_DNS_SUBDOMAIN, description="default: <kube.pool_name or kube.service>-picker-leader"
+    )
+    identity: str | None = Field(None, min_length=1, description="default: $POD_NAME, else host_<random>")
+    lease_duration_s: float = Field(15.0, gt=0, description="a standby takes a lease not renewed this long")
+    renew_deadline_s: float = Field(
+        10.0, gt=0, description="the leader stands down if it cannot renew by then"
+    )
+    retry_period_s: float = Field(2.0, gt=0, description="how often each replica tries to acquire or renew")
+
+    @model_validator(mode="after")
+    def _timings(self) -> LeaderConfig:
+        if not self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError(
+                "leader: retry_period_s < renew_deadline_s < lease_duration_s is required (a leader must "
+                "stand down before a standby may take its lease)"
+            )
+        return self
+
+
 class TracingConfig(_Group):
     """OpenTelemetry traces: one per request (admission, queue wait, pick, the stream to its end),
     exported over OTLP. The standard OTEL_* environment sets the endpoint, sampler and service name."""
@@ -507,6 +570,8 @@ class PickerConfig(BaseModel):
     shutdown: ShutdownConfig = ShutdownConfig()
     proxy: ProxyConfig = ProxyConfig()
     affinity: AffinityConfig = AffinityConfig()
+    peers: PeersConfig = PeersConfig()
+    leader: LeaderConfig = LeaderConfig()
     tracing: TracingConfig = TracingConfig()
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line")

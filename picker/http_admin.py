@@ -73,6 +73,7 @@ def admin_app(
     token: str | None = None,
     drains: DrainStore | None = None,
     propagate: Propagate | None = None,
+    pool_drains: Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]] | None = None,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
@@ -114,15 +115,20 @@ def admin_app(
             }
         )
 
-    async def drains(_: web.Request) -> web.Response:
-        """Every drain still open (newest first), then the recently closed ones: the scorecard's input."""
+    async def drains(request: web.Request) -> web.Response:
+        """Every drain still open (newest first), then the recently closed ones: the scorecard's input.
+
+        `?scope=pool`, with peers: the records of every picker, merged (`pool_drains`)."""
         now = pool.now()
         open_records = sorted(
             (e.drain for e in pool.endpoints() if e.drain is not None),
             key=lambda r: r.started_at,
             reverse=True,
         )
-        return web.json_response({"drains": [r.summary(now) for r in [*open_records, *pool.recent_drains()]]})
+        own = [r.summary(now) for r in [*open_records, *pool.recent_drains()]]
+        if request.query.get("scope") == "pool" and pool_drains is not None:
+            return web.json_response({"drains": await pool_drains(own), "scope": "pool"})
+        return web.json_response({"drains": own})
 
     async def one_endpoint(request: web.Request) -> web.Response:
         address = address_of(request)

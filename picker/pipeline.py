@@ -19,6 +19,7 @@ from picker.contract import Outcome, Reply, reply_for
 from picker.flow import FlowController, FlowLimits, Ticket
 from picker.inference import InferenceRequest
 from picker.objectives import Objectives
+from picker.peering import Peering, apply_summary
 from picker.placement import Placement
 from picker.pool import DrainEnd, EndpointState, Pool
 from picker.pool.sessions import Sessions
@@ -102,6 +103,7 @@ class RequestPath:
         engine_gauges: bool = True,
         tracing: Tracing | None = None,
         affinity: AffinityConfig | None = None,
+        peering: Peering | None = None,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
@@ -110,7 +112,9 @@ class RequestPath:
         self._reject_without_endpoints = reject_without_endpoints
         self._clock = clock
         self._rng = rng or random.Random()
-        self._new_id = new_id
+        # several pickers (picker/peering.py): ids name this picker, ends reach their owner
+        self.peering = peering
+        self._new_id = (lambda: peering.new_id(new_id())) if peering is not None else new_id
         self._schedule = schedule
         self._access_log_grace_s = access_log_grace_s
         self._stall_after_s = stall_after_s
@@ -151,6 +155,10 @@ class RequestPath:
     def live(self) -> int:
         """Requests dispatched and not yet ended."""
         return len(self._live)
+
+    def live_records(self) -> list[RequestRecord]:
+        """The requests dispatched and not yet ended (what peers are told this picker has in flight)."""
+        return list(self._live.values())
 
     @property
     def accepting(self) -> bool:
@@ -258,6 +266,8 @@ class RequestPath:
     def capacity_changed(self) -> None:
         """Load or endpoints changed (a scrape, a source update): queued requests may fit now."""
         self.placement.tune()
+        if self.peering is not None:
+            self.peering.settle_orphans()  # before this picker's own: peers' counts are then exact
         if self._engine_tracked:
             self._settle_from_engines()
         self.flow.pump()
@@ -301,7 +311,8 @@ class RequestPath:
                 started = [r for r in records if _started_at(r) < load.at]
                 # requests sent since the scrape started may not be in its gauges yet: keep as many
                 unseen = endpoint.arrivals - load.arrivals_before
-                excess = endpoint.in_flight - int(load.running + load.waiting) - unseen
+                engine = int(load.running + load.waiting) - endpoint.peer_in_flight  # this picker's share
+                excess = endpoint.in_flight - engine - unseen
                 started.sort(key=_started_at)
                 ended = started[: max(0, excess)]
             for record in ended:
@@ -335,6 +346,8 @@ class RequestPath:
         record.picked = tuple(destinations)
         record.lease = self._pool.lease(destinations[0])
         self.placement.dispatched(record, destinations[0])
+        if self.peering is not None:
+            self.peering.placed(record, destinations[0])
         self._live[record.request_id] = record
         self._metrics.count_pick(destinations[0], self._clock() - started)
         if record.trace is not None:
@@ -348,6 +361,11 @@ class RequestPath:
 
         Both ext_proc streams of a request report the headers, in either order: the first one counts.
         """
+        if record.owner is not None:  # another picker's request: tell its owner
+            assert self.peering is not None
+            if record.response_started_at is None:
+                self.peering.started(record, status, served, streaming)
+            return
         if record.ended or record.response_started_at is not None:
             return
         record.status = status
@@ -358,6 +376,8 @@ class RequestPath:
             if record.picked and served != record.picked[0]:
                 self._metrics.count_fallback_served()
                 self.placement.dispatched(record, served)  # its prompt is cached where it ran
+                if self.peering is not None:
+                    self.peering.placed(record, served, moved=True)
             if record.lease is not None:
                 record.lease.move(served)
         self._pool.health.answered(record.picked, served, status)  # suspects: failing fast
@@ -368,8 +388,10 @@ class RequestPath:
         """Join the observer stream of a request to its record (None: not routed by this picker)."""
         record = self._live.get(request_id)
         if record is None:
-            self._metrics.count_unmatched_observer()
-            return None
+            shadow = self.peering.shadow(request_id) if self.peering is not None else None
+            if shadow is None:
+                self._metrics.count_unmatched_observer()
+            return shadow
         if record.observed:  # the routing stream sees the bodies itself: one tracker per response
             return None
         record.observed = True
@@ -377,6 +399,10 @@ class RequestPath:
 
     def body_chunk(self, record: RequestRecord, chunk: bytes) -> None:
         """One response body chunk went past (hot path: once per token chunk of every stream)."""
+        if record.owner is not None:
+            assert self.peering is not None
+            self.peering.chunk(record, chunk)
+            return
         tracker = record.tracker
         if tracker is None or record.ended:
             return
@@ -396,6 +422,10 @@ class RequestPath:
 
     def observer_ended(self, record: RequestRecord, end_of_stream: bool) -> None:
         """The observer stream is over: with the response's end of stream, or cut short."""
+        if record.owner is not None:
+            assert self.peering is not None
+            self.peering.observer_ended(record, end_of_stream)
+            return
         if record.ended:
             return
         record.response_ended = end_of_stream
@@ -436,6 +466,8 @@ class RequestPath:
         """Envoy's access log entry for a request: retries, response flags, final status."""
         self.access_log_seen = True
         record = self._live.get(request_id) or self._recent.get(request_id)
+        if record is None and self.peering is not None and self.peering.logged(request_id, attempts):
+            return  # another picker's request: its owner settles it
         if record is None or record.access_log is not None:
             return
         record.access_log = attempts
@@ -523,6 +555,8 @@ class RequestPath:
         self._metrics.count_end(reason, record.endpoint, record.model, tokens)
         if record.prefill_at is not None:
             self.placement.prefilled(record)
+        if self.peering is not None:
+            self.peering.ended(record)
         if record.trace is not None:
             record.trace.ended(reason.value, tokens, record.endpoint)
         if reason is EndReason.COMPLETED:
@@ -546,6 +580,58 @@ class RequestPath:
             return False
         last = tracker.last_chunk_at
         return last is not None and now - last >= self._cut_after_silence_s
+
+    def peer_gone(self, peer: str) -> None:
+        """A peer's channel broke: its requests stay counted as orphans, and this picker's requests
+        whose observer stream went to it can no longer hear their end there: the engine's gauges
+        settle them, as for a response no filter sees (`hand_to_engine`)."""
+        if self.peering is None:
+            return
+        self.peering.peer_gone(peer)
+        for record in [r for r in self._live.values() if r.observed_by == peer]:
+            self.hand_to_engine(record)
+
+    def peer_event(self, event: list[Any], sender: str | None = None) -> None:
+        """What a peer reported about a request this picker routed (picker/peering.py)."""
+        kind, request_id = event[0], event[1]
+        record = self._live.get(request_id)
+        if kind == "log":
+            count, flags, status, upstream = event[2:6]
+            self.access_logged(request_id, Attempts(int(count), frozenset(flags), int(status), str(upstream)))
+            return
+        if record is None or record.ended:
+            if self.peering is not None:
+                self.peering.unknown += 1
+            return
+        if self.peering is not None:
+            self.peering.applied += 1
+        match kind:
+            case "claim":
+                record.observed = True  # an observer stream joined it, on another picker
+                record.observed_by = sender
+            case "started":
+                self.response_started(record, int(event[2]), event[3] or None, event[4])
+            case "first":
+                tracker = record.tracker
+                if tracker is not None and tracker.first_byte_at is None:
+                    now = self._clock()
+                    tracker.first_byte_at = tracker.last_chunk_at = now
+                    self._metrics.observe_ttft(record.model, now - record.admitted_at)
+                    if record.trace is not None:
+                        record.trace.first_token()
+                    if record.prefill_at is not None:
+                        self.placement.prefilled(record)
+            case "alive":
+                if record.tracker is not None:
+                    record.tracker.last_chunk_at = self._clock()
+            case "ended":
+                if record.tracker is None:
+                    record.tracker = ResponseTracker(streaming=record.stream)
+                if isinstance(event[3], dict):
+                    apply_summary(record.tracker, event[3], self._clock())
+                self.observer_ended(record, bool(event[2]))
+            case _:
+                log.warning("peer event of unknown kind %r; ignored", kind)
 
     def on_idle(self, listener: Callable[[], None]) -> None:
         """Call `listener` each time the last live request ends (shutdown waits on it)."""

@@ -136,6 +136,17 @@ MAPPED: tuple[Mapped, ...] = (
     Mapped("--v", ("log_level",), _verbosity, "N", "reference verbosity: 4 and above is debug"),
     Mapped("--tracing", ("tracing", "enabled"), go_bool, "true|false", "OpenTelemetry traces", boolean=True),
     Mapped(
+        "--ha-enable-leader-election",
+        ("leader", "enabled"),
+        go_bool,
+        "true|false",
+        "active-passive: ready only while holding the leader Lease",
+        boolean=True,
+    ),
+    Mapped("--leader-lease-duration", ("leader", "lease_duration_s"), seconds, "DURATION", "15s"),
+    Mapped("--leader-renew-deadline", ("leader", "renew_deadline_s"), seconds, "DURATION", "10s"),
+    Mapped("--leader-retry-period", ("leader", "retry_period_s"), seconds, "DURATION", "2s"),
+    Mapped(
         "--lora-info-metric",
         ("load", "lora_info_metric"),
         str,
@@ -159,17 +170,6 @@ MAPPED: tuple[Mapped, ...] = (
 )
 
 ACCEPTED: tuple[Accepted, ...] = (
-    Accepted(
-        "--ha-enable-leader-election",
-        go_bool,
-        lambda on: (
-            "--ha-enable-leader-election: no leader election in this picker yet; every replica "
-            "is ready and routes (active-active, README 'Two pickers')"
-            if on
-            else "--ha-enable-leader-election=false: every replica routes, as here"
-        ),
-        boolean=True,
-    ),
     Accepted(
         "--metrics-endpoint-auth",
         go_bool,

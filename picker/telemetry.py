@@ -12,7 +12,14 @@ import time
 from collections.abc import Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -38,6 +45,11 @@ class _PoolCollector(Collector):
             "Requests the picker has in flight on each endpoint",
             labels=["endpoint"],
         )
+        peer_in_flight = GaugeMetricFamily(
+            "picker_endpoint_peer_in_flight",
+            "Requests the other pickers (peers.members) have in flight on each endpoint",
+            labels=["endpoint"],
+        )
         state = GaugeMetricFamily(
             "picker_endpoint_state", "1 for the endpoint's current state", labels=["endpoint", "state"]
         )
@@ -55,6 +67,7 @@ class _PoolCollector(Collector):
         for endpoint in endpoints:
             address = bounded_label(endpoint.address)
             in_flight.add_metric([address], endpoint.in_flight)
+            peer_in_flight.add_metric([address], endpoint.peer_in_flight)
             if endpoint.load is not None:
                 engine["running"].add_metric([address], endpoint.load.running)
                 engine["waiting"].add_metric([address], endpoint.load.waiting)
@@ -65,7 +78,7 @@ class _PoolCollector(Collector):
         ready.add_metric([], sum(1 for e in endpoints if e.state is EndpointState.READY))
         total = GaugeMetricFamily("picker_in_flight", "Requests in flight on all endpoints")
         total.add_metric([], sum(e.in_flight for e in endpoints))
-        yield from (in_flight, state, ready, total, *engine.values())
+        yield from (in_flight, peer_in_flight, state, ready, total, *engine.values())
 
 
 class _DrainCollector(Collector):
@@ -188,6 +201,59 @@ class _FlowCollector(Collector):
         )
 
 
+class PeersView(Protocol):
+    """What the channel between pickers counts (picker/peering.py's Peering)."""
+
+    peers: tuple[str, ...]
+    connected: set[str]
+    forwarded: int
+    applied: int
+    unknown: int
+    observers: int
+
+    @property
+    def dropped(self) -> int: ...
+
+    @property
+    def orphans(self) -> int: ...
+
+
+class _PeersCollector(Collector):
+    def __init__(self, peers: PeersView) -> None:
+        self._peers = peers
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        p = self._peers
+        yield GaugeMetricFamily("picker_peers", "Other pickers in peers.members", value=len(p.peers))
+        yield GaugeMetricFamily(
+            "picker_peers_connected", "Peers this picker's channel currently reaches", value=len(p.connected)
+        )
+        yield GaugeMetricFamily(
+            "picker_peer_orphans",
+            "Requests of a peer whose channel broke, still counted on their endpoints until seen to end",
+            value=p.orphans,
+        )
+        events = CounterMetricFamily(
+            "picker_peer_events",
+            "Events about single requests: forwarded to their routing picker, applied here from a peer, "
+            "unknown (the request had already ended here), dropped (a peer stayed away too long)",
+            labels=["kind"],
+        )
+        for kind, value in (
+            ("forwarded", p.forwarded),
+            ("applied", p.applied),
+            ("unknown", p.unknown),
+            ("dropped", p.dropped),
+        ):
+            events.add_metric([kind], value)
+        yield events
+        yield CounterMetricFamily(
+            "picker_peer_observers",
+            "Observer streams for requests another picker routed, tracked here for it",
+            value=p.observers,
+        )
+
+
 class Metrics:
     """The picker's metrics; construct once per picker and pass it down."""
 
@@ -195,6 +261,8 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self._requests = Counter("picker_requests", "Requests by admission outcome", ["outcome"], registry=r)
+        self._leader: Gauge | None = None  # leader.enabled only (set_leader)
+        self._leading = False
         self._ends = Counter("picker_request_ends", "Requests by end reason", ["reason"], registry=r)
         self._picks = Counter("picker_picks", "Primary picks per endpoint", ["endpoint"], registry=r)
         self._picks_without_metrics = Counter(
@@ -342,6 +410,9 @@ class Metrics:
         self._requests.labels(outcome.value).inc()
         self._queue_wait.labels(outcome.value).observe(waited_s)
 
+    def register_peers(self, peers: PeersView) -> None:
+        self.registry.register(_PeersCollector(peers))
+
     def register_flow(self, flow: FlowView) -> None:
         self.registry.register(_FlowCollector(flow))
 
@@ -376,6 +447,19 @@ class Metrics:
     def count_pick(self, endpoint: str, seconds: float) -> None:
         self._picks.labels(bounded_label(endpoint)).inc()
         self._pick_seconds.observe(seconds)
+
+    def set_leader(self, leading: bool) -> None:
+        """leader.enabled: whether this replica holds the Lease (registered on first use)."""
+        if self._leader is None:
+            r = self.registry
+            self._leader = Gauge("picker_leader", "1 while this replica holds the leader Lease", registry=r)
+            self._leader_changes = Counter(
+                "picker_leader_changes", "Times this replica became or stopped being the leader", registry=r
+            )
+        elif self._leading != leading:
+            self._leader_changes.inc()
+        self._leading = leading
+        self._leader.set(1 if leading else 0)
 
     def count_scrape_failure(self, endpoint: str, kind: str) -> None:
         self._scrape_failures.labels(bounded_label(endpoint), bounded_label(kind)).inc()

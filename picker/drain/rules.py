@@ -233,6 +233,15 @@ _CATALOGUE = (
         "get/list/watch/create/update on that ConfigMap, or admin drains are not shared.",
     ),
     Rule(
+        "POOL-009",
+        W,
+        "several picker replicas that do not share their books",
+        "Envoy spreads a request's ext_proc streams over the picker replicas on its own, so without "
+        "--peers-service / --peers (one set of books) or --ha-enable-leader-election (one active) each "
+        "replica sees the end of only some of its requests: in-flight counts, load spread and drain "
+        'records hold for a fraction of the traffic (README, "Two pickers").',
+    ),
+    Rule(
         "ROUTE-001",
         E,
         "HTTPRoute timeout below the longest stream",

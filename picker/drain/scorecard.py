@@ -104,7 +104,8 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def fetch(url: str, timeout_s: float = 5.0) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(url.rstrip("/") + "/admin/drains", timeout=timeout_s) as response:
+    # every picker's records, merged, when the picker has peers (scope=pool); its own otherwise
+    with urllib.request.urlopen(url.rstrip("/") + "/admin/drains?scope=pool", timeout=timeout_s) as response:
         data = json.loads(response.read(4 * 1024 * 1024))
     drains = data.get("drains") if isinstance(data, dict) else None
     if not isinstance(drains, list):

@@ -188,6 +188,22 @@ def _routing_pools(inputs: Inputs, picker: Workload) -> list[Document]:
     return found
 
 
+def _check_picker_replicas(inputs: Inputs, report: Report) -> None:
+    """More than one picker replica: they share their books (peers) or only one is active."""
+    for picker in inputs.pickers:
+        if picker.replicas < 2:
+            continue
+        for container in picker.picker_containers():
+            if not container.has_flag("--peers", "--peers-service", "--ha-enable-leader-election"):
+                report.add(
+                    "POOL-009",
+                    picker.doc,
+                    ("spec", "replicas"),
+                    f"{picker.replicas} replicas without --peers-service, --peers or "
+                    "--ha-enable-leader-election: each keeps its own books",
+                )
+
+
 def _check_picker_sources(inputs: Inputs, report: Report) -> None:
     """The pods a picker reads (its --pool-name, or its --kube-service) are the pods of the pool that
     routes to it."""
@@ -314,4 +330,5 @@ def check(inputs: Inputs, report: Report, budget: Budget) -> None:
     check_rollouts(inputs, report)
     check_disruption_budgets(inputs, report)
     check_pool_wiring(inputs, report, budget)
+    _check_picker_replicas(inputs, report)
     rbac_rules.check(inputs, report)

@@ -107,6 +107,7 @@ class RoutingSession:
         # a data plane that is not Envoy (no protocol_config, no pseudo-headers): it sends the body
         # without waiting, reads only the headers answer and never sends a response phase
         self.shim = False
+        self.saw_response_headers = False  # this data plane sends the routing filter response headers
 
     @property
     def _holds_headers(self) -> bool:
@@ -326,6 +327,7 @@ class RoutingSession:
     # --- response side ------------------------------------------------------------------------
 
     def _on_response_headers(self, request: ep.ProcessingRequest) -> list[Step]:
+        self.saw_response_headers = True
         record = self.record
         extra: list[tuple[str, str]] = []
         if record is not None:

@@ -26,15 +26,30 @@ class HealthState:
 
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
+        self.holds: set[str] = set()  # why not ready: "source", "standby" (not the leader), "stopping"
 
     async def serving(self) -> None:
-        for name in (LIVENESS, *_READY_NAMES):
-            await self.servicer.set(name, _SERVING)
+        """Alive; ready unless something holds readiness."""
+        await self.servicer.set(LIVENESS, _SERVING)
+        await self._apply()
 
     async def not_ready(self) -> None:
-        """Draining: load balancers should stop sending new streams; liveness stays SERVING."""
+        """Draining: load balancers should stop sending new streams; liveness stays SERVING. For good."""
+        self.holds.add("stopping")
+        await self._apply()
+
+    async def hold(self, why: str, held: bool) -> None:
+        """Readiness is SERVING only while nothing holds it (`why` on or off)."""
+        if held:
+            self.holds.add(why)
+        else:
+            self.holds.discard(why)
+        await self._apply()
+
+    async def _apply(self) -> None:
+        status = _NOT_SERVING if self.holds else _SERVING
         for name in _READY_NAMES:
-            await self.servicer.set(name, _NOT_SERVING)
+            await self.servicer.set(name, status)
 
 
 def ext_proc_server(

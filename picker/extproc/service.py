@@ -93,6 +93,9 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         # Connections an observer stream came on: their observer reports each response's headers, so
         # the routing stream ends at its decision and response headers never wait for the picker.
         self._observer_peers: set[str] = set()
+        # Connections whose routing streams carried response headers (response_header_mode SEND):
+        # on the others (SKIP) a routing stream that Envoy closes ends with its response.
+        self._headers_peers: set[str] = set()
 
     @property
     def grpc_message_limit(self) -> int:
@@ -112,6 +115,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         # the RPC has been cancelled, e.g. in the `finally` below after the client went away.
         peer = context.peer() if context is not None else None
         self.open_streams += 1
+        envoy_closed = False  # the stream ended from Envoy's side, not by the picker's return
         try:
             async for request in request_iterator:
                 if session is None:
@@ -160,16 +164,21 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                     # Nothing more to decide or echo: end the RPC ourselves. Envoy then carries on
                     # without the picker, so a picker crash or restart cannot reset this stream.
                     return
+            envoy_closed = True
         finally:
             self.open_streams -= 1
             if isinstance(session, RoutingSession):
                 if session.record is not None and session.record.served:
                     _remember(self._list_peers, peer)
+                if session.saw_response_headers:
+                    _remember(self._headers_peers, peer)
                 unreported = session.close()
                 if unreported is not None and session.shim:
                     # no response phase will come, nor an observer: the engine's gauges say when
                     # it ended (picker/pipeline.py `hand_to_engine`)
                     self.path.hand_to_engine(unreported)
+                elif unreported is not None and envoy_closed and self._skips_responses(peer, unreported):
+                    self.response_over(unreported)
                 elif unreported is not None:
                     self.expect_observer(unreported)
             elif session is not None:
@@ -185,6 +194,25 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         return any(
             key == headers.DATA_PLANE and value == headers.OVERRIDE_HOST for key, value in metadata or ()
         )
+
+    def _skips_responses(self, peer: str | None, record: RequestRecord) -> bool:
+        """Whether Envoy kept this routing stream open through the response and closed it at the
+        response's end: response headers SKIP (kgateway's shape), so none has ever come on this
+        gRPC connection, and no observer reports them either."""
+        if self._response_end not in (ResponseEnd.AUTO, ResponseEnd.ACCESS_LOG):
+            return False
+        if record.response_started_at is not None or record.observed or peer is None:
+            return False
+        return peer not in self._headers_peers and peer not in self._observer_peers
+
+    def response_over(self, record: RequestRecord) -> None:
+        """The routing stream's end was the response's end. Envoy's access log can say how it ended;
+        without one nobody here saw, and the request ends now as `unobserved` (its time is exact:
+        in-flight counts and drain records follow it to the millisecond)."""
+        if self.path.access_log_seen:
+            self.path.await_access_log(record)
+        else:
+            self.path.finish(record, EndReason.UNOBSERVED)
 
     def _observer_reports(self, peer: str | None) -> bool:
         """Whether this stream's response headers reach the picker through an observer stream: an

@@ -149,3 +149,48 @@ class DrainTotals:
     ends: Counter[DrainEnd] = field(default_factory=Counter)
     picks_after_start: int = 0
     picks_not_ready: int = 0  # leases or served moves onto any endpoint that was not READY
+
+
+_SAME_DRAIN_S = 10.0  # two pickers' records of one endpoint starting this close are one drain
+
+
+def merge_summaries(per_picker: list[list[dict[str, object]]]) -> list[dict[str, object]]:
+    """Several pickers' drain records (`DrainRecord.summary`) as the pool's: records of the same
+    endpoint whose starts lie within seconds of each other are one drain, their counts summed (each
+    picker counted its own requests), open while any is, as long as the longest. Newest first."""
+    merged: list[dict[str, object]] = []
+    for summary in sorted(
+        (s for records in per_picker for s in records),
+        key=lambda s: float(s["started_wall"]),  # type: ignore[arg-type]
+    ):
+        same = next(
+            (
+                m
+                for m in merged
+                if m["address"] == summary["address"]
+                and float(summary["started_wall"]) - float(m["started_wall"]) <= _SAME_DRAIN_S  # type: ignore[arg-type]
+            ),
+            None,
+        )
+        if same is None:
+            merged.append({**summary, "ended": dict(summary["ended"]), "pickers": 1})  # type: ignore[arg-type]
+            continue
+        for key in (
+            "in_flight_at_start",
+            "failed_before_start",
+            "moved_away",
+            "moved_in",
+            "picks_after_start",
+        ):
+            same[key] = int(same.get(key, 0)) + int(summary.get(key, 0))  # type: ignore[call-overload]
+        ends = same["ended"]
+        assert isinstance(ends, dict)
+        for end, count in dict(summary["ended"]).items():  # type: ignore[call-overload]
+            ends[end] = int(ends.get(end, 0)) + int(count)
+        same["open"] = bool(same["open"]) or bool(summary["open"])
+        same["duration_s"] = max(float(same["duration_s"]), float(summary["duration_s"]))  # type: ignore[arg-type]
+        zero = [z for z in (same["time_to_zero_s"], summary["time_to_zero_s"]) if z is not None]
+        same["time_to_zero_s"] = None if same["open"] and len(zero) < 2 else max(zero, default=None)  # type: ignore[type-var]
+        same["exit"] = same["exit"] or summary["exit"]
+        same["pickers"] = int(same["pickers"]) + 1  # type: ignore[call-overload]
+    return sorted(merged, key=lambda s: float(s["started_wall"]), reverse=True)  # type: ignore[arg-type]

@@ -38,6 +38,7 @@ class Endpoint:
     # uncached prompt tokens of the requests routed here that have not sent a first token yet:
     # the prefill backlog a new request would wait behind (the reference's in-flight token load)
     pending_prefill: float = 0.0
+    peer_in_flight: int = 0  # requests other pickers have in flight here (picker/peering.py)
     # its load (running + waiting, estimated) averaged over the last seconds, at `load_avg_at`: a
     # sustained imbalance, which breaks affinity, from the moment-to-moment swings, which must not
     load_avg: float = 0.0

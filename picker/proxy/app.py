@@ -68,6 +68,7 @@ class ProxyApp:
     async def start(self) -> ProxyPorts:
         bind = self.config.server.bind_address
         await self.sources.start()
+        await self.core.start_peers()
         server = web.Server(self.frontend.handle_http1, handler_cancellation=True, access_log=None)
         self._proxy = web.ServerRunner(server, shutdown_timeout=_CUT_WAIT_S)
         await self._proxy.setup()
@@ -88,6 +89,7 @@ class ProxyApp:
             self.metrics,
             token=token.get_secret_value() if token else None,
             drains=self.core.open_drains(self._spawn),
+            pool_drains=self.core.pool_drains if self.path.peering is not None else None,
         )
         admin.router.add_get("/ready", self._readiness)
         self._admin = web.AppRunner(admin, access_log=None)

@@ -20,6 +20,9 @@ class LoadView(Protocol):
     def in_flight(self) -> int: ...
 
     @property
+    def peer_in_flight(self) -> int: ...
+
+    @property
     def arrivals(self) -> int: ...
 
     @property
@@ -47,13 +50,14 @@ class LoadPolicy:
 def estimated_load(view: LoadView) -> float:
     """Requests the engine holds now (running + waiting), from the last scrape and what changed since."""
     sample = view.load
+    counted = float(view.in_flight + view.peer_in_flight)  # this picker's and its peers' requests
     if sample is None:
-        return float(view.in_flight)
+        return counted
     sent_since = view.arrivals - sample.arrivals_before
     ended_since = view.departures - sample.departures_after
-    # The picker's own in-flight count is exact for its own requests: it covers requests still on
+    # The pickers' own in-flight counts are exact for their requests: they cover requests still on
     # their way to the engine when the scrape was taken, which the scrape cannot have counted.
-    return max(float(view.in_flight), sample.running + sample.waiting + sent_since - ended_since)
+    return max(counted, sample.running + sample.waiting + sent_since - ended_since)
 
 
 def estimated_waiting(view: LoadView, policy: LoadPolicy) -> float:
@@ -77,10 +81,10 @@ def saturated(view: LoadView, now: float, policy: LoadPolicy) -> bool:
 def assess(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float]:
     """(saturated, score; lower is better) in one pass: what `pick` needs of every candidate."""
     if not policy.use_metrics:
-        return False, float(view.in_flight)
+        return False, float(view.in_flight + view.peer_in_flight)
     sample = view.load
     if sample is None:
-        return True, float(view.in_flight)
+        return True, float(view.in_flight + view.peer_in_flight)
     load = estimated_load(view)
     waiting = _queued(load, sample, view, policy)
     kv = sample.kv_usage

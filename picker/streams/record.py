@@ -76,6 +76,9 @@ class RequestRecord:
     predicted_blocks: int = 0  # of its blocks, how many the picker expected its primary to hold
     prefill: float = 0.0  # uncached prompt tokens it adds to its endpoint's backlog until its first token
     prefill_at: str | None = None  # ... which endpoint's
+    # another picker routed it; this one only tracks its response for it (picker/peering.py)
+    owner: str | None = None
+    observed_by: str | None = None  # the peer its observer stream went to (it reports the end)
 
     @property
     def ended(self) -> bool:

@@ -53,10 +53,16 @@ def role_that_cannot_update_the_drain_record(m: Any) -> None:
         rule["verbs"] = [v for v in rule["verbs"] if v != "update"]
 
 
+def pickers_with_separate_books(m: Any) -> None:
+    """Two picker replicas, neither peers nor leader election: each sees some of its requests end."""
+    m.set_arg(m.picker, "--peers-service", None)
+
+
 POOL_VARIANTS = [
     ("POOL-005", "picker serves another pool", second_pool_through_the_picker),
     ("POOL-006", "picker's Service selects other pods", kube_service_with_another_selector),
     ("POOL-007", "pool targets an undeclared port", undeclared_target_port),
     ("POOL-008", "picker RBAC without inferencepools", role_without_inferencepools),
     ("POOL-008", "picker RBAC cannot update the drains ConfigMap", role_that_cannot_update_the_drain_record),
+    ("POOL-009", "two pickers with separate books", pickers_with_separate_books),
 ]

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from loadtest.stack import Stack, StackOptions
+from tests.kube.conftest import fake  # noqa: F401 (the fake API server, for the leader election tests)
 
 
 @pytest.fixture(scope="module")

@@ -38,12 +38,13 @@ class Sent:
     result: Result
 
 
-def two_pickers(tmp_path: Path) -> Stack:
+def two_pickers(tmp_path: Path, peers: bool = False) -> Stack:
     options = StackOptions(
         replicas=3,
         pickers=2,
         envoy_picker_tls=False,  # the health port is plaintext: one transport socket for both
         picker_args=("--quiet-interval", "0.3"),
+        peers=peers,
     )
     return Stack(tmp_path, options).start()
 
@@ -105,8 +106,20 @@ def client() -> httpx.AsyncClient:
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
 
 
-async def test_one_of_two_pickers_killed_cuts_no_stream(tmp_path: Path) -> None:
-    stack = two_pickers(tmp_path)
+def survivor_books(stack: Stack) -> tuple[float, float]:
+    """(what the surviving picker counts on the replicas, its own and its peers', what they run)."""
+    values = parse_metrics(httpx.get(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=5).text)
+    counted = sum(
+        v
+        for (name, _), v in values.items()
+        if name in ("picker_endpoint_in_flight", "picker_endpoint_peer_in_flight")
+    )
+    return counted, stack.sim_value("vllm:num_requests_running")
+
+
+@pytest.mark.parametrize("peers", [False, True], ids=["separate-books", "one-set-of-books"])
+async def test_one_of_two_pickers_killed_cuts_no_stream(tmp_path: Path, peers: bool) -> None:
+    stack = two_pickers(tmp_path, peers)
     try:
         victim_port = stack.picker_ports[1][0]
         await until_healthy(stack, victim_port, True)
@@ -129,10 +142,18 @@ async def test_one_of_two_pickers_killed_cuts_no_stream(tmp_path: Path) -> None:
             victim.kill()
             await until_healthy(stack, victim_port, False)
             unhealthy_s = time.time() - killed_at
+            await asyncio.sleep(max(0.0, killed_at + 1.0 - time.time()))  # a measurement point: 1 s on
+            short_open = sum(1 for s in sent if s.at >= time.time() - 0.5)  # the 4-token ones in flight
+            counted, running = await asyncio.to_thread(survivor_books, stack)
             await async_wait_until(lambda: len(sent) >= 100, 20, what="traffic after the kill")
             stop.set()
             await asyncio.wait_for(load, DEADLINE_S)
             long_results = await asyncio.wait_for(asyncio.gather(*streams), DEADLINE_S)
+        if peers:  # every stream over: the dead picker's requests are off the survivor's books
+            await asyncio.to_thread(
+                wait_until, lambda: survivor_books(stack)[0] == 0, 10, 0.05, "the survivor's books at 0"
+            )
+            orphans_left = stack.picker_value("picker_peer_orphans")
         cut = [r for r in long_results if r.status != 200 or not r.done]
         bad = failed(sent)
         after = [s for s in sent if s.at >= killed_at]
@@ -146,6 +167,8 @@ async def test_one_of_two_pickers_killed_cuts_no_stream(tmp_path: Path) -> None:
             "failed_reasons": sorted({(s.result.status, s.result.reason_header) for s in bad}),
             "last_failure_after_kill_s": round(max((s.at - killed_at for s in bad), default=0.0), 3),
             "envoy_marked_unhealthy_s": round(unhealthy_s, 3),
+            "survivor_counts_1s_after": counted,
+            "replicas_run_1s_after": running,
         }
         print("one of two pickers SIGKILLed:", json.dumps(figures))
         assert victim_in_flight >= 5, figures  # the dead picker had routed some of the streams
@@ -158,6 +181,11 @@ async def test_one_of_two_pickers_killed_cuts_no_stream(tmp_path: Path) -> None:
             assert s.at - killed_at < unhealthy_s + 1.0, figures
         assert len(bad) <= 0.5 * RATE * (unhealthy_s + 1.0), figures
         assert unhealthy_s < 5.0, figures
+        if peers:  # the survivor still counts the dead picker's streams (they run on), exactly
+            assert abs(counted - running) <= short_open + 1, figures
+            assert orphans_left == 0, figures
+        else:  # without shared books it knows only its own: the dead picker's streams are invisible
+            assert running - counted >= 5, figures
     finally:
         stack.stop()
 

@@ -99,7 +99,8 @@ async def test_the_charts_arguments_start_a_picker_that_routes(
         said = " ".join(line["msg"] for line in lines)
         assert "--metrics-endpoint-auth=false" in said
         assert "plugin configuration: affinity" in said and "'load_weight': 4.0" in said
-        assert ("--ha-enable-leader-election" in said) == (replicas > 1)
+        # replicas > 1: --ha-enable-leader-election; alone on the Lease, this one leads and is ready
+        assert ("leader lease acquired" in said) == (replicas > 1)
     finally:
         proc.stop()
 

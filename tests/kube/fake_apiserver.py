@@ -21,9 +21,10 @@ unless metadata.resourceVersion is the current one), each recorded like a `put` 
 Test controls (call them from the test, on the same event loop): put/delete slices, pods, pools and
 objectives (`put_slice`, `put_pod`, `put_pool`, `put_objective`, `delete(kind, name)`), `compact()` (drop
 the history: older versions get 410), `drop_watches()` (abort every watch connection mid-stream),
-`stall_watches()` (keep them open, send nothing: a silently dead connection), `inject(raw)` (any line,
-e.g. garbage JSON), `send_bookmarks()`, `fail_next(n, status)`; `requests` logs what was asked. The
-faults apply to every collection's watches alike.
+`stall_watches()` (keep them open, send nothing: a silently dead connection), `partition(token)` /
+`heal(token)` (one client's requests hang, its watches go silent; `add_token` makes clients),
+`inject(raw)` (any line, e.g. garbage JSON), `send_bookmarks()`, `fail_next(n, status)`; `requests`
+logs what was asked. The faults apply to every collection's watches alike.
 In-process only: `await FakeApiServer().start()` binds 127.0.0.1 on a free port.
 """
 
@@ -83,6 +84,7 @@ class _Watch:
     bookmarks: bool
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     stalled: asyncio.Event | None = None  # set: the connection is silently dead (released on stop)
+    token: str = ""  # the client's
 
 
 _DROP = object()
@@ -93,6 +95,8 @@ class FakeApiServer:
 
     def __init__(self, token: str = "fake-apiserver-token-0123456789", gone_as: str = "event") -> None:
         self.token = token
+        self.tokens = {token}  # add_token: one per client, so a partition can cut one client off
+        self._cut: dict[str, asyncio.Event] = {}  # partitioned tokens -> set when healed
         self.gone_as = gone_as
         self._rv = itertools.count(1000)
         self.resource_version = next(self._rv)
@@ -111,7 +115,7 @@ class FakeApiServer:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> FakeApiServer:
-        app = web.Application()
+        app = web.Application(middlewares=[self._partition])
         for plural, (path, _, _) in RESOURCES.items():
             app.router.add_get(f"{path}/namespaces/{{namespace}}/{plural}", self._collection)
         self._add_write_routes(app)
@@ -130,6 +134,39 @@ class FakeApiServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    # -- clients and partitions ------------------------------------------------------------------
+
+    def add_token(self, token: str) -> str:
+        """Another client's bearer token (write its kubeconfig with `write_kubeconfig(token=...)`)."""
+        self.tokens.add(token)
+        return token
+
+    def partition(self, token: str) -> None:
+        """Cut that client off, as a network partition would: its requests get no answer (they hang
+        until it gives up), its open watches go silent."""
+        self._cut.setdefault(token, asyncio.Event())
+        for watch in self._watches:
+            if watch.token == token and watch.stalled is None:
+                watch.stalled = self._released
+
+    def heal(self, token: str) -> None:
+        healed = self._cut.pop(token, None)
+        if healed is not None:
+            healed.set()
+
+    def _authorized(self, request: web.Request) -> bool:
+        header = request.headers.get("Authorization", "")
+        return header.startswith("Bearer ") and header[len("Bearer ") :] in self.tokens
+
+    @web.middleware
+    async def _partition(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        token = request.headers.get("Authorization", "")[len("Bearer ") :]
+        healed = self._cut.get(token)
+        if healed is not None:
+            await healed.wait()  # cancelled when the client hangs up (handler_cancellation)
+            raise web.HTTPServiceUnavailable()  # healed while this request waited: it is lost
+        return await handler(request)  # type: ignore[no-any-return]
 
     @property
     def url(self) -> str:
@@ -330,7 +367,7 @@ class FakeApiServer:
     async def _collection(self, request: web.Request) -> web.StreamResponse:
         query = dict(request.query)
         self.requests.append({"method": request.method, "path": request.path, "query": query})
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        if not self._authorized(request):
             return _status_response(401, "Unauthorized", "Unauthorized")
         plural = request.path.rsplit("/", 1)[1]
         failure = next((f for f in self._failures if f[1] in (None, plural)), None)
@@ -349,6 +386,7 @@ class FakeApiServer:
             selector,
             name,
             query.get("allowWatchBookmarks") == "true",
+            token=request.headers.get("Authorization", "")[len("Bearer ") :],
         )
         if query.get("watch") in ("1", "true"):
             return await self._watch(request, watch, query)
@@ -464,7 +502,7 @@ class FakeApiServer:
 
     def _write_target(self, request: web.Request) -> tuple[str, str, str | None] | web.Response:
         self.requests.append({"method": request.method, "path": request.path, "query": dict(request.query)})
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        if not self._authorized(request):
             return _status_response(401, "Unauthorized", "Unauthorized")
         plural = request.path.split("/namespaces/", 1)[1].split("/")[1]
         failure = next((f for f in self._failures if f[1] in (None, plural)), None)

@@ -14,6 +14,7 @@ RESOURCES = {
     "endpointslices": (GROUP_PATH, "EndpointSlice", "discovery.k8s.io/v1"),
     "pods": ("/api/v1", "Pod", "v1"),
     "configmaps": ("/api/v1", "ConfigMap", "v1"),  # the shared admin-drain record (written too)
+    "leases": ("/apis/coordination.k8s.io/v1", "Lease", "coordination.k8s.io/v1"),  # leader election
     "inferencepools": (
         "/apis/inference.networking.k8s.io/v1",
         "InferencePool",

@@ -79,6 +79,7 @@ class Cand:
     address: str
     in_flight: int = 0
     load: LoadSample | None = None
+    peer_in_flight: int = 0
     learned_slots: int = 0
     arrivals: int = 0
     departures: int = 0

@@ -9,6 +9,7 @@ from picker.scheduling import pick
 class Cand:
     address: str
     in_flight: int
+    peer_in_flight: int = 0
 
 
 def test_least_in_flight_first_then_fallbacks_in_order() -> None:

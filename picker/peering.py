@@ -1,0 +1,308 @@
+"""Several pickers, one set of books: each request's end reaches the picker that routed it, and every
+picker counts the others' requests on each endpoint.
+
+Envoy picks a `picker` host for each ext_proc stream on its own (no ext_proc option pins a request's
+streams to one host: `GrpcService.EnvoyGrpc` has no hash policy, its `initial_metadata` is static),
+so a request's observer stream, and its access-log entry, often reach a picker other than the one
+that routed it. The routing picker's request id names it (`<name>~<id>`, `name` the address its
+peers reach it at). What a peer tells it, over the channel between pickers (picker/peers.py):
+- to the request's owner, from the picker its observer stream came to: `claim` (an observer
+  joined), `started` (status, who served, streaming), `first` (the first byte), `alive` (a stream
+  still flowing, at most every few seconds, so the owner's stall sweep holds), `ended` (the body's
+  summary: how it ended, tokens, usage), and from the picker its access-log entry came to: `log`;
+- to every peer, from the owner: `pick` / `move` (the endpoint a request is on) and `end`: each
+  picker adds the others' requests to each endpoint's load (`Endpoint.peer_in_flight`), so load
+  spreads as with one picker. A peer whose channel breaks leaves its requests behind as *orphans*:
+  they still count on their endpoints (their streams run on, whatever happened to the picker) until
+  their end is seen here, the peer resends its books, or the endpoint's engine gauges show it no
+  longer runs them (`settle_orphans`, after each scrape): never counted for ever, never dropped early.
+The observer side keeps a *shadow* record per foreign request (its tracker parses the stream as for
+a request of its own) and reports the events; the owner applies them to its own record, so drain
+records, truncation counts and end reasons stay exact. Plain synchronous code on the picker's loop:
+the transport (grpc) calls `apply` with what arrives and drains `Outbox` for what leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from picker.pool import EndpointState, Pool
+from picker.streams import Attempts, RequestRecord, ResponseTracker
+
+log = logging.getLogger(__name__)
+
+SEPARATOR = "~"  # in a request id: <owner>~<hex>
+ALIVE_EVERY_S = 5.0  # a foreign stream's heartbeat to its owner (its stall sweep reads it)
+BOOKKEEPING = frozenset({"pick", "move", "end"})  # broadcast; resent whole on every reconnect
+_MAX_QUEUED = 50_000  # events held for a peer that does not take them; the oldest go beyond
+
+Event = list[Any]  # msgpack-able: [kind, request_id, ...]
+
+
+def owner_of(request_id: str) -> str | None:
+    """The picker a request id names as its router, or None (an id without one: a single picker)."""
+    owner, separator, _ = request_id.partition(SEPARATOR)
+    return owner if separator else None
+
+
+@dataclass
+class Outbox:
+    """What leaves for each peer, drained by the transport (one batch per peer per loop turn)."""
+
+    pending: dict[str, list[Event]] = field(default_factory=lambda: defaultdict(list))
+    # the transport's: something is waiting to go (urgent: books, which load spreading reads at once;
+    # else a report, which may wait a few milliseconds to share a message with others)
+    wake: Callable[[bool], None] = lambda urgent: None
+    dropped: int = 0  # events a peer never took (it stayed away); its books are resent on reconnect
+
+    def to(self, peer: str, event: Event) -> None:
+        queued = self.pending[peer]
+        queued.append(event)
+        if len(queued) > _MAX_QUEUED:
+            half = len(queued) // 2
+            self.dropped += half
+            del queued[:half]
+        self.wake(event[0] in BOOKKEEPING)
+
+    def take(self, peer: str) -> list[Event]:
+        return self.pending.pop(peer, [])
+
+
+class Peering:
+    """This picker's side of the shared books (see the module docstring)."""
+
+    def __init__(
+        self, name: str, members: Sequence[str], pool: Pool, clock: Callable[[], float] = time.monotonic
+    ):
+        self.name = name
+        self.peers = tuple(m for m in members if m != name)
+        self.outbox = Outbox()
+        self._pool = pool
+        self._clock = clock
+        self._shadows: dict[str, RequestRecord] = {}  # foreign requests whose observer is here
+        self._alive_at: dict[str, float] = {}
+        # per peer: its requests in flight and where (it adds to those endpoints' loads)
+        self._books: dict[str, dict[str, str]] = {peer: {} for peer in self.peers}
+        self._orphans: dict[str, str] = {}  # request -> endpoint: a broken-off peer's, still counted
+        self.connected: set[str] = set()  # peers the transport's links reach now
+        self.observers = 0  # foreign requests whose observer stream came here
+        self.forwarded = 0  # events sent to an owner
+        self.applied = 0  # events from peers applied to a record of this picker
+        self.unknown = 0  # events about a request this picker does not have (ended, or never routed)
+
+    @property
+    def dropped(self) -> int:
+        return self.outbox.dropped
+
+    # --- this picker routes -------------------------------------------------------------------------
+
+    def new_id(self, local: str) -> str:
+        return f"{self.name}{SEPARATOR}{local}"
+
+    def placed(self, record: RequestRecord, address: str, moved: bool = False) -> None:
+        """A request of this picker is on `address` (picked, or moved there by Envoy's fallback)."""
+        event: Event = ["move" if moved else "pick", record.request_id, address]
+        for peer in self.peers:
+            self.outbox.to(peer, event)
+
+    def ended(self, record: RequestRecord) -> None:
+        for peer in self.peers:
+            self.outbox.to(peer, ["end", record.request_id])
+
+    # --- another picker routed it: this picker sees its observer stream or its access-log entry ------
+
+    def shadow(self, request_id: str) -> RequestRecord | None:
+        """A record to track a foreign request's response here, or None (no such peer)."""
+        owner = owner_of(request_id)
+        if owner is None or owner == self.name or owner not in self._books:
+            return None
+        record = RequestRecord(request_id=request_id, admitted_at=self._clock(), owner=owner)
+        record.observed = True
+        self._shadows[request_id] = record
+        self.observers += 1
+        self.outbox.to(owner, ["claim", request_id])
+        return record
+
+    def started(self, record: RequestRecord, status: int, served: str | None, streaming: bool | None) -> None:
+        record.status = status
+        record.response_started_at = self._clock()
+        record.tracker = ResponseTracker(streaming=bool(streaming))
+        self._report(record, ["started", record.request_id, status, served, streaming])
+
+    def chunk(self, record: RequestRecord, chunk: bytes) -> None:
+        tracker = record.tracker
+        if tracker is None:
+            return
+        first = tracker.first_byte_at is None
+        now = self._clock()
+        tracker.feed(chunk, now)
+        if first and tracker.first_byte_at is not None:
+            self._alive_at[record.request_id] = now
+            self._report(record, ["first", record.request_id])
+        elif now - self._alive_at.get(record.request_id, now) >= ALIVE_EVERY_S:
+            self._alive_at[record.request_id] = now
+            self._report(record, ["alive", record.request_id])
+
+    def observer_ended(self, record: RequestRecord, end_of_stream: bool) -> None:
+        tracker = record.tracker
+        if tracker is not None:
+            tracker.end()
+        self._report(record, ["ended", record.request_id, end_of_stream, _summary(tracker)])
+        # this picker saw it end first: its endpoint's load drops now, not when the owner's `end`
+        # comes back (a request picked here meanwhile would otherwise see the replica still busy)
+        assert record.owner is not None
+        self.book(record.owner, ["end", record.request_id])
+        self._shadows.pop(record.request_id, None)
+        self._alive_at.pop(record.request_id, None)
+
+    def logged(self, request_id: str, attempts: Attempts) -> bool:
+        """A foreign request's access-log entry: True when it was forwarded to its owner."""
+        owner = owner_of(request_id)
+        if owner is None or owner == self.name or owner not in self._books:
+            return False
+        entry = [
+            "log",
+            request_id,
+            attempts.count,
+            sorted(attempts.flags),
+            attempts.status,
+            attempts.upstream,
+        ]
+        self.outbox.to(owner, entry)
+        self.forwarded += 1
+        return True
+
+    def _report(self, record: RequestRecord, event: Event) -> None:
+        assert record.owner is not None
+        self.outbox.to(record.owner, event)
+        self.forwarded += 1
+
+    # --- what peers said -------------------------------------------------------------------------
+
+    @property
+    def orphans(self) -> int:
+        return len(self._orphans)
+
+    def set_members(self, members: Sequence[str]) -> tuple[list[str], list[str]]:
+        """The pickers are now `members` (peer discovery re-resolved): (added, removed). A removed
+        peer's requests become orphans; a peer that writes before it is discovered is booked anyway."""
+        wanted = tuple(dict.fromkeys(m for m in members if m != self.name))
+        added = [m for m in wanted if m not in self.peers]
+        removed = [m for m in self.peers if m not in wanted]
+        for peer in removed:
+            self.peer_gone(peer)
+            self._books.pop(peer, None)
+            self.outbox.pending.pop(peer, None)
+            self.connected.discard(peer)
+        for peer in added:
+            self._books.setdefault(peer, {})
+        self.peers = wanted
+        return added, removed
+
+    def peer_gone(self, peer: str) -> None:
+        """A peer's channel broke: its requests become orphans (still counted where they run)."""
+        book = self._books.get(peer)
+        if not book:
+            return
+        self._orphans.update(book)
+        book.clear()
+
+    def settle_orphans(self) -> None:
+        """Forget the orphans each endpoint's engine no longer runs (after a scrape; see the module).
+
+        What the pickers count on an endpoint beyond the engine's running + waiting gauges, less the
+        requests sent since the scrape began, has ended: that many of its orphans go (a gone endpoint's
+        all go). Only orphans: this picker's own and connected peers' requests are exact.
+        """
+        if not self._orphans:
+            return
+        where: dict[str, list[str]] = defaultdict(list)
+        for request_id, address in self._orphans.items():
+            where[address].append(request_id)
+        for address, request_ids in where.items():
+            endpoint = self._pool.get(address)
+            if endpoint is None or endpoint.state is EndpointState.GONE:
+                excess = len(request_ids)
+            elif endpoint.load is None:
+                continue
+            else:
+                load = endpoint.load
+                unseen = endpoint.arrivals - load.arrivals_before
+                counted = endpoint.in_flight + endpoint.peer_in_flight
+                excess = counted - int(load.running + load.waiting) - unseen
+            for request_id in request_ids[: max(0, excess)]:
+                del self._orphans[request_id]
+                self._add(address, -1)
+
+    def book(self, peer: str, event: Event) -> bool:
+        """`pick` / `move` / `end` from `peer`; False when the event is not a bookkeeping one."""
+        kind, request_id = event[0], event[1]
+        if kind not in BOOKKEEPING:
+            return False
+        orphaned = self._orphans.pop(request_id, None)  # its owner is back, or its end was seen here
+        if orphaned is not None:
+            self._add(orphaned, -1)
+        book = self._books.setdefault(peer, {})  # a peer not discovered yet still counts
+        if kind in ("pick", "move"):
+            previous = book.get(request_id)
+            if previous is not None:
+                self._add(previous, -1)
+            book[request_id] = event[2]
+            self._add(event[2], 1)
+        else:
+            previous = book.pop(request_id, None)
+            if previous is not None:
+                self._add(previous, -1)
+        return True
+
+    def _add(self, address: str, delta: int) -> None:
+        endpoint = self._pool.get(address)
+        if endpoint is None:
+            return
+        endpoint.peer_in_flight = max(0, endpoint.peer_in_flight + delta)
+        if delta > 0:
+            endpoint.arrivals += 1
+        else:
+            endpoint.departures += 1
+
+
+def _summary(tracker: ResponseTracker | None) -> dict[str, Any] | None:
+    """What the owner needs of a stream to settle it as if it had seen it (classify.from_body)."""
+    if tracker is None:
+        return None
+    return {
+        "streaming": tracker.streaming,
+        "first": tracker.first_byte_at is not None,
+        "done": tracker.done,
+        "finish": tracker.finish_reason,
+        "error": tracker.error_event,
+        "chunks": tracker.token_chunks,
+        "tokens": tracker.usage_completion_tokens,
+        "prompt": tracker.usage_prompt_tokens,
+        "cached": tracker.usage_cached_tokens,
+    }
+
+
+def apply_summary(tracker: ResponseTracker, summary: dict[str, Any], now: float) -> None:
+    """The owner's side of `_summary`: its tracker as the peer's saw the stream."""
+    if summary.get("first") and tracker.first_byte_at is None:
+        tracker.first_byte_at = now
+    tracker.done = bool(summary.get("done"))
+    finish = summary.get("finish")
+    tracker.finish_reason = finish if isinstance(finish, str) else None
+    tracker.error_event = bool(summary.get("error"))
+    chunks = summary.get("chunks")
+    tracker.token_chunks = chunks if isinstance(chunks, int) else tracker.token_chunks
+    for attribute, key in (
+        ("usage_completion_tokens", "tokens"),
+        ("usage_prompt_tokens", "prompt"),
+        ("usage_cached_tokens", "cached"),
+    ):
+        value = summary.get(key)
+        if isinstance(value, int):
+            setattr(tracker, attribute, value)

@@ -1,0 +1,56 @@
+"""The kgateway shape (response headers SKIP, no observer, no access log to the picker): Envoy keeps the
+routing stream open through the response and closes it at the response's end, so that close is the
+request's end, and on every picker whichever routed it (issue 23). Checked against the simulator's
+log of when it sent the last byte, through a drain record's time to zero."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loadtest.stack import Stack, StackOptions
+from loadtest.traffic import completion_body, stream_one
+
+pytestmark = pytest.mark.envoy
+
+
+async def test_the_request_ends_when_its_response_ends_not_a_grace_later(tmp_path: Path) -> None:
+    options = StackOptions(
+        replicas=1, shape="kgateway", envoy_picker_tls=False, sim_args=("--ttft-ms", "5", "--itl-ms", "20")
+    )
+    stack = Stack(tmp_path, options).start()
+    try:
+        (replica,) = stack.replicas
+        admin = f"http://127.0.0.1:{stack.metrics_port}"
+        async with httpx.AsyncClient(timeout=30) as http:
+            flowing = asyncio.Event()
+            stream = asyncio.create_task(
+                stream_one(
+                    http, stack.url, completion_body(60), {"x-request-id": "kg-1"}, first_event=flowing
+                )
+            )
+            await asyncio.wait_for(flowing.wait(), 10)
+            (await http.post(f"{admin}/admin/endpoints/{replica}/drain")).raise_for_status()
+            result = await asyncio.wait_for(stream, 30)
+            assert result.ok
+            deadline = time.monotonic() + 10
+            while True:  # the record's time to zero, once the request has ended (bounded poll)
+                drains = (await http.get(f"{admin}/admin/drains")).json()["drains"]
+                if (drains and drains[0]["time_to_zero_s"] is not None) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.02)
+        (drain,) = drains
+        zero_wall = drain["started_wall"] + drain["time_to_zero_s"]
+        (entry,) = [e for e in stack.sim_requests(replica) if e["request_id"] == "kg-1"]
+        lag = zero_wall - entry["end"]
+        assert -0.05 < lag < 0.1, (lag, drain, entry)  # the replica's last byte, not 2 s after it
+        assert stack.picker_value("picker_request_ends_total", reason="client-disconnect") == 0
+        assert (
+            stack.picker_value("picker_request_ends_total", reason="unobserved") == 1
+        )  # honest: how, unseen
+    finally:
+        stack.stop()

@@ -1,0 +1,182 @@
+"""Two pickers, one set of books (issue 23), in process: each request's end reaches the picker that
+routed it, whichever saw its response, and each picker counts the other's requests on every endpoint."""
+
+from __future__ import annotations
+
+from picker.inference import InferenceRequest
+from picker.peering import Peering, owner_of
+from picker.pipeline import RequestPath
+from picker.pool import EndpointState, Pool
+from picker.pool.load import LoadSample
+from picker.streams import Attempts, EndReason
+from picker.telemetry import Metrics
+
+E1, E2 = "10.0.0.1:8000", "10.0.0.2:8000"
+A, B = "10.1.0.1:9004", "10.1.0.2:9004"
+REQUEST = InferenceRequest(method="POST", path="/v1/completions", model="m", stream=True)
+TOKEN = b'data: {"choices":[{"text":" t","finish_reason":null}]}\n\n'
+LAST = b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'
+
+
+class Picker:
+    def __init__(self, name: str) -> None:
+        self.pool = Pool()
+        self.pool.apply(ready=[E1, E2])
+        self.metrics = Metrics()
+        self.metrics.register_pool(self.pool)
+        self.peering = Peering(name, [A, B], self.pool)
+        self.path = RequestPath(
+            self.pool,
+            self.metrics,
+            fallback_count=0,
+            schedule=lambda d, f: lambda: None,
+            peering=self.peering,
+        )
+
+
+def deliver(*pickers: Picker) -> None:
+    """Carry every queued event to its peer, until nothing is left (the transport's job)."""
+    by_name = {p.peering.name: p for p in pickers}
+    moved = True
+    while moved:
+        moved = False
+        for sender in pickers:
+            for name, receiver in by_name.items():
+                for event in sender.peering.outbox.take(name):
+                    moved = True
+                    if not receiver.peering.book(sender.peering.name, event):
+                        receiver.path.peer_event(event, sender.peering.name)
+
+
+def test_a_response_seen_by_the_other_picker_ends_on_the_router() -> None:
+    a, b = Picker(A), Picker(B)
+    record = a.path.admit(REQUEST).payload
+    assert owner_of(record.request_id) == A
+    deliver(a, b)
+    endpoint = record.picked[0]
+    assert b.pool.get(endpoint).peer_in_flight == 1  # type: ignore[union-attr]
+    shadow = b.path.attach_observer(record.request_id)  # Envoy sent the observer stream to B
+    assert shadow is not None and shadow.owner == A
+    b.path.response_started(shadow, 200, endpoint, True)
+    b.path.body_chunk(shadow, TOKEN)
+    deliver(a, b)
+    assert record.observed and record.response_started_at is not None
+    assert record.tracker is not None and record.tracker.first_byte_at is not None
+    b.path.body_chunk(shadow, TOKEN)
+    b.path.body_chunk(shadow, LAST)
+    b.path.observer_ended(shadow, True)
+    deliver(a, b)
+    assert record.end_reason is EndReason.COMPLETED
+    assert a.pool.in_flight() == 0 and b.pool.get(endpoint).peer_in_flight == 0  # type: ignore[union-attr]
+    assert a.metrics.registry.get_sample_value("picker_request_ends_total", {"reason": "completed"}) == 1
+    assert b.metrics.registry.get_sample_value("picker_observer_unmatched_total") in (None, 0.0)
+
+
+def test_a_cut_stream_is_settled_by_the_access_log_forwarded_to_the_router() -> None:
+    a, b = Picker(A), Picker(B)
+    record = a.path.admit(REQUEST).payload
+    deliver(a, b)
+    shadow = b.path.attach_observer(record.request_id)
+    assert shadow is not None
+    b.path.response_started(shadow, 200, record.picked[0], True)
+    b.path.body_chunk(shadow, TOKEN)
+    b.path.observer_ended(shadow, False)  # cut short: the body cannot say who cut it
+    b.path.access_logged(
+        record.request_id, Attempts(flags=frozenset({"downstream_remote_reset"}), status=200)
+    )
+    deliver(a, b)
+    assert record.end_reason is EndReason.CLIENT_DISCONNECT
+
+
+def test_each_picker_counts_the_others_requests_so_load_spreads() -> None:
+    a, b = Picker(A), Picker(B)
+    placed = []
+    for turn in range(8):  # the two pickers take turns, as Envoy spreads streams over them
+        picker = a if turn % 2 == 0 else b
+        placed.append(picker.path.admit(REQUEST).payload.picked[0])
+        deliver(a, b)
+    assert placed.count(E1) == placed.count(E2) == 4  # with only its own counts each would pile up
+    assert a.pool.get(E1).in_flight + a.pool.get(E1).peer_in_flight == 4  # type: ignore[union-attr]
+
+
+def peer_counts(picker: Picker) -> int:
+    return sum(e.peer_in_flight for e in picker.pool.endpoints())
+
+
+def test_a_dead_peers_requests_count_until_their_engine_no_longer_runs_them() -> None:
+    """A picker SIGKILLed leaves its streams running: the survivor keeps them on the books (orphans)
+    until the engine's gauges show them gone; never dropped early, never counted for ever."""
+    a, b = Picker(A), Picker(B)
+    first, second = (a.path.admit(REQUEST).payload for _ in range(2))
+    deliver(a, b)
+    assert peer_counts(b) == 2
+    b.peering.peer_gone(A)
+    assert peer_counts(b) == 2 and b.peering.orphans == 2  # still streaming on the replicas
+    endpoint = b.pool.get(first.picked[0])
+    assert endpoint is not None
+    b.path.capacity_changed()  # no scrape yet: nothing to settle against
+    assert b.peering.orphans == 2
+    running = 1 if first.picked[0] == second.picked[0] else 0  # one of them ended
+    endpoint.load = LoadSample(running, 0, 0.0, at=0.0, arrivals_before=endpoint.arrivals, departures_after=0)
+    b.path.capacity_changed()
+    assert endpoint.peer_in_flight == running and b.peering.orphans == 1
+    other = b.pool.get(second.picked[0])
+    assert other is not None
+    other.load = LoadSample(0, 0, 0.0, at=0.0, arrivals_before=other.arrivals, departures_after=0)
+    b.path.capacity_changed()
+    assert peer_counts(b) == 0 and b.peering.orphans == 0  # not leaked
+
+
+def test_an_orphan_goes_when_its_end_is_seen_or_its_owner_resends_its_books() -> None:
+    a, b = Picker(A), Picker(B)
+    seen, resent = (a.path.admit(REQUEST).payload for _ in range(2))
+    deliver(a, b)
+    shadow = b.path.attach_observer(seen.request_id)
+    assert shadow is not None
+    b.peering.peer_gone(A)
+    b.path.response_started(shadow, 200, seen.picked[0], True)
+    b.path.body_chunk(shadow, LAST)
+    b.path.observer_ended(shadow, True)
+    assert b.peering.orphans == 1 and peer_counts(b) == 1
+    b.peering.book(A, ["pick", resent.request_id, resent.picked[0]])  # A's link back: its books first
+    assert b.peering.orphans == 0 and peer_counts(b) == 1
+
+
+def test_requests_of_no_known_peer_are_unmatched_as_before() -> None:
+    b = Picker(B)
+    assert b.path.attach_observer("10.9.9.9:9004~deadbeef") is None
+    assert b.path.attach_observer("plainid") is None
+    assert b.metrics.registry.get_sample_value("picker_observer_unmatched_total") == 2
+
+
+def test_drain_records_of_the_router_count_what_it_routed_wherever_it_was_observed() -> None:
+    a, b = Picker(A), Picker(B)
+    record = a.path.admit(REQUEST).payload
+    endpoint = record.picked[0]
+    deliver(a, b)
+    a.pool.set_state(endpoint, EndpointState.DRAINING)
+    shadow = b.path.attach_observer(record.request_id)
+    assert shadow is not None
+    b.path.response_started(shadow, 200, endpoint, True)
+    b.path.body_chunk(shadow, LAST)
+    b.path.observer_ended(shadow, True)
+    deliver(a, b)
+    drain = a.pool.get(endpoint).drain  # type: ignore[union-attr]
+    assert drain is not None and drain.in_flight_at_start == 1 and drain.ends
+    assert sum(drain.ends.values()) == 1 and drain.picks_after_start == 0
+
+
+def test_a_request_whose_observer_was_on_a_dead_peer_is_settled_by_its_engine() -> None:
+    a, b = Picker(A), Picker(B)
+    record = a.path.admit(REQUEST).payload
+    deliver(a, b)
+    assert b.path.attach_observer(record.request_id) is not None
+    deliver(a, b)
+    assert record.observed_by == B
+    a.path.peer_gone(B)  # B SIGKILLed: nobody will report this stream's end
+    assert not record.ended and record.engine_tracked
+    endpoint = a.pool.get(record.picked[0])
+    assert endpoint is not None
+    endpoint.load = LoadSample(0, 0, 0.0, at=1e9, arrivals_before=endpoint.arrivals, departures_after=0)
+    a.path.capacity_changed()  # the engine runs nothing: it ended
+    assert record.end_reason is EndReason.UNOBSERVED and a.pool.in_flight() == 0
