@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-real-vllm clean
+.PHONY: demo test test-fast lint docs docs-build real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-real-vllm clean
 
 # xds-protos ships an old copy of the OpenTelemetry protos in the same files as opentelemetry-proto;
 # whichever pip installs last wins. The OTLP exporter (--tracing) needs opentelemetry-proto's, so it goes last.
@@ -34,6 +34,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
 
+# The documentation site (docs/, mkdocs.yml): served with live reload; the reference pages are
+# generated from the code first (`python -m picker.reference_pages`).
+docs: $(STAMP)
+	$(BIN)/python -m picker.reference_pages
+	$(BIN)/mkdocs serve
+
+docs-build: $(STAMP)
+	$(BIN)/python -m picker.reference_pages
+	$(BIN)/mkdocs build --strict
+
 # A real vLLM (CPU build) and a tiny random local model, for the realvllm test tier.
 real-vllm: $(STAMP)
 	bash loadtest/realvllm/install.sh
@@ -49,6 +59,8 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_ngf
 	$(BIN)/python -m loadtest.bench_prefix
 	$(BIN)/python -m loadtest.bench_affinity
+	$(BIN)/python -m loadtest.bench_ha
+	$(BIN)/python -m loadtest.bench_peers
 	@test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
 	VLLM_ROUTER=$(CURDIR)/.venv-router/bin/vllm-router $(BIN)/python -m loadtest.bench_proxy
 
@@ -66,12 +78,12 @@ bench-realvllm: $(STAMP) real-vllm
 # A rolling update under streaming load, without and with the picker (README, "Rollouts"): prints
 # both tables and the drains' scorecard, and redraws the README's timeline picture.
 rollout: $(STAMP)
-	$(BIN)/python -m loadtest.rollout --png loadtest/rollout/rollout-timeline.png
+	$(BIN)/python -m loadtest.rollout --png docs/img/rollout-timeline.png
 
 # The same rolling update of real vLLM CPU servers (`make real-vllm`: the tiny model; 2 replicas, a low
 # rate, short streams; a vLLM starts in ~25 s idle, ~2 min under load: ~10 min): README, "Rollouts".
 rollout-real-vllm: $(STAMP) real-vllm
-	$(BIN)/python -m loadtest.rollout --real-vllm --png loadtest/rollout/rollout-timeline-real-vllm.png
+	$(BIN)/python -m loadtest.rollout --real-vllm --png docs/img/rollout-timeline-real-vllm.png
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -48,7 +48,7 @@ SETUPS: dict[str, tuple[str, ...] | None] = {
     "noscrape": ("--no-scrape",),
     "noflow": ("--waiting-threshold", "1000000000"),
     # scraping 5x less often: does a scrape of the vLLM API server (whose event loop also sends every
-    # token) cost TTFT? Within the noise on this box (README, "Benchmarks", real vLLM)
+    # token) cost TTFT? Within the noise on this box (docs, "Benchmarks", real vLLM)
     "scrape500": ("--scrape-interval", "0.5"),
 }
 ITL_BOUND_S = 0.05  # a stream's read deadline: max_tokens at 20 tokens/s, plus rawclient's 30 s

@@ -229,10 +229,10 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--session-header", help="header naming a session (e.g. x-session-id): sticky")
     parser.add_argument(
-        "--peers", help="every picker's peer address, host:port,host:port: one set of books (README)"
+        "--peers", help="every picker's peer address, host:port,host:port: one set of books (docs)"
     )
     parser.add_argument(
-        "--peers-service", help="or the pickers by DNS: a headless Service's host:port, re-resolved (README)"
+        "--peers-service", help="or the pickers by DNS: a headless Service's host:port, re-resolved (docs)"
     )
     parser.add_argument("--peer-port", type=int, help="where this picker serves its peers (9004)")
     parser.add_argument("--peer-advertise", help="this picker's own peer address (default $POD_IP:port)")
@@ -339,7 +339,7 @@ def _add_envoy_config_flags(parser: argparse.ArgumentParser) -> None:
         "--lean",
         action="store_true",
         help="no observer filter: Envoy's access log (flushed every 10 ms) ends each request, so chunks "
-        "cost the picker nothing; loses token counts, TTFT/ITL and silent-abort detection (README). "
+        "cost the picker nothing; loses token counts, TTFT/ITL and silent-abort detection (docs). "
         "Run the picker with --response-end access-log",
     )
 
@@ -418,10 +418,8 @@ def _run_proxy(args: argparse.Namespace) -> None:
         raise SystemExit(2) from exc
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["drain-wait"]:  # before argparse: a preStop hook exits 0 even on bad flags
-        raise SystemExit(drain_wait.main(argv[1:], prog="picker drain-wait", started=_STARTED))
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and flag (the documentation's CLI page is generated from it)."""
     from picker.drain import check as drain_check
     from picker.drain import scorecard as drain_scorecard
 
@@ -450,7 +448,17 @@ def main(argv: list[str] | None = None) -> None:
     _add_envoy_config_flags(
         commands.add_parser("envoy-config", help="print config/envoy.yaml filled in for these ports")
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["drain-wait"]:  # before argparse: a preStop hook exits 0 even on bad flags
+        raise SystemExit(drain_wait.main(argv[1:], prog="picker drain-wait", started=_STARTED))
+    from picker.drain import check as drain_check
+    from picker.drain import scorecard as drain_scorecard
+
+    args = build_parser().parse_args(argv)
 
     match args.command:
         case "serve":

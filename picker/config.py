@@ -416,7 +416,7 @@ class ShutdownConfig(_Group):
 
 
 class AffinityConfig(_Group):
-    """Cache-aware routing (README, "Cache-aware routing"): prefix, LoRA and session affinity."""
+    """Cache-aware routing (docs, "Cache-aware routing"): prefix, LoRA and session affinity."""
 
     prefix: Literal["off", "approximate", "precise"] = Field(
         "approximate",
@@ -465,7 +465,7 @@ class AffinityConfig(_Group):
 
 
 class PeersConfig(_Group):
-    """Several pickers with one set of books (README, "Two pickers"): each request's end reaches the
+    """Several pickers with one set of books (docs, "Two pickers"): each request's end reaches the
     picker that routed it, and each counts the others' requests on every endpoint."""
 
     members: tuple[str, ...] = Field(

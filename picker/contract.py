@@ -1,7 +1,7 @@
 """The status contract: what every non-dispatched outcome looks like on the wire.
 
 The only module that holds status codes, reason strings, retryability and Retry-After values, so
-client and gateway retry policies can be written against one table (README, "Status contract").
+client and gateway retry policies can be written against one table (docs, "Status contract").
 Reason strings are the llm-d router's, so policies written for it carry over.
 """
 

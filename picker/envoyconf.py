@@ -58,11 +58,11 @@ class EnvoyParams:
     eds: bool = True
     # Gateway shapes only (the shipped template has no such placeholders):
     route_timeout: str = "0s"  # what the HTTPRoute's timeouts.request would set
-    # False: the lean shape (README, "Benchmarks"): no observer filter; Envoy's gRPC access log
+    # False: the lean shape (docs, "Benchmarks"): no observer filter; Envoy's gRPC access log
     # ends each request, so chunks cost the picker nothing (set access_log_flush_interval ~0.01s).
     observer: bool = True
     # The routing filter's response_body_mode: NONE (shipped: an observer sees bodies), or STREAMED /
-    # FULL_DUPLEX_STREAMED, where the routing stream tracks the body itself (README, "Stream tracking").
+    # FULL_DUPLEX_STREAMED, where the routing stream tracks the body itself (docs, "Stream tracking").
     routing_response_body: str = "NONE"
 
 

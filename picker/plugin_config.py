@@ -23,7 +23,7 @@ API_VERSIONS = ("llm-d.ai/v1alpha1", "inference.networking.x-k8s.io/v1alpha1")
 KIND = "EndpointPickerConfig"
 DEFAULT_WEIGHT = 1.0
 
-# What this picker's scheduling does, by the reference's plugin type (README, "Cache-aware routing").
+# What this picker's scheduling does, by the reference's plugin type (docs, "Cache-aware routing").
 APPLIED: Mapping[str, str] = {
     "queue-scorer": "affinity.load_weight (with the KV-cache scorer's weight)",
     "kv-cache-utilization-scorer": "affinity.load_weight (with the queue scorer's weight)",

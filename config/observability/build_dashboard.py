@@ -157,7 +157,7 @@ def build() -> dashboard.Dashboard:
         .with_panel(
             series(
                 "Drains closed, by exit",
-                "gone: the endpoint left; ready: it was undrained; others: see the README's drain records.",
+                "gone: the endpoint left; ready: it was undrained; others: see the docs' drain records.",
                 "short",
                 query(f"sum by (exit) (increase(picker_drains_closed_total[{RATE}]))", "{{exit}}"),
             )

@@ -208,7 +208,7 @@ def _check_routing_filter(
     request_body = str(mode.get("request_body_mode", "NONE"))
     # The picker decides on the body in BUFFERED and BUFFERED_PARTIAL (the body comes before the
     # headers answer is due) and FULL_DUPLEX_STREAMED (it holds that answer until the body's end);
-    # NONE and STREAMED are decided on the headers alone (README, "Routing in every ext_proc shape").
+    # NONE and STREAMED are decided on the headers alone (docs, "Routing in every ext_proc shape").
     sees_body = request_body in _HOLDING_BODY_MODES
     if not sees_body:
         report.add(

@@ -239,7 +239,7 @@ _CATALOGUE = (
         "Envoy spreads a request's ext_proc streams over the picker replicas on its own, so without "
         "--peers-service / --peers (one set of books) or --ha-enable-leader-election (one active) each "
         "replica sees the end of only some of its requests: in-flight counts, load spread and drain "
-        'records hold for a fraction of the traffic (README, "Two pickers").',
+        'records hold for a fraction of the traffic (docs, "Two pickers").',
     ),
     Rule(
         "ROUTE-001",

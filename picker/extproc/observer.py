@@ -4,7 +4,7 @@ An observer configured without streamed response bodies (`response_body_mode: NO
 stream's protocol_config) costs nothing per chunk: the request's end comes from Envoy's access log
 (or, without one, the engine's gauges), not from this stream. It loses what only the
 body tells: token counts, TTFT and inter-token histograms, error events and vLLM's silent
-`finish_reason: "abort"` truncation (README, "Benchmarks").
+`finish_reason: "abort"` truncation (docs, "Benchmarks").
 """
 
 from __future__ import annotations

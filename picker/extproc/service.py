@@ -250,7 +250,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 self._response_end is ResponseEnd.AUTO and self.path.access_log_seen
             ):
                 # No observer filter, but Envoy's access log reports every request's end (and who
-                # cut it): the lean shape, no per-chunk cost (README, "Benchmarks").
+                # cut it): the lean shape, no per-chunk cost (docs, "Benchmarks").
                 self.path.await_access_log(record)
                 return
             # No filter will see this response end: the engine's own gauges say when it did.

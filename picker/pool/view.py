@@ -1,6 +1,6 @@
 """The pool: the desired endpoint set from a source, reconciled with what is still in flight.
 
-State rules (README "Endpoint states"): a source states the whole desired set, each listed address
+State rules (docs "Endpoint states"): a source states the whole desired set, each listed address
 READY, DRAINING or NOT_READY; an address it no longer lists becomes GONE and is forgotten once its
 last in-flight request ends. An admin drain holds an endpoint the source calls READY in DRAINING
 until it is undrained or the source stops listing it. Entering DRAINING opens a drain record

@@ -4,7 +4,7 @@ An attempt that fails to connect, is reset before its response headers, or is re
 draining vLLM's 500) moves to the next endpoint of the picker's ordered list. Once a response is
 handed back nothing here retries: the caller streams it, and the request body can be dropped.
 
-aiohttp's client, not httpx's: measured on this path (README, "Without Envoy"), httpcore's pool
+aiohttp's client, not httpx's: measured on this path (docs, "Without Envoy"), httpcore's pool
 checks every pooled connection on every request (a poll() each), which cost ~2 ms per request at 32
 concurrent streams; aiohttp's pool hands a connection over in O(1).
 """
