@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint docs docs-build real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-real-vllm clean
+.PHONY: demo test test-fast lint docs docs-build promtool real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-real-vllm clean
 
 # xds-protos ships an old copy of the OpenTelemetry protos in the same files as opentelemetry-proto;
 # whichever pip installs last wins. The OTLP exporter (--tracing) needs opentelemetry-proto's, so it goes last.
@@ -21,8 +21,15 @@ demo: $(STAMP)
 	$(BIN)/picker demo --proxy
 
 # The whole suite, the real-vLLM tier included (it installs vLLM's CPU build on first use).
-test: $(STAMP) real-vllm
+test: $(STAMP) real-vllm promtool
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# promtool checks the shipped alert rules (tests/observability). Installed from Debian's prometheus
+# package when missing and this is root (as CI); otherwise those two checks skip, saying why.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
+	  echo "promtool did not install: the alert-rule checks will skip"
 
 # Everything but the real-vLLM tier.
 test-fast: $(STAMP)

@@ -3,6 +3,8 @@ then flags by picker/config_sources.py).
 
 Every default lives here. Invalid values are errors that name the field (e.g. `server.grpc_port`);
 nothing falls back silently, and nothing here exits the process (only `cli.py` does).
+Longer than 400 lines on purpose: one file is the one place for every setting and its default (the
+documentation's configuration page is generated from it, group by group, in this order).
 """
 
 from __future__ import annotations

@@ -81,9 +81,50 @@ def admin_app(
     replica's pool only. `propagate`: awaited after a change, before the answer, which carries what
     it returns (`picker serve`: the EDS push and Envoy's ACK, so the answer means Envoy holds it).
     """
-    store: DrainStore = drains if drains is not None else LocalDrains(pool)
+    admin = _Admin(
+        pool, metrics, token, drains if drains is not None else LocalDrains(pool), propagate, pool_drains
+    )
+    app = web.Application(middlewares=[_json_errors])
+    app.router.add_get("/metrics", admin.metrics_page)
+    app.router.add_get("/admin/endpoints", admin.endpoints)
+    app.router.add_get("/admin/drains", admin.drains)
+    app.router.add_get("/admin/endpoints/{address}", admin.one_endpoint)
+    app.router.add_post("/admin/endpoints/{address}/drain", admin.change(admin.store.drain, "drain"))
+    app.router.add_post("/admin/endpoints/{address}/undrain", admin.change(admin.store.undrain, "undrain"))
+    return app
 
-    def refusal(request: web.Request) -> web.Response | None:
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error is the admin API's JSON error, never aiohttp's HTML page or a traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.text if exc.status == 400 else exc.reason)
+    except Exception:
+        log.exception("admin request failed path=%s", request.path)
+        return _error(500, "internal error")
+
+
+class _Admin:
+    """The routes of `admin_app`, over one pool."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        metrics: Metrics,
+        token: str | None,
+        store: DrainStore,
+        propagate: Propagate | None,
+        pool_drains: Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]] | None,
+    ) -> None:
+        self.pool, self.metrics, self.token, self.store = pool, metrics, token, store
+        self.propagate, self.pool_drains = propagate, pool_drains
+
+    def refusal(self, request: web.Request) -> web.Response | None:
+        token = self.token
         if token is not None:
             scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
@@ -96,16 +137,18 @@ def admin_app(
             )
         return _error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
 
+    @staticmethod
     def address_of(request: web.Request) -> str:
         try:
             return canonical_address(request.match_info["address"])
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
 
-    async def metrics_page(_: web.Request) -> web.Response:
-        return web.Response(body=metrics.exposition(), headers={"content-type": CONTENT_TYPE_LATEST})
+    async def metrics_page(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), headers={"content-type": CONTENT_TYPE_LATEST})
 
-    async def endpoints(_: web.Request) -> web.Response:
+    async def endpoints(self, _: web.Request) -> web.Response:
+        pool = self.pool
         now = pool.now()
         return web.json_response(
             {
@@ -115,10 +158,11 @@ def admin_app(
             }
         )
 
-    async def drains(request: web.Request) -> web.Response:
+    async def drains(self, request: web.Request) -> web.Response:
         """Every drain still open (newest first), then the recently closed ones: the scorecard's input.
 
         `?scope=pool`, with peers: the records of every picker, merged (`pool_drains`)."""
+        pool = self.pool
         now = pool.now()
         open_records = sorted(
             (e.drain for e in pool.endpoints() if e.drain is not None),
@@ -126,24 +170,24 @@ def admin_app(
             reverse=True,
         )
         own = [r.summary(now) for r in [*open_records, *pool.recent_drains()]]
-        if request.query.get("scope") == "pool" and pool_drains is not None:
-            return web.json_response({"drains": await pool_drains(own), "scope": "pool"})
+        if request.query.get("scope") == "pool" and self.pool_drains is not None:
+            return web.json_response({"drains": await self.pool_drains(own), "scope": "pool"})
         return web.json_response({"drains": own})
 
-    async def one_endpoint(request: web.Request) -> web.Response:
-        address = address_of(request)
-        endpoint = pool.get(address)
+    async def one_endpoint(self, request: web.Request) -> web.Response:
+        address = self.address_of(request)
+        endpoint = self.pool.get(address)
         if endpoint is None:
             return _error(404, f"no endpoint {address}")
-        return web.json_response({"endpoint": describe(pool, endpoint)})
+        return web.json_response({"endpoint": describe(self.pool, endpoint)})
 
-    def change(action: Callable[[str], Awaitable[Endpoint]], verb: str) -> Handler:
+    def change(self, action: Callable[[str], Awaitable[Endpoint]], verb: str) -> Handler:
         async def handler(request: web.Request) -> web.Response:
-            refused = refusal(request)
+            refused = self.refusal(request)
             if refused is not None:
                 log.warning("admin %s refused peer=%s status=%d", verb, request.remote, refused.status)
                 return refused
-            address = address_of(request)
+            address = self.address_of(request)
             try:
                 endpoint = await action(address)
             except UnknownEndpoint:
@@ -152,37 +196,16 @@ def admin_app(
                 return _error(409, str(exc))
             except DrainRecordUnavailable as exc:
                 return _error(503, str(exc), {"Retry-After": "1"})
-            reached = await propagate() if propagate is not None else {}
+            reached = await self.propagate() if self.propagate is not None else {}
             log.info(
                 "admin %s address=%s peer=%s state=%s shared=%s%s",
                 verb,
                 address,
                 request.remote,
                 endpoint.state.value,
-                str(store.shared).lower(),
+                str(self.store.shared).lower(),
                 "".join(f" {key}={value}" for key, value in reached.items()),
             )
-            return web.json_response({"endpoint": describe(pool, endpoint), **reached})
+            return web.json_response({"endpoint": describe(self.pool, endpoint), **reached})
 
         return handler
-
-    @web.middleware
-    async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            return _error(exc.status, exc.text if exc.status == 400 else exc.reason)
-        except Exception:
-            log.exception("admin request failed path=%s", request.path)
-            return _error(500, "internal error")
-
-    app = web.Application(middlewares=[json_errors])
-    app.router.add_get("/metrics", metrics_page)
-    app.router.add_get("/admin/endpoints", endpoints)
-    app.router.add_get("/admin/drains", drains)
-    app.router.add_get("/admin/endpoints/{address}", one_endpoint)
-    app.router.add_post("/admin/endpoints/{address}/drain", change(store.drain, "drain"))
-    app.router.add_post("/admin/endpoints/{address}/undrain", change(store.undrain, "undrain"))
-    return app

@@ -15,10 +15,6 @@ from picker.config import PickerConfig
 _PORT_FIELDS = ("grpc_port", "health_port", "metrics_port")
 
 
-class StartupProblem(Exception):
-    """A reason the picker cannot start, already worded as the one line the operator reads."""
-
-
 def cannot_listen(config: PickerConfig) -> str | None:
     """Why the servers could not bind, naming the field, or None. Checked before anything starts.
 
@@ -56,6 +52,7 @@ def cannot_listen(config: PickerConfig) -> str | None:
 async def serve_or_reason(config: PickerConfig) -> str | None:
     """Run the picker; a server that still fails to bind (a race with the check) is one line too."""
     from picker.app import serve
+    from picker.wiring import StartupProblem
 
     try:
         await serve(config)

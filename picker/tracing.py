@@ -12,7 +12,7 @@ The routed request carries `traceparent` naming the root span, so the replica's 
 `--otlp-traces-endpoint`) hang under the picker's. No prompt text is ever an attribute.
 
 The request path calls `RequestTrace` methods at its own transitions (picker/pipeline.py); with
-tracing off it holds no trace and calls nothing. Which exporter runs is the wiring's (picker/app.py).
+tracing off it holds no trace and calls nothing. Which exporter runs is the wiring's (picker/wiring.py).
 """
 
 from __future__ import annotations

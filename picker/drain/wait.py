@@ -27,6 +27,9 @@ engine restarted: it counts as activity.
 Standard library only, no import from `picker`: the file runs alone inside a model-server image
 (`python3 wait.py --metrics-url ...`; Python 3.9+). The decision logic is `DrainWait`, a pure state
 machine fed (time, sample); `run()` is the thin loop that feeds it from a clock and /metrics.
+
+Longer than 400 lines on purpose: standard library only and one file, so it can be copied into a
+model-server image alone (picker/drain/README.md).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from typing import Any
 
 from aiohttp import web
 
-from picker.app import build_core, run_until_signalled, spawn_owned
 from picker.config import PickerConfig
 from picker.contract import Outcome, reply_for
 from picker.http_admin import admin_app
@@ -24,6 +23,7 @@ from picker.proxy.h2c import H2Protocol, ProtocolSniffer
 from picker.proxy.server import ProxyFrontend
 from picker.proxy.upstream import Upstream
 from picker.shutdown import Shutdown, ShutdownSummary
+from picker.wiring import build_core, run_until_signalled, spawn_owned
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream request is noise

@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 import pytest
 
 from loadtest.procs import async_wait_until
-from picker.cli import _SERVE_FLAGS, _add_serve_flags, _overrides
 from picker.config import ConfigError
 from picker.config_sources import load_config
 from picker.pool import EndpointState, Pool
+from picker.serve_flags import SERVE_FLAGS, add_serve_flags, overrides
 from picker.sources.kube import ApiFailure
 from picker.sources.kube_pool import PoolSource
 from tests.kube.conftest import PoolSourceFactory, WatcherFactory
@@ -216,9 +216,9 @@ async def test_forbidden_pods_say_which_rbac_rule_is_missing(
 
 def test_pool_flags_reach_the_config() -> None:
     parser = argparse.ArgumentParser()
-    _add_serve_flags(parser)
+    add_serve_flags(parser)
     args = parser.parse_args(["--pool-name", "vllm-llama", "--pool-namespace", "models", "--no-objectives"])
-    config = load_config(overrides=_overrides(args, _SERVE_FLAGS))
+    config = load_config(overrides=overrides(args, SERVE_FLAGS))
     assert (config.kube.pool_name, config.kube.namespace, config.kube.objectives) == (
         "vllm-llama",
         "models",

@@ -6,10 +6,11 @@ import pytest
 
 from picker.contract import Outcome
 from picker.inference import InferenceRequest
-from picker.pipeline import RequestPath, drain_end
+from picker.pipeline import RequestPath
 from picker.pool import DrainEnd, EndpointState, Pool
 from picker.streams import EndReason
 from picker.telemetry import Metrics
+from picker.tracking import drain_end
 
 EXPECTED = {
     EndReason.COMPLETED: DrainEnd.COMPLETED,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from picker.cli import _SERVE_FLAGS, _add_serve_flags, _overrides
 from picker.config import ConfigError, canonical_address
 from picker.config_sources import load_config
+from picker.serve_flags import SERVE_FLAGS, add_serve_flags, overrides
 
 
 def test_defaults() -> None:
@@ -23,7 +23,7 @@ def test_defaults() -> None:
 
 def test_flags_reach_the_right_fields(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
-    _add_serve_flags(parser)
+    add_serve_flags(parser)
     kubeconfig = tmp_path / "kc"
     args = parser.parse_args(
         [
@@ -39,7 +39,7 @@ def test_flags_reach_the_right_fields(tmp_path: Path) -> None:
             "a-long-enough-token-123",
         ]
     )
-    config = load_config(overrides=_overrides(args, _SERVE_FLAGS))
+    config = load_config(overrides=overrides(args, SERVE_FLAGS))
     assert config.kube.selector == "kubernetes.io/service-name=vllm" and config.kube.namespace == "models"
     assert config.kube.target_port == "8000" and config.kube.kubeconfig == kubeconfig
     assert (
@@ -50,7 +50,7 @@ def test_flags_reach_the_right_fields(tmp_path: Path) -> None:
         ["--endpoints-file", "/etc/picker/endpoints.yaml", "--kube-label-selector", "a=b"]
     )
     with pytest.raises(ConfigError, match=r"pool\.endpoints_file, kube\.label_selector"):
-        load_config(overrides=_overrides(args, _SERVE_FLAGS))
+        load_config(overrides=overrides(args, SERVE_FLAGS))
 
 
 def test_yaml_target_port_may_be_a_number(tmp_path: Path) -> None:

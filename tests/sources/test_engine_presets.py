@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from picker.cli import _SERVE_FLAGS, _add_serve_flags, _overrides
 from picker.config import ConfigError, LoadConfig
 from picker.config_sources import load_config
 from picker.pool import Pool
+from picker.serve_flags import SERVE_FLAGS, add_serve_flags, overrides
 from picker.sources.scraper import Scraper
 from picker.sources.vllm_metrics import (
     SGLANG,
@@ -87,7 +87,7 @@ def test_bad_load_settings_are_errors_naming_the_field(fields: dict[str, object]
 
 def test_reference_picker_flags_reach_the_load_fields() -> None:
     parser = argparse.ArgumentParser()
-    _add_serve_flags(parser)
+    add_serve_flags(parser)
     args = parser.parse_args(
         [
             "--model-server-engine",
@@ -102,7 +102,7 @@ def test_reference_picker_flags_reach_the_load_fields() -> None:
             "my:queue",
         ]
     )
-    load = load_config(overrides=_overrides(args, _SERVE_FLAGS)).load
+    load = load_config(overrides=overrides(args, SERVE_FLAGS)).load
     assert (load.engine, load.metrics_port, load.metrics_path, load.metrics_scheme) == (
         "sglang",
         9090,

@@ -140,9 +140,9 @@ def test_a_config_this_picker_cannot_use_is_an_error_naming_what(text: str, name
 
 
 def test_our_flags_win_over_the_reference_ones() -> None:
-    from picker.cli import _add_serve_flags
+    from picker.serve_flags import add_serve_flags
 
     parser = argparse.ArgumentParser()
-    _add_serve_flags(parser)
+    add_serve_flags(parser)
     config = _load(parser.parse_args(["--grpc-health-port", "9013", "--health-port", "9023"]))
     assert config.server.health_port == 9023

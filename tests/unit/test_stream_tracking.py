@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from picker.pipeline import drain_end
 from picker.pool import DrainEnd
 from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
+from picker.tracking import drain_end
 
 
 def chunk(text: str = "tok", finish: str | None = None) -> bytes:

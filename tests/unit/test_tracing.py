@@ -120,9 +120,8 @@ def test_an_otlp_exporter_that_cannot_load_is_one_line_at_start(monkeypatch) -> 
 
     import pytest
 
-    from picker.app import start_tracing
     from picker.config import PickerConfig, TracingConfig
-    from picker.startup import StartupProblem
+    from picker.wiring import StartupProblem, start_tracing
 
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.grpc.trace_exporter", None)
     config = PickerConfig(tracing=TracingConfig(enabled=True, exporter="otlp"))

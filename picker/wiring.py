@@ -1,0 +1,366 @@
+"""What every frontend shares, wired once: the pool and its sources, metrics, the request path, the
+scraper, peers, tracing and the shared admin drains (`Core`, `build_core`). `picker serve`
+(picker/app.py) and `picker proxy` (picker/proxy/app.py) each add their servers around it, so the
+two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from pydantic import ValidationError
+
+from picker.config import ConfigError, PickerConfig, canonical_address, format_address
+from picker.config_sources import read_plugin_config
+from picker.flow import FlowLimits
+from picker.peering import Peering
+from picker.pipeline import RequestPath
+from picker.plugin_config import affinity_settings
+from picker.pool import Pool
+from picker.pool.drain import merge_summaries
+from picker.pool.health import SuspectPolicy
+from picker.scheduling import LoadPolicy
+from picker.sources.drain_store import DrainStore, EndpointsFileDrains
+from picker.sources.endpoints import EndpointSources
+from picker.sources.scraper import Scraper
+from picker.telemetry import Metrics
+from picker.tracing import Tracing
+
+if TYPE_CHECKING:
+    from picker.peers import PeerService
+    from picker.shutdown import ShutdownSummary
+    from picker.sources.kube_drains_api import LightkubeDrainRecordApi
+    from picker.sources.kv_events import KvEvents
+    from picker.sources.tokenizer import EngineTokenizer
+
+log = logging.getLogger(__name__)
+
+
+class StartupProblem(Exception):
+    """A reason the picker cannot start, already worded as the one line the operator reads."""
+
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]  # a frontend's way to run a background task
+
+
+def spawn_owned(tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None], name: str) -> None:
+    """Run `coro` as a task owned by `tasks` (the frontend cancels them at stop); log an unexpected death."""
+    task = asyncio.create_task(coro, name=name)
+    tasks.add(task)
+
+    def done(finished: asyncio.Task[None]) -> None:
+        tasks.discard(finished)
+        if not finished.cancelled() and finished.exception() is not None:
+            log.error("background task %s died", name, exc_info=finished.exception())
+
+    task.add_done_callback(done)
+
+
+@dataclass
+class Core:
+    """What every frontend shares: the pool and its sources, metrics, the request path, the scraper,
+    the shared admin drains and readiness that follows the sources. Wired once, here, so `picker
+    serve` and `picker proxy` cannot drift apart."""
+
+    pool: Pool
+    metrics: Metrics
+    sources: EndpointSources
+    path: RequestPath
+    scraper: Scraper | None
+    config: PickerConfig
+    drain_api: LightkubeDrainRecordApi | None = None  # kube.drains_configmap, once opened
+    tracing: Tracing | None = None
+    kv_events: KvEvents | None = None  # affinity.prefix precise: the engines' KV events
+    tokenizer: EngineTokenizer | None = None  # ... and their /tokenize
+    peer_server: asyncio.Server | None = None  # peers.members: the channel between pickers
+    peer_service: PeerService | None = None
+
+    def start_background(self, spawn: Spawn) -> None:
+        """The core's own loops (scraper, KV events, stall sweep), run by the frontend's `spawn`."""
+        if self.scraper is not None:
+            spawn(self.scraper.run(), "scraper")
+        if self.kv_events is not None:
+            spawn(self.kv_events.run(), "kv-events")
+        if self.path.peering is not None:
+            from picker.peers import PeerLinks
+
+            token, peers = self.config.admin.token, self.config.peers
+            links = PeerLinks(
+                self.path.peering,
+                self.path,
+                token.get_secret_value() if token else None,
+                service=peers.service,
+                every_s=peers.resolve_interval_s,
+            )
+            spawn(links.run(), "peer-links")
+        spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
+
+    def open_drains(self, spawn: Spawn) -> DrainStore | None:
+        """Where admin drains are recorded so every picker replica applies them (drain_store.py):
+        the ConfigMap named by kube.drains_configmap (its watch run by `spawn`), or the endpoints
+        file when it is the source; None: this replica's pool only."""
+        kube = self.config.kube
+        if kube.drains_configmap is not None:
+            from picker.sources.kube import WatchSettings
+            from picker.sources.kube_api import load_kubeconfig
+            from picker.sources.kube_drains import ConfigMapDrains
+            from picker.sources.kube_drains_api import LightkubeDrainRecordApi
+
+            api = LightkubeDrainRecordApi(
+                load_kubeconfig(kube.kubeconfig),
+                kube.drains_configmap,
+                namespace=kube.namespace,
+                request_timeout_s=kube.request_timeout_s,
+                read_timeout_s=kube.inactivity_deadline_s + kube.request_timeout_s,
+            )
+            settings = WatchSettings(
+                watch_timeout_s=kube.watch_timeout_s,
+                inactivity_deadline_s=kube.inactivity_deadline_s,
+                backoff_initial_s=kube.backoff_initial_s,
+                backoff_max_s=kube.backoff_max_s,
+            )
+            store = ConfigMapDrains(api, self.pool, settings)
+            self.drain_api = api
+            spawn(store.watch.run(), "drain-record")
+            return store
+        if self.sources.file is not None:
+            return EndpointsFileDrains(self.sources.file, self.pool)
+        return None
+
+    def follow_sources(self, listener: Callable[[str | None], None]) -> None:
+        """`listener(problem)` now if the endpoint source already has a problem, then on every change
+        (a string: the source cannot be trusted, so not ready; None: ready again)."""
+        self.sources.on_problem(listener)
+        if self.sources.problem is not None:
+            listener(self.sources.problem)
+
+    async def start_peers(self) -> int | None:
+        """Serve this picker's peers (peers.members set); the port, or None when alone."""
+        peering = self.path.peering
+        if peering is None:
+            return None
+        from picker.peers import PeerService, peer_server
+
+        token = self.config.admin.token
+        service = PeerService(
+            peering, self.path, token.get_secret_value() if token else None, self.drain_summaries
+        )
+        self.peer_service = service
+        self.peer_server, port = await peer_server(
+            service, self.config.server.bind_address, self.config.peers.port
+        )
+        log.info("peers name=%s members=%s port=%d", peering.name, ",".join(peering.peers), port)
+        return port
+
+    async def pool_drains(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Every picker's drain records merged: what the pool's drains were (`picker scorecard`)."""
+        from picker.peers import peer_drains
+
+        peering = self.path.peering
+        token = self.config.admin.token
+        secret = token.get_secret_value() if token else None
+        theirs = (
+            await asyncio.gather(*(peer_drains(p, peering.name, secret) for p in peering.peers))
+            if peering
+            else []
+        )
+        return merge_summaries([own, *theirs])
+
+    def drain_summaries(self) -> list[dict[str, Any]]:
+        """Every open drain record, newest first, then the recently closed ones (the scorecard's input)."""
+        pool, now = self.pool, self.pool.now()
+        open_records = sorted(
+            (e.drain for e in pool.endpoints() if e.drain is not None),
+            key=lambda r: r.started_at,
+            reverse=True,
+        )
+        return [r.summary(now) for r in [*open_records, *pool.recent_drains()]]
+
+    async def aclose(self) -> None:
+        """Close what the core opened (after the frontend cancelled its background tasks)."""
+        if self.peer_server is not None:
+            self.peer_server.close()
+            if self.peer_service is not None:
+                await self.peer_service.close()  # its connections: a server's close leaves them open
+            await self.peer_server.wait_closed()
+        if self.tracing is not None:
+            # the batch of spans still buffered goes out now (bounded: the exporter's own timeout)
+            await asyncio.to_thread(self.tracing.provider.shutdown)
+        if self.scraper is not None:
+            await self.scraper.close()
+        if self.tokenizer is not None:
+            await self.tokenizer.aclose()
+        await self.sources.aclose()
+        if self.drain_api is not None:
+            await self.drain_api.aclose()
+
+
+def build_core(config: PickerConfig) -> Core:
+    """The planes of one picker from its config; `picker serve` and `picker proxy` both start here.
+
+    ConfigError when the reference picker's plugin configuration cannot be used."""
+    plugins = read_plugin_config(config.scheduling)
+    if plugins is not None:
+        for note in plugins.notes:
+            log.info("%s", note)
+        try:
+            affinity = config.affinity.model_validate(
+                {**config.affinity.model_dump(), **affinity_settings(plugins)}
+            )
+        except ValidationError as exc:
+            raise ConfigError(f"{config.scheduling.config_file or 'scheduling.config_text'}: {exc}") from exc
+        config = config.model_copy(update={"affinity": affinity})
+        log.info("plugin configuration: affinity %s", affinity.model_dump(exclude_defaults=True))
+    pool = Pool()
+    scheduling = config.scheduling
+    pool.health.policy = SuspectPolicy(
+        scheduling.suspect_after_failures, scheduling.suspect_backoff_s, scheduling.suspect_max_backoff_s
+    )
+    pool.failed_window_s = scheduling.failed_before_drain_window_s
+    metrics = Metrics()
+    metrics.register_pool(pool)
+    sources = EndpointSources(config, pool, metrics)
+    load = config.load
+    policy = LoadPolicy(
+        use_metrics=load.scrape,
+        staleness_s=load.staleness_s,
+        waiting_threshold=load.waiting_threshold,
+        kv_threshold=load.kv_threshold,
+        engine_slots=load.engine_slots,
+        weight_load=load.weight_load,
+        weight_waiting=load.weight_waiting,
+        weight_kv=load.weight_kv,
+    )
+    flow = config.flow
+    tracing = start_tracing(config)
+    path = RequestPath(
+        pool,
+        metrics,
+        fallback_count=config.scheduling.fallback_count,
+        load_policy=policy,
+        flow_limits=FlowLimits(
+            max_queued=flow.max_queued, max_queued_bytes=flow.max_queued_bytes, ttl_s=flow.ttl_s
+        ),
+        reject_without_endpoints=flow.reject_without_endpoints,
+        access_log_grace_s=config.streams.access_log_grace_s,
+        stall_after_s=config.streams.stall_after_s,
+        cut_after_silence_s=config.streams.cut_after_silence_s,
+        engine_gauges=load.scrape,
+        tracing=tracing,
+        affinity=config.affinity,
+        peering=peering_of(config, pool),
+    )
+    path.objectives = sources.objectives
+    if path.peering is not None:
+        metrics.register_peers(path.peering)
+    pool.on_change(path.capacity_changed)
+    scraper = (
+        Scraper(pool, load, on_round=path.capacity_changed, on_failure=metrics.count_scrape_failure)
+        if load.scrape
+        else None
+    )
+    core = Core(pool, metrics, sources, path, scraper, config, tracing=tracing)
+    if config.affinity.prefix == "precise":
+        from picker.sources.kv_events import KvEvents
+        from picker.sources.tokenizer import EngineTokenizer
+
+        core.kv_events = KvEvents(pool, config.affinity)
+        core.tokenizer = path.tokenizer = EngineTokenizer(pool, config.affinity.tokenize_timeout_s)
+    return core
+
+
+def peering_of(config: PickerConfig, pool: Pool) -> Peering | None:
+    """This picker among `peers.members` (None: it is alone). Its name is its own peer address."""
+    peers = config.peers
+    if not peers.members and peers.service is None:
+        return None
+    import os
+
+    name = peers.advertise or format_address(
+        os.environ.get("POD_IP") or config.server.bind_address, peers.port
+    )
+    name = canonical_address(name)
+    if peers.service is None and len(peers.members) == 1 and peers.members[0] == name:
+        return None
+    return Peering(name, peers.members, pool)
+
+
+def start_tracing(config: PickerConfig) -> Tracing | None:
+    """The trace pipeline when `tracing.enabled`: the OpenTelemetry SDK, spans batched to OTLP/gRPC
+    (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_TRACES_SAMPLER, OTEL_SERVICE_NAME: the standard environment)
+    or to stdout. The pod's name ($POD_NAME, as the reference chart sets it) names the instance."""
+    if not config.tracing.enabled:
+        return None
+    import os
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+    attributes: dict[str, str] = {"service.name": os.environ.get("OTEL_SERVICE_NAME", "inference-picker")}
+    if os.environ.get("POD_NAME"):
+        attributes["service.instance.id"] = os.environ["POD_NAME"]
+    provider = TracerProvider(resource=Resource.create(attributes))
+    exporter: SpanExporter
+    if config.tracing.exporter == "console":
+        exporter = ConsoleSpanExporter()
+    else:
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:  # xds-protos' older copy of the OTel protos installed over the newer
+            raise StartupProblem(
+                f"tracing.exporter: otlp cannot load ({exc}); reinstall opentelemetry-proto "
+                "after xds-protos (`pip install --no-deps --force-reinstall opentelemetry-proto==<version>`)"
+            ) from exc
+        exporter = OTLPSpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    log.info("tracing on exporter=%s", config.tracing.exporter)
+    return Tracing(provider)
+
+
+async def sweep_stalls(path: RequestPath, stall_after_s: float) -> None:
+    """Forever: mark (and end, when their endpoint is gone) streams silent past the stall bound.
+
+    Supervised: a sweep that raises is logged and the next one runs (one bad record must not stop
+    the sweep for good, which would leave every later stall uncounted)."""
+    interval = max(0.05, stall_after_s / 4)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            path.sweep_stalls()
+        except Exception:
+            log.exception("stall sweep failed; the next one runs in %.2f s", interval)
+
+
+class Serving(Protocol):
+    """What `run_until_signalled` needs of a frontend: start, then a phased shutdown."""
+
+    async def start(self) -> Any: ...
+
+    async def shutdown(self, force: asyncio.Event) -> ShutdownSummary: ...
+
+
+async def run_until_signalled(app: Serving, ready_line: Callable[[Any], str]) -> None:
+    """Start `app`, print `ready_line(ports)`, run until SIGTERM or SIGINT, then shut down in phases;
+    a second signal skips to the end of the shutdown. Both `picker serve` and `picker proxy` run here."""
+    stop, force = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            log.warning("second signal: skipping to the end of the shutdown")
+            force.set()
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    ports = await app.start()
+    print(ready_line(ports), flush=True)
+    await stop.wait()
+    summary = await app.shutdown(force)
+    print(summary.line(), flush=True)
