@@ -273,6 +273,12 @@ class SchedulingConfig(_Group):
         10.0, gt=0, description="a drain record counts the endpoint's failures this long before it opened"
     )
 
+    by_model: bool = Field(
+        False,
+        description="only to endpoints whose /v1/models lists the request's model (or adapter) with a "
+        "context window its prompt + max_tokens fits; none: the contract's 404 / 400 (--route-by-model)",
+    )
+    models_interval_s: float = Field(30.0, gt=0, description="with by_model: how often /v1/models is re-read")
     # The reference picker's plugin configuration (an EndpointPickerConfig: `--config-file` /
     # `--config-text`, as its Helm chart passes it); read at start by picker/plugin_config.py.
     config_file: Path | None = Field(None, description="EndpointPickerConfig file (--config-file)")

@@ -24,6 +24,10 @@ class Outcome(enum.Enum):
     REJECTED_NO_ENDPOINTS = "rejected-no-endpoints"
     REJECTED_SHUTTING_DOWN = "rejected-shutting-down"
     REJECTED_CONTEXT_CANCELLED = "rejected-context-cancelled"
+    # scheduling.by_model: no endpoint serves the request's model (or adapter), or none has a
+    # context window its prompt + max_tokens fits (rather than a replica's 404 or 400)
+    REJECTED_MODEL_NOT_SERVED = "rejected-model-not-served"
+    REJECTED_CONTEXT_TOO_LONG = "rejected-context-too-long"
     BAD_REQUEST = "bad-request"
     TOO_LARGE = "too-large"
     INTERNAL_ERROR = "internal-error"
@@ -115,6 +119,19 @@ def reply_for(outcome: Outcome, message: str = "") -> Reply:
                 None,
                 "client_closed_request",
                 message or "the client went away while the request was queued",
+            )
+        case Outcome.REJECTED_MODEL_NOT_SERVED:
+            return Reply(
+                outcome, 404, False, None, "not_found_error", message or "no model server serves this model"
+            )
+        case Outcome.REJECTED_CONTEXT_TOO_LONG:
+            return Reply(
+                outcome,
+                400,
+                False,
+                None,
+                "invalid_request_error",
+                message or "the prompt plus max_tokens fits no model server's context window",
             )
         case Outcome.BAD_REQUEST:
             return Reply(outcome, 400, False, None, "invalid_request_error", message or "bad request")

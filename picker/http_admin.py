@@ -60,6 +60,10 @@ def describe(pool: Pool, endpoint: Endpoint) -> dict[str, Any]:
         "for_s": round(now - endpoint.since, 3),
         "admin_drained": pool.admin_drained(endpoint.address),
         "drain": None if endpoint.drain is None else endpoint.drain.summary(now),
+        # scheduling.by_model: what its /v1/models says it serves (None: not read)
+        "served": None
+        if endpoint.served is None
+        else {"models": sorted(endpoint.served.models), "max_model_len": endpoint.served.max_model_len},
     }
 
 

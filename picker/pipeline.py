@@ -24,6 +24,7 @@ from picker.placement import Placement
 from picker.pool import EndpointState, Pool
 from picker.pool.sessions import Sessions
 from picker.scheduling import LoadPolicy, pick, without_metrics
+from picker.scheduling.fit import fits, need_of, refusal
 from picker.streams import EndReason, RequestRecord
 from picker.telemetry import Metrics
 from picker.tracing import Tracing
@@ -85,6 +86,7 @@ class RequestPath(ResponseSide):
         tracing: Tracing | None = None,
         affinity: AffinityConfig | None = None,
         peering: Peering | None = None,
+        by_model: bool = False,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
@@ -95,6 +97,7 @@ class RequestPath(ResponseSide):
         self._rng = rng or random.Random()
         # several pickers (picker/peering.py): ids name this picker, ends reach their owner
         self.peering = peering
+        self._by_model = by_model  # scheduling.by_model: model and window decide who may take it
         self._new_id = (lambda: peering.new_id(new_id())) if peering is not None else new_id
         self._schedule = schedule
         self._access_log_grace_s = access_log_grace_s
@@ -125,7 +128,7 @@ class RequestPath(ResponseSide):
             clock=clock,
             # a request limited to a subset (the data plane's hint) that finds no room says nothing
             # about the others: the queue looks past it rather than hold everyone behind it
-            restricted=lambda record: record.allowed is not None,
+            restricted=lambda record: record.allowed is not None or record.need is not None,
         )
         self.arrivals = 0
         self.last_arrival_at: float | None = None
@@ -191,6 +194,15 @@ class RequestPath(ResponseSide):
             )
         if self._reject_without_endpoints and not self._pool.ready() and not self.flow.closed:
             return self.flow.refuse(record, Outcome.REJECTED_NO_ENDPOINTS)
+        if self._by_model:
+            record.need = need_of(
+                request.model, request.prompt_chars, request.max_tokens, len(tokens) if tokens else None
+            )
+            never = refusal(
+                (e.served for e in self._pool.endpoints() if e.state is not EndpointState.GONE), record.need
+            )
+            if never is not None and not self.flow.closed:
+                return self.flow.refuse(record, never)
         ticket = self.flow.submit(record, flow=flow, priority=priority, size=request.body_bytes)
         if record.trace is not None and not ticket.done:
             record.trace.queued()
@@ -305,6 +317,9 @@ class RequestPath(ResponseSide):
         candidates = self._pool.ready()
         if record.allowed is not None:
             candidates = [endpoint for endpoint in candidates if endpoint.address in record.allowed]
+        if record.need is not None:
+            need = record.need
+            candidates = [endpoint for endpoint in candidates if fits(endpoint.served, need)]
         count = 1 + (self._fallback_count if record.fallbacks else 0)
         policy = self._policy
         if without_metrics(candidates, policy):

@@ -32,6 +32,7 @@ SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "cert_path": ("server", "cert_path"),
     "fallback_count": ("scheduling", "fallback_count"),
     "fallbacks": ("scheduling", "fallbacks"),
+    "route_by_model": ("scheduling", "by_model"),
     "max_body_bytes": ("requests", "max_body_bytes"),
     "enable_test_hooks": ("requests", "enable_test_hooks"),
     "response_end": ("streams", "response_end"),
@@ -148,6 +149,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "--fallbacks",
         choices=["auto", "always", "never"],
         help="list fallbacks after the primary: auto (override_host data planes, default), always, never",
+    )
+    parser.add_argument(
+        "--route-by-model",
+        action="store_const",
+        const=True,
+        help="only to endpoints whose /v1/models serves the request's model with a window it fits",
     )
     parser.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
     parser.add_argument(

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from picker.shutdown import ShutdownSummary
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
     from picker.sources.kv_events import KvEvents
+    from picker.sources.served_models import ModelCards
     from picker.sources.tokenizer import EngineTokenizer
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class Core:
     drain_api: LightkubeDrainRecordApi | None = None  # kube.drains_configmap, once opened
     tracing: Tracing | None = None
     kv_events: KvEvents | None = None  # affinity.prefix precise: the engines' KV events
+    model_cards: ModelCards | None = None  # scheduling.by_model: each endpoint's /v1/models
     tokenizer: EngineTokenizer | None = None  # ... and their /tokenize
     peer_server: asyncio.Server | None = None  # peers.members: the channel between pickers
     peer_service: PeerService | None = None
@@ -86,6 +88,13 @@ class Core:
             spawn(self.scraper.run(), "scraper")
         if self.kv_events is not None:
             spawn(self.kv_events.run(), "kv-events")
+        if self.config.scheduling.by_model:
+            from picker.sources.served_models import ModelCards
+
+            self.model_cards = ModelCards(
+                self.pool, self.config.scheduling.models_interval_s, on_change=self.path.capacity_changed
+            )
+            spawn(self.model_cards.run(), "model-cards")
         if self.path.peering is not None:
             from picker.peers import PeerLinks
 
@@ -183,6 +192,8 @@ class Core:
 
     async def aclose(self) -> None:
         """Close what the core opened (after the frontend cancelled its background tasks)."""
+        if self.model_cards is not None:
+            await self.model_cards.close()
         if self.peer_server is not None:
             self.peer_server.close()
             if self.peer_service is not None:
@@ -254,6 +265,7 @@ def build_core(config: PickerConfig) -> Core:
         tracing=tracing,
         affinity=config.affinity,
         peering=peering_of(config, pool),
+        by_model=config.scheduling.by_model,
     )
     path.objectives = sources.objectives
     if path.peering is not None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from picker.pool.cache import KvBlocks, PrefixIndex
 from picker.pool.drain import DrainRecord
 from picker.pool.load import LoadSample
+from picker.pool.served import Served
 
 
 class EndpointState(enum.Enum):
@@ -43,13 +44,15 @@ class Endpoint:
     # sustained imbalance, which breaks affinity, from the moment-to-moment swings, which must not
     load_avg: float = 0.0
     load_avg_at: float | None = None
-    pending_prefill: int = 0  # estimated uncached prompt tokens of requests not started yet
     # From the engine's /metrics (vllm:cache_config_info, vllm:lora_requests_info), when it has them.
     block_size: int | None = None
     num_blocks: int | None = None
     running_adapters: frozenset[str] = frozenset()
     waiting_adapters: frozenset[str] = frozenset()
     max_adapters: int | None = None
+    # From its model server's /v1/models (scheduling.by_model): the model names it answers to and
+    # its context window; None until read (such an endpoint may take any request).
+    served: Served | None = None
 
     @property
     def pickable(self) -> bool:

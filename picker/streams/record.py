@@ -9,6 +9,7 @@ from typing import Protocol
 
 from picker.pool import Lease
 from picker.pool.cache import CacheKeys
+from picker.pool.served import Need
 from picker.streams.tracker import ResponseTracker
 
 
@@ -79,6 +80,7 @@ class RequestRecord:
     # another picker routed it; this one only tracks its response for it (picker/peering.py)
     owner: str | None = None
     observed_by: str | None = None  # the peer its observer stream went to (it reports the end)
+    need: Need | None = None  # scheduling.by_model: only endpoints that serve this may take it
 
     @property
     def ended(self) -> bool:

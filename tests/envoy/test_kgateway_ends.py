@@ -47,7 +47,9 @@ async def test_the_request_ends_when_its_response_ends_not_a_grace_later(tmp_pat
         zero_wall = drain["started_wall"] + drain["time_to_zero_s"]
         (entry,) = [e for e in stack.sim_requests(replica) if e["request_id"] == "kg-1"]
         lag = zero_wall - entry["end"]
-        assert -0.05 < lag < 0.1, (lag, drain, entry)  # the replica's last byte, not 2 s after it
+        # the replica's last byte (measured within 0.1 s), not the 2 s timer after it; the bound leaves
+        # a busy machine a second
+        assert -0.05 < lag < 1.0, (lag, drain, entry)
         assert stack.picker_value("picker_request_ends_total", reason="client-disconnect") == 0
         assert (
             stack.picker_value("picker_request_ends_total", reason="unobserved") == 1
