@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint docs docs-build promtool real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-real-vllm clean
+.PHONY: demo test test-fast lint docs docs-build promtool real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-canary rollout-real-vllm clean
 
 # xds-protos ships an old copy of the OpenTelemetry protos in the same files as opentelemetry-proto;
 # whichever pip installs last wins. The OTLP exporter (--tracing) needs opentelemetry-proto's, so it goes last.
@@ -91,6 +91,11 @@ rollout: $(STAMP)
 # rate, short streams; a vLLM starts in ~25 s idle, ~2 min under load: ~10 min): README, "Rollouts".
 rollout-real-vllm: $(STAMP) real-vllm
 	$(BIN)/python -m loadtest.rollout --real-vllm --png docs/img/rollout-timeline-real-vllm.png
+
+# The canary picture (docs, "Canary and rollback"): a good candidate promoted step by step and a bad
+# one (3x the TTFT) rolled back, through `picker proxy` over simulators (~40 s).
+rollout-canary: $(STAMP)
+	$(BIN)/python -m loadtest.rollout.canary --png docs/img/rollout-canary.png
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -20,7 +20,6 @@ from picker.extproc.eds import EndpointDiscovery, EndpointPublisher, add_eds_to_
 from picker.extproc.server import HealthState, ext_proc_server, health_server
 from picker.extproc.service import ExtProcService, ResponseEnd
 from picker.extproc.tls import CertificateError, ServingCertificate
-from picker.http_admin import admin_app
 from picker.shutdown import Shutdown, ShutdownSummary
 from picker.wiring import build_core, run_until_signalled, spawn_owned
 
@@ -107,15 +106,7 @@ class PickerApp:
             self._spawn(self.eds_publisher.run(), "eds-publisher")
         await self._grpc.start()
         await self._health.start()
-        token = self.config.admin.token
-        admin = admin_app(
-            self.pool,
-            self.metrics,
-            token=token.get_secret_value() if token else None,
-            drains=self.core.open_drains(self._spawn),
-            propagate=self._propagate if self.config.eds.enabled else None,
-            pool_drains=self.core.pool_drains if self.path.peering is not None else None,
-        )
+        admin = self.core.admin(self._spawn, self._propagate if self.config.eds.enabled else None)
         self._http = web.AppRunner(admin, access_log=None)
         await self._http.setup()
         site = web.TCPSite(self._http, bind, server.metrics_port)

@@ -194,6 +194,7 @@ def _run_proxy(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and flag (the documentation's CLI page is generated from it)."""
+    from picker import rollout_cli
     from picker.drain import check as drain_check
     from picker.drain import scorecard as drain_scorecard
 
@@ -216,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     drain_scorecard.add_arguments(
         commands.add_parser("scorecard", help="how recent drains went (from a running picker's admin API)")
     )
+    rollout_cli.add_arguments(
+        commands.add_parser(
+            "rollout", help="a running picker's canary: status, promote, abort, resume, pause"
+        )
+    )
     drain_check.add_arguments(
         commands.add_parser("check", help="check drain timing budgets of manifests + Envoy")
     )
@@ -229,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["drain-wait"]:  # before argparse: a preStop hook exits 0 even on bad flags
         raise SystemExit(drain_wait.main(argv[1:], prog="picker drain-wait", started=_STARTED))
+    from picker import rollout_cli
     from picker.drain import check as drain_check
     from picker.drain import scorecard as drain_scorecard
 
@@ -264,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(drain_check.run(args))
         case "scorecard":
             raise SystemExit(drain_scorecard.main(args))
+        case "rollout":
+            raise SystemExit(rollout_cli.main(args))
         case "envoy-config":
             raise SystemExit(_envoy_config(args))
 

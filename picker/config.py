@@ -10,6 +10,7 @@ documentation's configuration page is generated from it, group by group, in this
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -235,6 +236,17 @@ class AdminConfig(_Group):
     """
 
     token: SecretStr | None = Field(None, description="bearer token for non-loopback callers (16+ chars)")
+    # The capacity guard (picker/scheduling/capacity.py): a drain whose endpoint's slots the
+    # remaining ready endpoints cannot replace under the live demand waits or is refused (409).
+    drain_guard: bool = Field(
+        True, description="refuse an admin drain that would leave less ready capacity than the demand"
+    )
+    drain_headroom: float = Field(
+        0.1, ge=0, le=10, description="the capacity guard wants demand x (1 + this) to stay ready"
+    )
+    drain_wait_max_s: float = Field(
+        300.0, ge=0, le=3600, description="longest `?wait=` a guarded drain may wait for a replacement"
+    )
 
     @field_validator("token")
     @classmethod
@@ -560,6 +572,47 @@ class ProxyConfig(_Group):
     max_connections: int = Field(1024, ge=1, description="pooled keep-alive connections to model servers")
 
 
+def steps_of(text: str | list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    """`5,25,50,100` (or a list) as steps: increasing weights 1-100, ending at 100."""
+    values = [int(v) for v in (text.split(",") if isinstance(text, str) else text)]
+    if not values or values[-1] != 100 or any(not 0 < v <= 100 for v in values):
+        raise ValueError("rollout steps: weights 1-100 ending at 100, e.g. 5,25,50,100")
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise ValueError("rollout steps must increase")
+    return tuple(values)
+
+
+class RolloutConfig(_Group):
+    """A canary (picker/rollout): endpoints whose `group_label` is `candidate` get `weight` % of new
+    requests, stepping through `steps` while the gates pass against the `stable` group; a failed
+    gate sets the weight to 0 and drains the candidate. Off until `candidate` is set."""
+
+    group_label: str = Field("app.kubernetes.io/version", description="the endpoint label naming its group")
+    stable: str | None = Field(None, description="the stable group's label value (informative)")
+    candidate: str | None = Field(None, description="the candidate group's label value; set: a canary runs")
+    steps: tuple[int, ...] = Field((5, 25, 50, 100), description="candidate weights (%), ending at 100")
+    step_interval_s: float = Field(60.0, gt=0, description="a step lasts at least this long")
+    step_min_requests: int = Field(0, ge=0, description="... and routes at least this many requests")
+    window_s: float = Field(30.0, gt=0, description="the gates judge the last this-many seconds")
+    tick_s: float = Field(1.0, gt=0, le=60, description="how often the gates are judged")
+    min_samples: int = Field(
+        20, ge=1, description="a gate waits until each group ended this many in the window"
+    )
+    cut_ratio: float = Field(2.0, gt=0, description="candidate truncation + cut rate over stable's: at most")
+    cut_floor: float = Field(0.02, ge=0, le=1, description="a cut rate at or below this always passes")
+    error_ratio: float = Field(2.0, gt=0, description="candidate 5xx-before-first-byte rate over stable's")
+    error_floor: float = Field(0.02, ge=0, le=1, description="a 5xx rate at or below this always passes")
+    ttft_ratio: float = Field(1.5, gt=0, description="candidate TTFT p95 over stable's: at most")
+    itl_ratio: float = Field(1.5, gt=0, description="candidate ITL p95 over stable's: at most")
+    latency_floor_s: float = Field(0.02, ge=0, description="a p95 this little above stable's always passes")
+    drain_on_rollback: bool = Field(True, description="a rollback drains the candidate's endpoints")
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _steps(cls, value: Any) -> Any:
+        return steps_of(value) if isinstance(value, str | list | tuple) else value
+
+
 class PickerConfig(BaseModel):
     """All of the picker's settings, grouped by plane. `load_config` builds it from file, env, flags."""
 
@@ -581,6 +634,7 @@ class PickerConfig(BaseModel):
     peers: PeersConfig = PeersConfig()
     leader: LeaderConfig = LeaderConfig()
     tracing: TracingConfig = TracingConfig()
+    rollout: RolloutConfig = RolloutConfig()
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line")
 

@@ -3,8 +3,13 @@
 - GET  /admin/endpoints                  every endpoint (state, in flight, since, drain record) and
                                          the recently closed drain records
 - GET  /admin/endpoints/<addr>           one endpoint
-- POST /admin/endpoints/<addr>/drain     no new work for it until undrain (a preStop hook, an operator)
+- POST /admin/endpoints/<addr>/drain     no new work for it until undrain (a preStop hook, an operator);
+                                         refused (409) when the ready capacity left could not carry the
+                                         live demand (the capacity guard), unless `?force=true`;
+                                         `?wait=S` waits up to S seconds for a replacement first
 - POST /admin/endpoints/<addr>/undrain   lift an admin drain
+- GET  /admin/rollout                    the canary: phase, weight, steps, gate readings, rollback
+- POST /admin/rollout/<verb>             promote | abort | resume | pause (same auth as drains)
 
 The port binds the configured address (0.0.0.0 in a pod, so Prometheus can scrape it), so the two
 POSTs are refused unless the peer is loopback or presents the configured bearer token (compared in
@@ -14,6 +19,7 @@ state conflict 409, not allowed 401/403.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import logging
@@ -25,6 +31,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from picker.config import canonical_address
 from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
+from picker.rollout_runner import COMMANDS, RolloutRunner
+from picker.scheduling.capacity import Verdict, demand, drain_verdict, ready_capacity
 from picker.sources.drain_store import DrainRecordUnavailable, DrainStore, LocalDrains
 from picker.telemetry import Metrics
 
@@ -70,6 +78,46 @@ def describe(pool: Pool, endpoint: Endpoint) -> dict[str, Any]:
 Propagate = Callable[[], Awaitable[dict[str, Any]]]
 
 
+class CapacityGuard:
+    """The capacity guard over the live pool and queue (picker/scheduling/capacity.py's rule), as the
+    drain route asks it; its figures feed `picker_ready_capacity` and `picker_demand`."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        queued: Callable[[], int],
+        engine_slots: int | None,
+        headroom: float,
+        wait_max_s: float,
+    ) -> None:
+        self.pool, self.queued = pool, queued
+        self.engine_slots, self.headroom, self.wait_max_s = engine_slots, headroom, wait_max_s
+        self._changed = asyncio.Event()
+        pool.on_change(self._changed.set)
+
+    def verdict(self, address: str) -> Verdict:
+        return drain_verdict(
+            self.pool.endpoints(),
+            address,
+            queued=self.queued(),
+            engine_slots=self.engine_slots,
+            headroom=self.headroom,
+        )
+
+    def figures(self) -> tuple[int | None, float]:
+        """(ready capacity, demand), for the metrics page."""
+        endpoints = self.pool.endpoints()
+        return ready_capacity(endpoints, self.engine_slots), demand(endpoints, self.queued())
+
+    async def changed(self, timeout_s: float) -> None:
+        """Returns after the pool's next change (a replacement ready, slots learned) or `timeout_s`."""
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+
 def admin_app(
     pool: Pool,
     metrics: Metrics,
@@ -78,16 +126,20 @@ def admin_app(
     drains: DrainStore | None = None,
     propagate: Propagate | None = None,
     pool_drains: Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]] | None = None,
+    guard: CapacityGuard | None = None,
+    rollout: RolloutRunner | None = None,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
     `drains`: where drain / undrain are recorded (picker/sources/drain_store.py); default: this
     replica's pool only. `propagate`: awaited after a change, before the answer, which carries what
     it returns (`picker serve`: the EDS push and Envoy's ACK, so the answer means Envoy holds it).
+    `guard`: the capacity guard a drain must pass (None: drains are not judged).
     """
     admin = _Admin(
         pool, metrics, token, drains if drains is not None else LocalDrains(pool), propagate, pool_drains
     )
+    admin.guard, admin.rollout = guard, rollout
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/metrics", admin.metrics_page)
     app.router.add_get("/admin/endpoints", admin.endpoints)
@@ -95,6 +147,8 @@ def admin_app(
     app.router.add_get("/admin/endpoints/{address}", admin.one_endpoint)
     app.router.add_post("/admin/endpoints/{address}/drain", admin.change(admin.store.drain, "drain"))
     app.router.add_post("/admin/endpoints/{address}/undrain", admin.change(admin.store.undrain, "undrain"))
+    app.router.add_get("/admin/rollout", admin.rollout_status)
+    app.router.add_post("/admin/rollout/{verb}", admin.rollout_command)
     return app
 
 
@@ -126,6 +180,8 @@ class _Admin:
     ) -> None:
         self.pool, self.metrics, self.token, self.store = pool, metrics, token, store
         self.propagate, self.pool_drains = propagate, pool_drains
+        self.guard: CapacityGuard | None = None
+        self.rollout: RolloutRunner | None = None
 
     def refusal(self, request: web.Request) -> web.Response | None:
         token = self.token
@@ -166,14 +222,7 @@ class _Admin:
         """Every drain still open (newest first), then the recently closed ones: the scorecard's input.
 
         `?scope=pool`, with peers: the records of every picker, merged (`pool_drains`)."""
-        pool = self.pool
-        now = pool.now()
-        open_records = sorted(
-            (e.drain for e in pool.endpoints() if e.drain is not None),
-            key=lambda r: r.started_at,
-            reverse=True,
-        )
-        own = [r.summary(now) for r in [*open_records, *pool.recent_drains()]]
+        own = self.pool.drain_summaries()
         if request.query.get("scope") == "pool" and self.pool_drains is not None:
             return web.json_response({"drains": await self.pool_drains(own), "scope": "pool"})
         return web.json_response({"drains": own})
@@ -192,6 +241,10 @@ class _Admin:
                 log.warning("admin %s refused peer=%s status=%d", verb, request.remote, refused.status)
                 return refused
             address = self.address_of(request)
+            if verb == "drain" and self.guard is not None:
+                blocked = await self.guarded(request, address, self.guard)
+                if blocked is not None:
+                    return blocked
             try:
                 endpoint = await action(address)
             except UnknownEndpoint:
@@ -213,3 +266,51 @@ class _Admin:
             return web.json_response({"endpoint": describe(self.pool, endpoint), **reached})
 
         return handler
+
+    async def guarded(self, request: web.Request, address: str, guard: CapacityGuard) -> web.Response | None:
+        """The capacity guard for one drain: None when it may go ahead (now, or after `?wait=S` saw
+        a replacement become ready), else the 409 that says why. `?force=true` skips it."""
+        if request.query.get("force", "").lower() in ("1", "true", "yes"):
+            log.warning("admin drain forced past the capacity guard address=%s", address)
+            return None
+        try:
+            wait_s = min(float(request.query.get("wait", "0")), guard.wait_max_s)
+        except ValueError:
+            raise web.HTTPBadRequest(text="wait must be a number of seconds") from None
+        if not wait_s >= 0:
+            raise web.HTTPBadRequest(text="wait must be a number of seconds")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        verdict = guard.verdict(address)
+        while not verdict.allowed and (left := deadline - loop.time()) > 0:
+            await guard.changed(left)
+            verdict = guard.verdict(address)
+        if verdict.allowed:
+            return None
+        log.warning("admin drain refused by the capacity guard address=%s %s", address, verdict.reason)
+        return web.json_response(
+            {"error": {"message": verdict.reason, "code": 409, "capacity": verdict.as_dict()}}, status=409
+        )
+
+    async def rollout_status(self, _: web.Request) -> web.Response:
+        return web.json_response({"rollout": None if self.rollout is None else self.rollout.status()})
+
+    async def rollout_command(self, request: web.Request) -> web.Response:
+        """POST /admin/rollout/promote | abort | resume | pause: the same auth as drains."""
+        refused = self.refusal(request)
+        if refused is not None:
+            return refused
+        verb = request.match_info["verb"]
+        if self.rollout is None:
+            return _error(409, "no rollout is configured (rollout.candidate)")
+        if verb not in COMMANDS:
+            return _error(404, f"no rollout command {verb!r}: {', '.join(COMMANDS)}")
+        status = await self.rollout.command(verb)
+        log.info(
+            "admin rollout %s peer=%s phase=%s weight=%s",
+            verb,
+            request.remote,
+            status["phase"],
+            status["weight"],
+        )
+        return web.json_response({"rollout": status})

@@ -21,8 +21,9 @@ from picker.inference import InferenceRequest
 from picker.objectives import Objectives
 from picker.peering import Peering
 from picker.placement import Placement
-from picker.pool import EndpointState, Pool
+from picker.pool import Endpoint, EndpointState, Pool
 from picker.pool.sessions import Sessions
+from picker.rollout import CANDIDATE, STABLE, Canary
 from picker.scheduling import LoadPolicy, pick, without_metrics
 from picker.scheduling.fit import fits, need_of, refusal
 from picker.streams import EndReason, RequestRecord
@@ -98,6 +99,7 @@ class RequestPath(ResponseSide):
         # several pickers (picker/peering.py): ids name this picker, ends reach their owner
         self.peering = peering
         self._by_model = by_model  # scheduling.by_model: model and window decide who may take it
+        self.canary: Canary | None = None  # rollout.candidate set: the wiring sets the canary
         self._new_id = (lambda: peering.new_id(new_id())) if peering is not None else new_id
         self._schedule = schedule
         self._access_log_grace_s = access_log_grace_s
@@ -320,6 +322,8 @@ class RequestPath(ResponseSide):
         if record.need is not None:
             need = record.need
             candidates = [endpoint for endpoint in candidates if fits(endpoint.served, need)]
+        if self.canary is not None:
+            candidates = self._canary_side(record, candidates, self.canary)
         count = 1 + (self._fallback_count if record.fallbacks else 0)
         policy = self._policy
         if without_metrics(candidates, policy):
@@ -345,10 +349,33 @@ class RequestPath(ResponseSide):
         if self.peering is not None:
             self.peering.placed(record, destinations[0])
         self._live[record.request_id] = record
+        if record.group is not None and self.canary is not None:
+            self.canary.routed_to(record.group)
         self._metrics.count_pick(destinations[0], self._clock() - started)
         if record.trace is not None:
             record.trace.picked(record.picked, started_ns)
         return True
+
+    def _canary_side(
+        self, record: RequestRecord, candidates: list[Endpoint], canary: Canary
+    ) -> list[Endpoint]:
+        """The candidates of the request's canary group: chosen once (a session keeps the group of
+        the endpoint it is bound to; the others by the weighted split), the other side only when
+        its own has no ready endpoint that fits, and never the candidate at weight 0."""
+        if record.group is None:
+            bound = self.placement.bound_endpoint(record)
+            home = self._pool.get(bound) if bound is not None else None
+            record.group = canary.group_of(home.labels) if home is not None else canary.assign()
+            if record.group == CANDIDATE and canary.weight <= 0:
+                record.group = STABLE
+        side = [e for e in candidates if canary.group_of(e.labels) == record.group]
+        if side or not candidates:
+            return side
+        other = STABLE if record.group == CANDIDATE else CANDIDATE
+        if other == CANDIDATE and canary.weight <= 0:
+            return side
+        record.group = other
+        return [e for e in candidates if canary.group_of(e.labels) == other]
 
     def on_idle(self, listener: Callable[[], None]) -> None:
         """Call `listener` each time the last live request ends (shutdown waits on it)."""

@@ -72,6 +72,13 @@ class Placement:
         estimated = len(tokens) if tokens else len(request.prompt) // config.bytes_per_token
         return CacheKeys(blocks, token_keys, estimated, request.model, session)
 
+    def bound_endpoint(self, record: RequestRecord) -> str | None:
+        """The endpoint the request's session is bound to (affinity.session_header), if any."""
+        keys = record.keys
+        if keys is None or keys.session is None or self.sessions is None:
+            return None
+        return self.sessions.endpoint(keys.session)
+
     def choose(
         self,
         record: RequestRecord,
@@ -88,9 +95,7 @@ class Placement:
         lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
         if keys is None and not lora:
             return None
-        bound = None
-        if keys is not None and keys.session is not None and self.sessions is not None:
-            bound = self.sessions.endpoint(keys.session)
+        bound = self.bound_endpoint(record)
         size = keys.estimated_tokens if keys is not None else 0
         affinities = []
         window = self._config.balance_window_s

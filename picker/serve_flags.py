@@ -64,6 +64,11 @@ SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "kv_events_port_offset": ("affinity", "kv_events_port_offset"),
     "config_file": ("scheduling", "config_file"),
     "config_text": ("scheduling", "config_text"),
+    "rollout_candidate": ("rollout", "candidate"),
+    "rollout_stable": ("rollout", "stable"),
+    "rollout_group_label": ("rollout", "group_label"),
+    "rollout_steps": ("rollout", "steps"),
+    "rollout_step_interval": ("rollout", "step_interval_s"),
     "log_level": ("log_level",),
     "log_format": ("log_format",),
 }
@@ -233,6 +238,15 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-events-port", type=int, help="precise: each engine's KV-event port (5557)")
     parser.add_argument(
         "--kv-events-port-offset", type=int, help="precise: or each endpoint's port plus this (one host)"
+    )
+    parser.add_argument("--rollout-candidate", help="canary: the candidate group's label value (docs)")
+    parser.add_argument("--rollout-stable", help="canary: the stable group's label value")
+    parser.add_argument(
+        "--rollout-group-label", help="canary: the label naming a group (app.kubernetes.io/version)"
+    )
+    parser.add_argument("--rollout-steps", help="canary: candidate weights in %%, e.g. 5,25,50,100")
+    parser.add_argument(
+        "--rollout-step-interval", type=float, help="canary: seconds a step lasts at least (60)"
     )
     add_reference_flags(parser)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from prometheus_client import (
@@ -201,6 +201,60 @@ class _FlowCollector(Collector):
             "Request bytes waiting in the admission queue",
             value=self._flow.queued_bytes,
         )
+
+
+class _CapacityCollector(Collector):
+    """The capacity guard's two figures (picker/scheduling/capacity.py), read at scrape time."""
+
+    def __init__(self, read: Callable[[], tuple[int | None, float]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        capacity, demand = self._read()
+        if capacity is not None:
+            yield GaugeMetricFamily(
+                "picker_ready_capacity",
+                "Slots of the ready endpoints (engine_slots, or learned): what new traffic can use",
+                value=capacity,
+            )
+        yield GaugeMetricFamily(
+            "picker_demand", "Requests live on ready endpoints (every picker's) plus the queue", value=demand
+        )
+
+
+class RolloutView(Protocol):
+    """What the canary (picker/rollout's Canary) shows the metrics page."""
+
+    phase: str
+    weight: int
+    rollbacks: int
+    totals: dict[str, int]
+
+
+class _RolloutCollector(Collector):
+    def __init__(self, canary: RolloutView) -> None:
+        self._canary = canary
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        canary = self._canary
+        yield GaugeMetricFamily(
+            "picker_rollout_weight", "The candidate group's share of new requests (%)", value=canary.weight
+        )
+        phase = GaugeMetricFamily(
+            "picker_rollout_phase", "1 for the canary's current phase", labels=["phase"]
+        )
+        for name in ("progressing", "paused", "promoted", "rolled-back"):
+            phase.add_metric([name], 1.0 if canary.phase == name else 0.0)
+        yield phase
+        yield CounterMetricFamily(
+            "picker_rollout_rollbacks", "Rollbacks (a failed gate, or abort)", value=canary.rollbacks
+        )
+        routed = CounterMetricFamily(
+            "picker_rollout_routed", "Requests routed to each canary group", labels=["group"]
+        )
+        for group, count in sorted(canary.totals.items()):
+            routed.add_metric([group], count)
+        yield routed
 
 
 class PeersView(Protocol):
@@ -414,6 +468,13 @@ class Metrics:
 
     def register_peers(self, peers: PeersView) -> None:
         self.registry.register(_PeersCollector(peers))
+
+    def register_capacity(self, read: Callable[[], tuple[int | None, float]]) -> None:
+        """`read()` gives (ready capacity or None when unknown, live demand) at each scrape."""
+        self.registry.register(_CapacityCollector(read))
+
+    def register_rollout(self, canary: RolloutView) -> None:
+        self.registry.register(_RolloutCollector(canary))
 
     def register_flow(self, flow: FlowView) -> None:
         self.registry.register(_FlowCollector(flow))

@@ -8,6 +8,7 @@ is this plus admission and the pick; the split follows the flow, admit -> pick |
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -16,12 +17,17 @@ from typing import Any, assert_never
 from picker.peering import Peering, apply_summary
 from picker.placement import Placement
 from picker.pool import DrainEnd, EndpointState, Pool
+from picker.rollout import CUT, Canary, Sample
 from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
 from picker.streams.classify import shutting_down
 from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 
+# ends that say nothing of the model server: not a canary gate's sample
+_NOT_A_SAMPLE = frozenset(
+    {EndReason.CLIENT_DISCONNECT, EndReason.REJECTED, EndReason.UNOBSERVED, EndReason.SHUTDOWN_CUT}
+)
 _RECENT_KEPT = 4096  # ended records kept for late access-log entries (a few seconds of traffic)
 
 
@@ -55,6 +61,7 @@ class ResponseSide:
     _live: dict[str, RequestRecord]
     _recent: OrderedDict[str, RequestRecord]
     _idle_listeners: list[Callable[[], None]]
+    canary: Canary | None
     placement: Placement
     peering: Peering | None
     access_log_seen: bool
@@ -267,6 +274,8 @@ class ResponseSide:
             record.trace.ended(reason.value, tokens, record.endpoint)
         if reason is EndReason.COMPLETED:
             self.placement.ended(record)
+        if record.group is not None and self.canary is not None:
+            self._canary_sample(record, reason, now, self.canary)
         if record.lease is not None:
             record.lease.release(drain_end(reason))
         self._live.pop(record.request_id, None)
@@ -277,6 +286,36 @@ class ResponseSide:
         if not self._live:
             for listener in list(self._idle_listeners):
                 listener()
+
+    def _canary_sample(self, record: RequestRecord, reason: EndReason, now: float, canary: Canary) -> None:
+        """What the request says about the group that served it (a fallback may have moved it);
+        ends that say nothing of the model server (the client left, nothing observed) are skipped."""
+        if reason in _NOT_A_SAMPLE:
+            return
+        where = self._pool.get(record.endpoint or "")
+        group = canary.group_of(where.labels) if where is not None else record.group
+        tracker = record.tracker
+        first = tracker.first_byte_at if tracker is not None else None
+        sent = record.lease.picked_at if record.lease is not None else record.admitted_at
+        itl = None
+        if (
+            tracker is not None
+            and first is not None
+            and tracker.last_chunk_at is not None
+            and tracker.token_chunks > 1
+        ):
+            itl = (tracker.last_chunk_at - first) / (tracker.token_chunks - 1)
+        canary.ended(
+            group,
+            Sample(
+                now,
+                cut=reason in CUT,
+                error=reason is EndReason.UPSTREAM_ERROR_STATUS,
+                # from its dispatch: time in the picker's queue is no fault of the group's
+                ttft_s=None if first is None else first - sent,
+                itl_s=itl,
+            ),
+        )
 
     def _silent(self, record: RequestRecord, now: float) -> bool:
         """A stream whose engine sent tokens, then nothing for `cut_after_silence_s` before it ended
@@ -338,3 +377,17 @@ class ResponseSide:
                 self.observer_ended(record, bool(event[2]))
             case _:
                 log.warning("peer event of unknown kind %r; ignored", kind)
+
+
+async def sweep_stalls(path: ResponseSide, stall_after_s: float) -> None:
+    """Forever: mark (and end, when their endpoint is gone) streams silent past the stall bound.
+
+    Supervised: a sweep that raises is logged and the next one runs (one bad record must not stop
+    the sweep for good, which would leave every later stall uncounted)."""
+    interval = max(0.05, stall_after_s / 4)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            path.sweep_stalls()
+        except Exception:
+            log.exception("stall sweep failed; the next one runs in %.2f s", interval)

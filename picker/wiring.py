@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from picker.config import ConfigError, PickerConfig, canonical_address, format_address
 from picker.config_sources import read_plugin_config
 from picker.flow import FlowLimits
+from picker.http_admin import CapacityGuard
 from picker.peering import Peering
 from picker.pipeline import RequestPath
 from picker.plugin_config import affinity_settings
@@ -25,14 +26,19 @@ from picker.pool import Pool
 from picker.pool.drain import merge_summaries
 from picker.pool.health import SuspectPolicy
 from picker.scheduling import LoadPolicy
-from picker.sources.drain_store import DrainStore, EndpointsFileDrains
+from picker.sources.drain_store import DrainStore, EndpointsFileDrains, LocalDrains
 from picker.sources.endpoints import EndpointSources
 from picker.sources.scraper import Scraper
 from picker.telemetry import Metrics
 from picker.tracing import Tracing
+from picker.tracking import sweep_stalls
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
+    from picker.http_admin import Propagate
     from picker.peers import PeerService
+    from picker.rollout_runner import RolloutRunner
     from picker.shutdown import ShutdownSummary
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
     from picker.sources.kv_events import KvEvents
@@ -64,9 +70,7 @@ def spawn_owned(tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None],
 
 @dataclass
 class Core:
-    """What every frontend shares: the pool and its sources, metrics, the request path, the scraper,
-    the shared admin drains and readiness that follows the sources. Wired once, here, so `picker
-    serve` and `picker proxy` cannot drift apart."""
+    """What every frontend shares (see the module's docstring)."""
 
     pool: Pool
     metrics: Metrics
@@ -81,6 +85,8 @@ class Core:
     tokenizer: EngineTokenizer | None = None  # ... and their /tokenize
     peer_server: asyncio.Server | None = None  # peers.members: the channel between pickers
     peer_service: PeerService | None = None
+    guard: CapacityGuard | None = None
+    rollout: RolloutRunner | None = None  # rollout.candidate set: the canary's clock and drains
 
     def start_background(self, spawn: Spawn) -> None:
         """The core's own loops (scraper, KV events, stall sweep), run by the frontend's `spawn`."""
@@ -107,7 +113,28 @@ class Core:
                 every_s=peers.resolve_interval_s,
             )
             spawn(links.run(), "peer-links")
+        if self.rollout is not None:
+            spawn(self.rollout.run(), "rollout")
         spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
+
+    def admin(self, spawn: Spawn, propagate: Propagate | None = None) -> web.Application:
+        """The metrics port's application (picker/http_admin.py) over this core."""
+        from picker.http_admin import admin_app
+
+        token = self.config.admin.token
+        drains = self.open_drains(spawn) or LocalDrains(self.pool)
+        if self.rollout is not None:
+            self.rollout.store = drains  # a rollback drains through the same store as the admin API
+        return admin_app(
+            self.pool,
+            self.metrics,
+            token=token.get_secret_value() if token else None,
+            drains=drains,
+            propagate=propagate,
+            pool_drains=self.pool_drains if self.path.peering is not None else None,
+            guard=self.guard if self.config.admin.drain_guard else None,
+            rollout=self.rollout,
+        )
 
     def open_drains(self, spawn: Spawn) -> DrainStore | None:
         """Where admin drains are recorded so every picker replica applies them (drain_store.py):
@@ -157,7 +184,7 @@ class Core:
 
         token = self.config.admin.token
         service = PeerService(
-            peering, self.path, token.get_secret_value() if token else None, self.drain_summaries
+            peering, self.path, token.get_secret_value() if token else None, self.pool.drain_summaries
         )
         self.peer_service = service
         self.peer_server, port = await peer_server(
@@ -179,16 +206,6 @@ class Core:
             else []
         )
         return merge_summaries([own, *theirs])
-
-    def drain_summaries(self) -> list[dict[str, Any]]:
-        """Every open drain record, newest first, then the recently closed ones (the scorecard's input)."""
-        pool, now = self.pool, self.pool.now()
-        open_records = sorted(
-            (e.drain for e in pool.endpoints() if e.drain is not None),
-            key=lambda r: r.started_at,
-            reverse=True,
-        )
-        return [r.summary(now) for r in [*open_records, *pool.recent_drains()]]
 
     async def aclose(self) -> None:
         """Close what the core opened (after the frontend cancelled its background tasks)."""
@@ -277,6 +294,16 @@ def build_core(config: PickerConfig) -> Core:
         else None
     )
     core = Core(pool, metrics, sources, path, scraper, config, tracing=tracing)
+    admin = config.admin
+    core.guard = CapacityGuard(
+        pool, lambda: path.flow.queued, load.engine_slots, admin.drain_headroom, admin.drain_wait_max_s
+    )
+    metrics.register_capacity(core.guard.figures)
+    if config.rollout.candidate is not None:
+        from picker.rollout_runner import start_rollout
+
+        core.rollout = start_rollout(config, pool, path)
+        metrics.register_rollout(core.rollout.canary)
     if config.affinity.prefix == "precise":
         from picker.sources.kv_events import KvEvents
         from picker.sources.tokenizer import EngineTokenizer
@@ -333,20 +360,6 @@ def start_tracing(config: PickerConfig) -> Tracing | None:
     provider.add_span_processor(BatchSpanProcessor(exporter))
     log.info("tracing on exporter=%s", config.tracing.exporter)
     return Tracing(provider)
-
-
-async def sweep_stalls(path: RequestPath, stall_after_s: float) -> None:
-    """Forever: mark (and end, when their endpoint is gone) streams silent past the stall bound.
-
-    Supervised: a sweep that raises is logged and the next one runs (one bad record must not stop
-    the sweep for good, which would leave every later stall uncounted)."""
-    interval = max(0.05, stall_after_s / 4)
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            path.sweep_stalls()
-        except Exception:
-            log.exception("stall sweep failed; the next one runs in %.2f s", interval)
 
 
 class Serving(Protocol):

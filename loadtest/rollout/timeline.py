@@ -45,6 +45,8 @@ ERROR_STYLES = {
 MARK_STYLES = {
     "router told": ("--", "#c25400", "router told: endpoint removed / marked draining"),
     "SIGTERM": ("-", "#000000", "SIGTERM sent to the replica"),
+    "weight step": (":", "#2a7a2a", "canary: the candidate's weight stepped up (or promoted)"),
+    "rolled back": ("-", "#d62728", "canary: a gate failed, weight 0, candidate drained"),
 }
 NO_REPLICA = "(no replica)"
 _SAMPLE_S = 0.1

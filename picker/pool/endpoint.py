@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from picker.pool.cache import KvBlocks, PrefixIndex
@@ -53,6 +54,9 @@ class Endpoint:
     # From its model server's /v1/models (scheduling.by_model): the model names it answers to and
     # its context window; None until read (such an endpoint may take any request).
     served: Served | None = None
+    # Its pod's labels (the InferencePool source) or the endpoints file's `labels:`; canary groups
+    # are read from them (picker/rollout). None: its source says nothing.
+    labels: Mapping[str, str] | None = None
 
     @property
     def pickable(self) -> bool:

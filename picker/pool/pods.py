@@ -209,5 +209,17 @@ class PodStore:
             view.update(endpoints)
         return view
 
+    def labels(self) -> dict[str, dict[str, str]]:
+        """Each endpoint's pod labels (canary groups read them)."""
+        out: dict[str, dict[str, str]] = {}
+        for obj in self._pods.values():
+            tags = _mapping(_mapping(obj.get("metadata")).get("labels"))
+            if not tags:
+                continue
+            clean = {str(k): str(v) for k, v in tags.items()}
+            for address in read_pod(obj, self.ports)[0]:
+                out[address] = clean
+        return out
+
     def _problems(self, objects: Iterable[Mapping[str, Any]]) -> list[str]:
         return [problem for obj in objects if (problem := read_pod(obj, self.ports)[1]) is not None]

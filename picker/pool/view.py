@@ -13,7 +13,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import assert_never
+from typing import Any, assert_never
 
 from picker.pool.drain import DrainCause, DrainEnd, DrainExit, DrainRecord, DrainTotals
 from picker.pool.endpoint import Endpoint, EndpointState
@@ -59,6 +59,10 @@ class Lease:
     @property
     def held(self) -> bool:
         return self._pool is not None
+
+    @property
+    def picked_at(self) -> float:
+        return self._picked_at
 
     def move(self, address: str) -> None:
         if self._pool is None or address == self._address:
@@ -119,6 +123,16 @@ class Pool:
         """Closed drain records, newest first (bounded)."""
         return list(self._recent)
 
+    def drain_summaries(self) -> list[dict[str, Any]]:
+        """Every open drain record, newest first, then the recently closed ones (the scorecard's input)."""
+        now = self._clock()
+        open_records = sorted(
+            (e.drain for e in self._endpoints.values() if e.drain is not None),
+            key=lambda r: r.started_at,
+            reverse=True,
+        )
+        return [r.summary(now) for r in [*open_records, *self._recent]]
+
     def admin_drained(self, address: str) -> bool:
         return address in self._admin_drained
 
@@ -134,8 +148,14 @@ class Pool:
         """Called after any state change (queued requests may fit now, or no longer)."""
         self._change_listeners.append(listener)
 
-    def reconcile(self, desired: Mapping[str, EndpointState], source: str) -> None:
-        """Replace the desired set: listed endpoints take the given state, the rest become GONE."""
+    def reconcile(
+        self,
+        desired: Mapping[str, EndpointState],
+        source: str,
+        labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        """Replace the desired set: listed endpoints take the given state, the rest become GONE.
+        `labels`: each address's labels, when the source has them (canary groups)."""
         self.source = source
         self._desired = {a: s for a, s in desired.items() if s is not EndpointState.GONE}
         # An admin drain is about one instance: it ends when the source stops listing the address.
@@ -143,6 +163,12 @@ class Pool:
         changed = False
         for address in list(dict.fromkeys([*self._desired, *self._endpoints])):
             changed |= self._refresh(address)
+        if labels is not None:
+            for address, endpoint in self._endpoints.items():
+                now = labels.get(address)
+                if now != endpoint.labels and (now or endpoint.labels):
+                    endpoint.labels = dict(now) if now else None
+                    changed = True
         if changed:
             self._changed()
 

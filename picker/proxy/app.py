@@ -18,7 +18,6 @@ from aiohttp import web
 
 from picker.config import PickerConfig
 from picker.contract import Outcome, reply_for
-from picker.http_admin import admin_app
 from picker.proxy.h2c import H2Protocol, ProtocolSniffer
 from picker.proxy.server import ProxyFrontend
 from picker.proxy.upstream import Upstream
@@ -83,14 +82,7 @@ class ProxyApp:
             reuse_address=True,
         )
         proxy_port = self._listener.sockets[0].getsockname()[1]
-        token = self.config.admin.token
-        admin = admin_app(
-            self.pool,
-            self.metrics,
-            token=token.get_secret_value() if token else None,
-            drains=self.core.open_drains(self._spawn),
-            pool_drains=self.core.pool_drains if self.path.peering is not None else None,
-        )
+        admin = self.core.admin(self._spawn)
         admin.router.add_get("/ready", self._readiness)
         self._admin = web.AppRunner(admin, access_log=None)
         await self._admin.setup()

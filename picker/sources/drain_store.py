@@ -110,7 +110,12 @@ class EndpointsFileDrains:
                 if not draining:
                     raise EndpointConflict(f"{address} is not drained (the endpoints file lists it ready)")
             else:
-                entries[index] = {"address": listed, "draining": True} if draining else listed
+                if isinstance(entry, dict) and set(entry) - {"address", "draining"}:
+                    entry = dict(entry)  # its labels stay
+                    entry.pop("draining", None)
+                    entries[index] = {**entry, "draining": True} if draining else entry
+                else:
+                    entries[index] = {"address": listed, "draining": True} if draining else listed
                 _replace(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
                 log.info("endpoints file %s rewritten: %s draining=%s", path, address, str(draining).lower())
         self._file.check()  # this replica at once; the others at their next poll

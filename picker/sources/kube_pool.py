@@ -182,7 +182,7 @@ class PoolSource:
 
     def _publish_pods(self, store: PodStore) -> None:
         if self.pods is not None and self.pods.store is store:  # never a replaced watch's late word
-            self._pool.reconcile(store.desired(), source=SOURCE)
+            self._pool.reconcile(store.desired(), source=SOURCE, labels=store.labels())
 
     def _spawn_pods(self) -> None:
         assert self.pods is not None
@@ -231,7 +231,9 @@ class SelectorSource:
             self.store,
             settings,
             what="pods",
-            publish=lambda: pool.reconcile(self.store.desired(), source=SELECTOR_SOURCE),
+            publish=lambda: pool.reconcile(
+                self.store.desired(), source=SELECTOR_SOURCE, labels=self.store.labels()
+            ),
             kept=lambda: len(pool.ready()),
             sleep=sleep,
             on_event=on_event,

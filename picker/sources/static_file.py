@@ -4,6 +4,7 @@ Format (either form; an entry is "ip:port" or a mapping):
 
     - 10.0.0.1:8000
     - {address: 10.0.0.2:8000, draining: true}
+    - {address: 10.0.0.3:8000, labels: {app.kubernetes.io/version: v2}}
 
 or `{endpoints: [...same entries...]}`. Write it atomically (a temp file renamed over it): a
 replaced file is read at the next check. A file changed in place is read only once it has stopped
@@ -40,8 +41,16 @@ class EndpointsFileError(ValueError):
     """The file's content is not a valid endpoints list (the message says where)."""
 
 
+Labels = dict[str, dict[str, str]]
+
+
 def parse_endpoints(text: str) -> dict[str, EndpointState]:
     """The desired state of each endpoint listed in `text`; EndpointsFileError when invalid."""
+    return read_endpoints(text)[0]
+
+
+def read_endpoints(text: str) -> tuple[dict[str, EndpointState], Labels]:
+    """Each listed endpoint's desired state, and the labels of those that have them."""
     if not text.strip():
         raise EndpointsFileError("the file is empty (a partial write?)")
     try:
@@ -57,12 +66,14 @@ def parse_endpoints(text: str) -> dict[str, EndpointState]:
     if not isinstance(data, list):
         raise EndpointsFileError("expected a list of endpoints")
     desired: dict[str, EndpointState] = {}
+    labels: Labels = {}
     for index, entry in enumerate(data):
         where = f"entry #{index}"
+        tags: Any = None
         if isinstance(entry, str):
             address, draining = entry, False
         elif isinstance(entry, dict):
-            unknown = set(entry) - {"address", "draining"}
+            unknown = set(entry) - {"address", "draining", "labels"}
             if unknown:
                 raise EndpointsFileError(f"{where}: unknown keys {sorted(unknown)}")
             address, draining = entry.get("address"), entry.get("draining", False)
@@ -70,6 +81,12 @@ def parse_endpoints(text: str) -> dict[str, EndpointState]:
                 raise EndpointsFileError(f"{where}: 'address' must be a host:port string")
             if not isinstance(draining, bool):
                 raise EndpointsFileError(f"{where}: 'draining' must be true or false")
+            tags = entry.get("labels")
+            if tags is not None and not (
+                isinstance(tags, dict)
+                and all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items())
+            ):
+                raise EndpointsFileError(f"{where}: 'labels' must map strings to strings")
         else:
             raise EndpointsFileError(f"{where}: expected 'host:port' or {{address, draining}}")
         try:
@@ -79,7 +96,9 @@ def parse_endpoints(text: str) -> dict[str, EndpointState]:
         if canonical in desired:
             raise EndpointsFileError(f"{where}: {canonical} is listed twice")
         desired[canonical] = EndpointState.DRAINING if draining else EndpointState.READY
-    return desired
+        if tags:
+            labels[canonical] = dict(tags)
+    return desired, labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +142,7 @@ class EndpointsFile:
         """The first read, at startup: any problem is an error (there is no last good view yet)."""
         signature, text = self._read()
         try:
-            desired = parse_endpoints(text)
+            desired = read_endpoints(text)
         except EndpointsFileError as exc:
             raise EndpointsFileError(f"endpoints file {self.path}: {exc}") from None
         self._apply(signature, desired)
@@ -153,7 +172,7 @@ class EndpointsFile:
             self._seen = read_signature
             return False
         try:
-            desired = parse_endpoints(text)
+            desired = read_endpoints(text)
         except EndpointsFileError as exc:
             self._complain(signature, str(exc))
             return False
@@ -178,8 +197,9 @@ class EndpointsFile:
             signature = _Signature.of(os.fstat(handle.fileno()))
         return signature, data.decode("utf-8", "replace")
 
-    def _apply(self, signature: _Signature, desired: dict[str, EndpointState]) -> None:
-        self._pool.reconcile(desired, source=SOURCE)
+    def _apply(self, signature: _Signature, listed: tuple[dict[str, EndpointState], Labels]) -> None:
+        desired, labels = listed
+        self._pool.reconcile(desired, source=SOURCE, labels=labels)
         self._applied = self._seen = signature
         self._complained = None
         self.loads += 1

@@ -81,6 +81,7 @@ class RequestRecord:
     owner: str | None = None
     observed_by: str | None = None  # the peer its observer stream went to (it reports the end)
     need: Need | None = None  # scheduling.by_model: only endpoints that serve this may take it
+    group: str | None = None  # a canary runs: the group it was sent to (picker/rollout)
 
     @property
     def ended(self) -> bool:

@@ -104,3 +104,11 @@ def test_the_pod_store_view_and_its_problems() -> None:
     store.apply("DELETED", pod_obj("c", "fd00::3"))
     store.apply("MODIFIED", pod_obj("a", "10.0.0.1", deleting=True))
     assert store.desired() == {"10.0.0.1:9000": DRAINING}
+
+
+def test_each_endpoint_carries_its_pods_labels() -> None:
+    store = PodStore((8000, 8001))
+    store.replace([pod_obj("a", "10.0.0.1"), pod_obj("b", None)])
+    labels = store.labels()
+    assert set(labels) == {"10.0.0.1:8000", "10.0.0.1:8001"}  # a pod with no IP has no endpoint
+    assert labels["10.0.0.1:8000"] == pod_obj("a", "10.0.0.1")["metadata"]["labels"]

@@ -197,14 +197,14 @@ async def test_no_version_of_the_file_ends_the_watch(
     from picker.sources import static_file
 
     pool = Pool()
-    real_parse = static_file.parse_endpoints
+    real_read = static_file.read_endpoints
 
-    def surprising_parse(text: str) -> dict[str, EndpointState]:
+    def surprising_read(text: str) -> tuple[dict[str, EndpointState], static_file.Labels]:
         if "10.0.0.6" in text:
             raise KeyError("surprise")
-        return real_parse(text)
+        return real_read(text)
 
-    monkeypatch.setattr(static_file, "parse_endpoints", surprising_parse)
+    monkeypatch.setattr(static_file, "read_endpoints", surprising_read)
     versions = ["[" * 3000 + "]" * 3000, "- 10.0.0.6:8000\n", "- 10.0.0.8:8000\n"]
     delays: list[float] = []
 
@@ -223,3 +223,23 @@ async def test_no_version_of_the_file_ends_the_watch(
         await source.run()
     assert state(pool) == {"10.0.0.8:8000": READY} and source.loads == 2
     assert "KeyError" in caplog.text and "nested too deeply" in caplog.text
+
+
+def test_labels_are_read_and_checked() -> None:
+    from picker.sources.static_file import read_endpoints
+
+    text = "- {address: 10.0.0.1:8000, labels: {app.kubernetes.io/version: v2}}\n- 10.0.0.2:8000\n"
+    desired, labels = read_endpoints(text)
+    assert desired == {"10.0.0.1:8000": READY, "10.0.0.2:8000": READY}
+    assert labels == {"10.0.0.1:8000": {"app.kubernetes.io/version": "v2"}}
+    with pytest.raises(EndpointsFileError, match="'labels' must map strings to strings"):
+        read_endpoints("- {address: 10.0.0.1:8000, labels: {v: 2}}")
+
+
+def test_the_pool_carries_each_endpoints_labels() -> None:
+    pool = Pool()
+    pool.reconcile({"10.0.0.1:8000": READY}, "file", labels={"10.0.0.1:8000": {"v": "2"}})
+    endpoint = pool.get("10.0.0.1:8000")
+    assert endpoint is not None and endpoint.labels == {"v": "2"}
+    pool.reconcile({"10.0.0.1:8000": READY}, "file", labels={})
+    assert endpoint.labels is None

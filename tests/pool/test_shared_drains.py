@@ -62,6 +62,21 @@ def test_drain_rewrites_the_file_and_every_replica_applies_it(shared: Path) -> N
     assert states(first) == states(second)
 
 
+def test_a_drain_and_its_undrain_keep_the_entrys_labels(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.yaml"
+    path.write_text(f"- {{address: {A}, labels: {{version: v2}}}}\n- {B}\n")
+    pool, _, drains = replica(path)
+    run(drains.drain(A))
+    assert yaml.safe_load(path.read_text())[0] == {
+        "address": A,
+        "labels": {"version": "v2"},
+        "draining": True,
+    }
+    run(drains.undrain(A))
+    assert yaml.safe_load(path.read_text())[0] == {"address": A, "labels": {"version": "v2"}}
+    assert pool.get(A).labels == {"version": "v2"}  # type: ignore[union-attr]
+
+
 def test_undrain_through_another_replica(shared: Path) -> None:
     first, first_file, drains_first = replica(shared)
     second, _, drains_second = replica(shared)

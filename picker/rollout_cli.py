@@ -1,0 +1,77 @@
+"""`picker rollout status | promote | abort | resume | pause`: the canary of a running picker, over
+its admin API (GET /admin/rollout, POST /admin/rollout/<verb>). Standard library only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+VERBS = ("status", "promote", "abort", "resume", "pause")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("verb", choices=VERBS, help="status, or a command (same auth as drains)")
+    parser.add_argument("--url", default="http://127.0.0.1:9090", help="the picker's metrics/admin address")
+    parser.add_argument("--token", help="admin bearer token (default: $PICKER_ADMIN_TOKEN)")
+    parser.add_argument("--json", action="store_true", help="the whole status as JSON")
+
+
+def call(url: str, verb: str, token: str | None, timeout_s: float = 10.0) -> tuple[int, dict[str, Any]]:
+    """The admin API's answer (status code, JSON body)."""
+    post = verb != "status"
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/admin/rollout" + (f"/{verb}" if post else ""),
+        data=b"" if post else None,
+        method="POST" if post else "GET",
+        headers={"Authorization": f"Bearer {token}"} if token else {},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            return answer.status, json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        try:
+            return exc.code, json.loads(body or b"{}")
+        except ValueError:
+            return exc.code, {"error": {"message": body.decode("utf-8", "replace")[:200]}}
+
+
+def describe(status: dict[str, Any]) -> str:
+    """A few lines for a person: phase, weight, step, each gate, the rollback's reason."""
+    lines = [
+        f"phase {status['phase']}  weight {status['weight']}%  step {status['step'] + 1} of "
+        f"{len(status['steps'])} {status['steps']}  ({status['step_for_s']:.0f} s in it, routed "
+        f"{status['routed_this_step']})"
+    ]
+    for gate in status.get("gates", []):
+        lines.append(
+            f"  {gate['gate']:<22} {gate['verdict']:<5} candidate {gate['candidate']}  stable "
+            f"{gate['stable']}  limit {gate['limit']}  samples {gate['samples']}"
+        )
+    if status.get("rollback"):
+        lines.append(f"rolled back: {status['rollback']['reason']}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get("PICKER_ADMIN_TOKEN")
+    try:
+        code, body = call(args.url, args.verb, token)
+    except (OSError, ValueError) as exc:
+        print(f"picker rollout: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 2
+    if code != 200:
+        message = body.get("error", {}).get("message", body)
+        print(f"picker rollout {args.verb}: {code} {message}", file=sys.stderr)
+        return 1
+    status = body.get("rollout")
+    if status is None:
+        print("no rollout is configured (rollout.candidate)")
+        return 0
+    print(json.dumps(status, indent=2) if args.json else describe(status))
+    return 0

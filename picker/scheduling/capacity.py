@@ -1,0 +1,100 @@
+"""The capacity guard: whether the ready endpoints left after a drain can carry the live demand.
+
+"Count a draining replica's GPU, but never as capacity for new traffic": a drain moves every new
+request its endpoint would have taken onto the others, so a drain is safe only while what stays
+READY holds what the pool runs now (plus a headroom). An endpoint's capacity is its slot count:
+vLLM's --max-num-seqs when configured (load.engine_slots), else what the picker learned from a
+scrape that showed a queue. Demand is what the picker books (its own and its peers' requests)
+plus its queue. Pure functions over the view; no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from picker.pool.endpoint import Endpoint, EndpointState
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The guard's answer for one drain: `allowed`, and the figures it judged by (None: unknown)."""
+
+    allowed: bool
+    capacity_left: int | None  # slots of the ready endpoints that would remain
+    demand: float  # requests live on ready endpoints + queued
+    needed: float  # demand x (1 + headroom)
+    reason: str  # one line for the operator
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "allowed": self.allowed,
+            "capacity_left": self.capacity_left,
+            "demand": round(self.demand, 2),
+            "needed": round(self.needed, 2),
+            "reason": self.reason,
+        }
+
+
+def slots_of(endpoint: Endpoint, engine_slots: int | None) -> int | None:
+    """How many requests the endpoint runs at once, when known."""
+    return engine_slots or endpoint.learned_slots or None
+
+
+def demand(endpoints: Iterable[Endpoint], queued: int) -> float:
+    """The live demand on the pool: every request in flight (every picker's) and the queue.
+
+    A draining endpoint's streams count too: they finish where they are, but the traffic they
+    stand for keeps arriving, and only the ready endpoints can take it."""
+    return float(queued + sum(e.in_flight + e.peer_in_flight for e in endpoints))
+
+
+def ready_capacity(
+    endpoints: Iterable[Endpoint], engine_slots: int | None, without: frozenset[str] = frozenset()
+) -> int | None:
+    """Slots of the READY endpoints not in `without`; None when any of them has no known slot count
+    (the guard cannot judge, so it does not stand in the way)."""
+    total = 0
+    for endpoint in endpoints:
+        if endpoint.state is not EndpointState.READY or endpoint.address in without:
+            continue
+        slots = slots_of(endpoint, engine_slots)
+        if slots is None:
+            return None
+        total += slots
+    return total
+
+
+def drain_verdict(
+    endpoints: Iterable[Endpoint],
+    address: str,
+    *,
+    queued: int,
+    engine_slots: int | None,
+    headroom: float,
+) -> Verdict:
+    """Whether draining `address` leaves enough READY capacity for the demand (x (1 + headroom)).
+
+    Allowed when the endpoint is not READY (nothing changes), when nothing is asked of the pool, and
+    when capacity cannot be known (an endpoint's slots unknown; say so)."""
+    listed = list(endpoints)
+    target = next((e for e in listed if e.address == address), None)
+    load = demand(listed, queued)
+    needed = load * (1.0 + headroom)
+    if target is None or target.state is not EndpointState.READY:
+        return Verdict(True, None, load, needed, "not ready: a drain takes no capacity away")
+    if slots_of(target, engine_slots) is None:
+        return Verdict(True, None, load, needed, "its slot count is unknown: not judged")
+    left = ready_capacity(listed, engine_slots, frozenset({address}))
+    if left is None:
+        return Verdict(True, None, load, needed, "a remaining endpoint's slot count is unknown: not judged")
+    if load <= 0 or left >= needed:
+        return Verdict(True, left, load, needed, f"{left} slots stay ready for a demand of {load:g}")
+    return Verdict(
+        False,
+        left,
+        load,
+        needed,
+        f"draining {address} would leave {left} ready slots for a demand of {load:g} "
+        f"(needs {needed:.1f} with the headroom): wait for a replacement, or force it",
+    )

@@ -1,0 +1,108 @@
+"""The admin API's rollout routes and `picker rollout`: status, commands, auth, and a rollback that
+drains the candidate through the drain store."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from picker import rollout_cli
+from picker.http_admin import admin_app
+from picker.pool import EndpointState, Pool
+from picker.rollout import Canary, CanaryPlan
+from picker.rollout_runner import RolloutRunner
+from picker.sources.drain_store import LocalDrains
+from picker.telemetry import Metrics
+
+TOKEN = "s3cret-admin-token-0123"
+LABEL = "app.kubernetes.io/version"
+CANDIDATE = "10.0.0.3:8000"
+
+
+@pytest.fixture
+def pool() -> Pool:
+    pool = Pool()
+    addresses = {a: EndpointState.READY for a in ("10.0.0.1:8000", "10.0.0.2:8000", CANDIDATE)}
+    labels = {a: {LABEL: "v2" if a == CANDIDATE else "v1"} for a in addresses}
+    pool.reconcile(addresses, "file", labels=labels)
+    return pool
+
+
+@pytest.fixture
+async def served(pool: Pool) -> AsyncIterator[tuple[TestClient, RolloutRunner]]:
+    runner = RolloutRunner(Canary(CanaryPlan(LABEL, "v1", "v2"), pool.now()), pool, 1.0)
+    runner.store = LocalDrains(pool)
+    metrics = Metrics()
+    metrics.register_rollout(runner.canary)
+    app = admin_app(pool, metrics, token=TOKEN, drains=runner.store, rollout=runner)
+
+    @web.middleware
+    async def from_afar(
+        request: web.Request, handler: Callable[..., Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        return await handler(request.clone(remote="10.9.9.9"))
+
+    app.middlewares.insert(0, from_afar)
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    yield client, runner
+    await client.close()
+
+
+async def test_status_then_abort_drains_the_candidate_and_resume_lifts_it(
+    served: tuple[TestClient, RolloutRunner], pool: Pool
+) -> None:
+    client, _ = served
+    status = (await (await client.get("/admin/rollout")).json())["rollout"]
+    assert status["phase"] == "progressing" and status["weight"] == 5
+    refused = await client.post("/admin/rollout/abort")
+    assert refused.status == 401  # the same auth as drains
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    aborted = (await (await client.post("/admin/rollout/abort", headers=auth)).json())["rollout"]
+    assert aborted["phase"] == "rolled-back" and aborted["weight"] == 0
+    assert aborted["rollback"]["reason"] == "aborted by hand"
+    assert pool.get(CANDIDATE).state is EndpointState.DRAINING  # type: ignore[union-attr]
+    assert pool.get("10.0.0.1:8000").state is EndpointState.READY  # type: ignore[union-attr]
+    page = await (await client.get("/metrics")).text()
+    assert "picker_rollout_rollbacks_total 1.0" in page and "picker_rollout_weight 0.0" in page
+    resumed = (await (await client.post("/admin/rollout/resume", headers=auth)).json())["rollout"]
+    assert resumed["phase"] == "progressing" and resumed["weight"] == 5
+    assert pool.get(CANDIDATE).state is EndpointState.READY  # type: ignore[union-attr]
+    unknown = await client.post("/admin/rollout/launch", headers=auth)
+    assert unknown.status == 404 and "promote" in (await unknown.json())["error"]["message"]
+
+
+async def test_the_cli_reads_and_commands(
+    served: tuple[TestClient, RolloutRunner], capsys: pytest.CaptureFixture[str]
+) -> None:
+    client, runner = served
+    url = str(client.make_url("/")).rstrip("/")
+    args = argparse.Namespace(verb="status", url=url, token=None, json=False)
+    assert await _run(args) == 0
+    assert "phase progressing  weight 5%" in capsys.readouterr().out
+    args = argparse.Namespace(verb="promote", url=url, token=None, json=False)
+    assert await _run(args) == 1  # no token: refused, and said so
+    assert "401" in capsys.readouterr().err
+    args = argparse.Namespace(verb="promote", url=url, token=TOKEN, json=True)
+    assert await _run(args) == 0 and runner.canary.phase == "promoted"
+
+
+async def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    return await asyncio.to_thread(rollout_cli.main, args)
+
+
+async def test_without_a_rollout_the_routes_say_so(pool: Pool) -> None:
+    client = TestClient(TestServer(admin_app(pool, Metrics()), host="127.0.0.1"))
+    await client.start_server()
+    try:
+        assert (await (await client.get("/admin/rollout")).json()) == {"rollout": None}
+        answer = await client.post("/admin/rollout/promote")
+        assert answer.status == 409
+    finally:
+        await client.close()
