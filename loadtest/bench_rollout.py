@@ -19,10 +19,11 @@ from __future__ import annotations
 import statistics
 import time
 
+from picker.config import RolloutConfig
 from picker.inference import InferenceRequest
 from picker.pipeline import RequestPath
 from picker.pool import EndpointState, Pool
-from picker.rollout import Canary, CanaryPlan, Limits
+from picker.rollout import Canary, CanaryPlan
 from picker.scheduling import LoadPolicy
 from picker.streams import EndReason
 from picker.telemetry import Metrics
@@ -42,9 +43,10 @@ def build(canary: bool) -> tuple[RequestPath, Pool]:
     pool.reconcile({a: EndpointState.READY for a in addresses}, "bench", labels=labels)
     path = RequestPath(pool, Metrics(), fallback_count=2, load_policy=LoadPolicy(use_metrics=False))
     if canary:
-        plan = CanaryPlan(
-            LABEL, "v1", "v2", steps=(25, 100), step_interval_s=1e9, window_s=1.0, limits=Limits()
+        settings = RolloutConfig(
+            group_label=LABEL, candidate="v2", steps=(25, 100), step_interval_s=1e9, window_s=1
         )
+        plan = CanaryPlan.of(settings)
         path.canary = Canary(plan, pool.now())
     return path, pool
 

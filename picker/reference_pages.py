@@ -127,9 +127,10 @@ def metrics_page() -> str:
     metrics.register_peers(Peering("127.0.0.1:9004", ("127.0.0.1:9005",), pool))
     metrics.set_leader(False)
     metrics.register_capacity(lambda: (0, 0.0))
+    from picker.config import RolloutConfig
     from picker.rollout import Canary, CanaryPlan
 
-    metrics.register_rollout(Canary(CanaryPlan("version", "v1", "v2"), 0.0))
+    metrics.register_rollout(Canary(CanaryPlan.of(RolloutConfig(candidate="v2")), 0.0))
     lines = [
         "# Metrics",
         "",

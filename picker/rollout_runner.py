@@ -17,7 +17,7 @@ from typing import Any
 from picker.config import PickerConfig
 from picker.pipeline import RequestPath
 from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
-from picker.rollout import CANDIDATE, Actions, Canary, CanaryPlan, Limits
+from picker.rollout import CANDIDATE, Actions, Canary, CanaryPlan
 from picker.sources.drain_store import DrainRecordUnavailable, DrainStore
 
 log = logging.getLogger(__name__)
@@ -127,27 +127,7 @@ class RolloutRunner:
 def start_rollout(config: PickerConfig, pool: Pool, path: RequestPath) -> RolloutRunner:
     """The canary of `rollout.*`: its split in the request path, its clock in a runner."""
     r = config.rollout
-    assert r.candidate is not None
-    limits = Limits(
-        min_samples=r.min_samples,
-        cut_ratio=r.cut_ratio,
-        cut_floor=r.cut_floor,
-        error_ratio=r.error_ratio,
-        error_floor=r.error_floor,
-        ttft_ratio=r.ttft_ratio,
-        itl_ratio=r.itl_ratio,
-        latency_floor_s=r.latency_floor_s,
-    )
-    plan = CanaryPlan(
-        r.group_label,
-        r.stable or "",
-        r.candidate,
-        r.steps,
-        r.step_interval_s,
-        r.step_min_requests,
-        r.window_s,
-        limits,
-    )
+    plan = CanaryPlan.of(r)
     canary = path.canary = Canary(plan, pool.now())
     log.info("rollout canary label=%s candidate=%s steps=%s", r.group_label, r.candidate, list(r.steps))
     return RolloutRunner(canary, pool, r.tick_s, drain_on_rollback=r.drain_on_rollback)

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from picker.config import RolloutConfig
 from picker.rollout.gates import Limits, Reading, Sample, Window, judge
 
 CANDIDATE, STABLE = "candidate", "stable"
@@ -25,16 +26,31 @@ PHASES = ("progressing", "paused", "promoted", "rolled-back")
 
 @dataclass(frozen=True, slots=True)
 class CanaryPlan:
-    """What the operator configured (rollout.* in the config)."""
+    """What the operator configured (rollout.* in the config; its defaults are the config model's)."""
 
     label: str
     stable: str
     candidate: str
-    steps: tuple[int, ...] = (5, 25, 50, 100)
-    step_interval_s: float = 60.0
-    step_min_requests: int = 0
-    window_s: float = 30.0
-    limits: Limits = field(default_factory=Limits)
+    steps: tuple[int, ...]
+    step_interval_s: float
+    step_min_requests: int
+    window_s: float
+    limits: Limits
+
+    @classmethod
+    def of(cls, config: RolloutConfig) -> CanaryPlan:
+        if config.candidate is None:
+            raise ValueError("a canary needs rollout.candidate")
+        return cls(
+            config.group_label,
+            config.stable or "",
+            config.candidate,
+            config.steps,
+            config.step_interval_s,
+            config.step_min_requests,
+            config.window_s,
+            Limits.of(config),
+        )
 
 
 @dataclass(slots=True)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from picker.config import RolloutConfig
 from picker.streams import EndReason
 
 CUT = frozenset({EndReason.UPSTREAM_TRUNCATED, EndReason.UPSTREAM_ERROR_EVENT, EndReason.STALLED})
@@ -35,16 +36,29 @@ class Sample(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The gates' thresholds (from the rollout config)."""
+    """The gates' thresholds (their defaults and meaning: the config model's RolloutConfig)."""
 
-    min_samples: int = 20
-    cut_ratio: float = 2.0
-    cut_floor: float = 0.02  # a candidate rate at or below this always passes
-    error_ratio: float = 2.0
-    error_floor: float = 0.02
-    ttft_ratio: float = 1.5
-    itl_ratio: float = 1.5
-    latency_floor_s: float = 0.02  # a p95 this little above stable's always passes
+    min_samples: int
+    cut_ratio: float
+    cut_floor: float  # a candidate rate at or below this always passes
+    error_ratio: float
+    error_floor: float
+    ttft_ratio: float
+    itl_ratio: float
+    latency_floor_s: float  # a p95 this little above stable's always passes
+
+    @classmethod
+    def of(cls, config: RolloutConfig) -> Limits:
+        return cls(
+            min_samples=config.min_samples,
+            cut_ratio=config.cut_ratio,
+            cut_floor=config.cut_floor,
+            error_ratio=config.error_ratio,
+            error_floor=config.error_floor,
+            ttft_ratio=config.ttft_ratio,
+            itl_ratio=config.itl_ratio,
+            latency_floor_s=config.latency_floor_s,
+        )
 
 
 @dataclass(frozen=True, slots=True)

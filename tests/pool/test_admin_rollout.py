@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from picker import rollout_cli
+from picker.config import RolloutConfig
 from picker.http_admin import admin_app
 from picker.pool import EndpointState, Pool
 from picker.rollout import Canary, CanaryPlan
@@ -34,7 +35,7 @@ def pool() -> Pool:
 
 @pytest.fixture
 async def served(pool: Pool) -> AsyncIterator[tuple[TestClient, RolloutRunner]]:
-    runner = RolloutRunner(Canary(CanaryPlan(LABEL, "v1", "v2"), pool.now()), pool, 1.0)
+    runner = RolloutRunner(Canary(CanaryPlan.of(RolloutConfig(candidate="v2")), pool.now()), pool, 1.0)
     runner.store = LocalDrains(pool)
     metrics = Metrics()
     metrics.register_rollout(runner.canary)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from picker.config import steps_of
+from picker.config import RolloutConfig, steps_of
 from picker.rollout import CANDIDATE, STABLE, Canary, CanaryPlan, Limits, Sample
 from picker.rollout.gates import judge
 
@@ -12,17 +12,17 @@ LABEL = "app.kubernetes.io/version"
 
 
 def plan(**changes: object) -> CanaryPlan:
-    base: dict[str, object] = {
-        "label": LABEL,
+    settings: dict[str, object] = {
+        "group_label": LABEL,
         "stable": "v1",
         "candidate": "v2",
         "steps": (5, 25, 50, 100),
         "step_interval_s": 10.0,
         "window_s": 5.0,
-        "limits": Limits(min_samples=10),
+        "min_samples": 10,
     }
-    base.update(changes)
-    return CanaryPlan(**base)  # type: ignore[arg-type]
+    settings.update(changes)
+    return CanaryPlan.of(RolloutConfig.model_validate(settings))
 
 
 def good(at: float, ttft: float = 0.02) -> Sample:
@@ -83,7 +83,7 @@ def test_three_times_the_ttft_rolls_back_at_once_and_drains_the_candidate() -> N
 
 
 def test_five_percent_truncated_streams_fail_the_cut_gate() -> None:
-    canary = Canary(plan(limits=Limits(min_samples=20)), 0.0)
+    canary = Canary(plan(min_samples=20), 0.0)
     now = feed(canary, 0.0, 4.0, cut_every=20)
     canary.tick(now, [])
     assert canary.phase == "rolled-back" and canary.rollback["reason"] == "gate cut-rate failed"  # type: ignore[index]
@@ -119,7 +119,7 @@ def test_abort_resume_pause_and_promote_by_hand() -> None:
 def test_stable_truncating_too_does_not_blame_the_candidate() -> None:
     stable = [Sample(0, cut=i % 10 == 0, error=False, ttft_s=0.02, itl_s=0.01) for i in range(100)]
     candidate = [Sample(0, cut=i % 10 == 0, error=False, ttft_s=0.02, itl_s=0.01) for i in range(100)]
-    assert {r.verdict for r in judge(candidate, stable, Limits())} == {"pass"}
+    assert {r.verdict for r in judge(candidate, stable, Limits.of(RolloutConfig()))} == {"pass"}
 
 
 def test_steps_are_checked() -> None:
