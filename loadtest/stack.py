@@ -41,6 +41,8 @@ class StackOptions:
     # False: the lean shape (no observer filter; the access log ends requests), flushed this often
     observer: bool = True
     access_log_flush_interval: str = "0.1s"
+    # gateway shapes: add Envoy's gRPC access log to the picker (kgateway's HTTPListenerPolicy can)
+    picker_access_log: bool = False
     routing_response_body: str = "NONE"  # STREAMED / FULL_DUPLEX_STREAMED: the routing stream tracks bodies
     picker_env: dict[str, str] | None = None  # extra environment for the picker(s) (OTEL_*, ...)
     peers: bool = False  # with pickers > 1: one set of books over the channel between them (issue 23)
@@ -226,6 +228,7 @@ class Stack:
             observer=self.options.observer,
             access_log_flush_interval=self.options.access_log_flush_interval,
             routing_response_body=self.options.routing_response_body,
+            picker_access_log=self.options.picker_access_log,
         )
         return params
 

@@ -401,8 +401,9 @@ class StreamsConfig(_Group):
     # was never going to be observed (observer filter missing): release its slot instead of leaking it.
     observer_attach_grace_s: float = Field(2.0, gt=0)
     # When a stream ends short of its response, Envoy's access log (sent a moment later) says who
-    # cut it; this is how long to wait for it before calling the ending unobserved.
-    access_log_grace_s: float = Field(1.0, gt=0)
+    # cut it; this is how long to wait for it before calling the ending unobserved. Above Envoy's
+    # default buffer_flush_interval (1 s), which a gateway's generated gRPC access log may keep.
+    access_log_grace_s: float = Field(2.0, gt=0)
     stall_after_s: float = Field(30.0, gt=0, description="silence after which a stream counts as stalled")
     # A client that leaves a stream its engine had stopped sending for this long left because of the
     # silence (vLLM abandons streams at its --shutdown-timeout): a drain record counts it as `cut`.

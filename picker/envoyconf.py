@@ -64,6 +64,9 @@ class EnvoyParams:
     # The routing filter's response_body_mode: NONE (shipped: an observer sees bodies), or STREAMED /
     # FULL_DUPLEX_STREAMED, where the routing stream tracks the body itself (docs, "Stream tracking").
     routing_response_body: str = "NONE"
+    # Gateway shapes: add Envoy's gRPC access log to the picker where the shape has none (kgateway's
+    # HTTPListenerPolicy `accessLog: [{grpcService: ...}]`), so it learns how each request ended.
+    picker_access_log: bool = False
 
 
 def _endpoint_lines(endpoints: Sequence[str]) -> str:
@@ -169,7 +172,7 @@ def render(params: EnvoyParams, template: Path = TEMPLATE) -> str:
         "ROUTE_TIMEOUT": params.route_timeout,
     }
     text = string.Template(template.read_text()).substitute(values)
-    if params.observer and params.routing_response_body == "NONE":
+    if params.observer and params.routing_response_body == "NONE" and not params.picker_access_log:
         return text
     return _reshape(text, params)
 
@@ -178,9 +181,30 @@ OBSERVER_FILTER = "envoy.filters.http.ext_proc.observer"
 ROUTING_FILTER = "envoy.filters.http.ext_proc"
 
 
+GRPC_ACCESS_LOGGER = "envoy.access_loggers.http_grpc"
+
+
+def _picker_access_log(flush_interval: str) -> dict[str, object]:
+    """Envoy's gRPC access log to the picker, as the shipped config has it (config/envoy.yaml)."""
+    return {
+        "name": GRPC_ACCESS_LOGGER,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": "picker",
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}},
+                "buffer_flush_interval": flush_interval,
+                "buffer_size_bytes": 16384,
+            },
+            "additional_request_headers_to_log": ["x-picker-request-id"],
+        },
+    }
+
+
 def _reshape(text: str, params: EnvoyParams) -> str:
-    """The rendered config without the observer filter and/or with the routing filter's response body
-    mode changed (comments are lost in the round trip)."""
+    """The rendered config without the observer filter, with the routing filter's response body mode
+    changed and/or with a gRPC access log to the picker (comments are lost in the round trip)."""
     import yaml
 
     config = yaml.safe_load(text)
@@ -189,6 +213,9 @@ def _reshape(text: str, params: EnvoyParams) -> str:
             for network_filter in chain["filters"]:
                 hcm = network_filter.get("typed_config", {})
                 filters = hcm.get("http_filters", [])
+                loggers = hcm.setdefault("access_log", []) if filters else []
+                if params.picker_access_log and not any(a["name"] == GRPC_ACCESS_LOGGER for a in loggers):
+                    loggers.insert(0, _picker_access_log(params.access_log_flush_interval))
                 if not params.observer:
                     filters[:] = [f for f in filters if f["name"] != OBSERVER_FILTER]
                 for http_filter in filters:

@@ -199,15 +199,22 @@ class ResponseSide:
             return
         self._settle_from_log(record)
 
-    def await_access_log(self, record: RequestRecord) -> None:
+    def await_access_log(self, record: RequestRecord, closed: bool = False) -> None:
         """No filter sees this response's body (no observer, or one without bodies): Envoy's access
-        log entry ends it, with who cut it from its flags. No chunks come, so silence is no stall."""
+        log entry ends it, with who cut it from its flags. No chunks come, so silence is no stall.
+
+        `closed`: the response is known to have ended now (kgateway's routing stream closed): the
+        request's end is dated now, whenever the log arrives, and without a log it ends unobserved."""
         if record.ended:
             return
         record.tracker = None  # nothing will feed it: token counts and TTFT are not known here
         record.observer_done = True  # the log settles it the moment it arrives
+        if closed:
+            record.closed_at = self._clock()
         if record.access_log is not None:
             self._settle_from_log(record)
+        elif closed:
+            self._schedule(self._access_log_grace_s, lambda: self._settle_without_log(record))
 
     def _settle_from_log(self, record: RequestRecord) -> None:
         if not record.ended and record.access_log is not None:
@@ -258,7 +265,8 @@ class ResponseSide:
             return
         if record.engine_tracked:
             self._engine_tracked -= 1
-        now = self._clock()
+        # dated when its end was seen, should its reason have come later (kgateway's access log)
+        now = self._clock() if record.closed_at is None else record.closed_at
         if reason is EndReason.CLIENT_DISCONNECT and self._silent(record, now):
             reason = EndReason.STALLED  # the engine had stopped sending: the client left because of it
         record.end_reason = reason
@@ -277,7 +285,7 @@ class ResponseSide:
         if record.group is not None and self.canary is not None:
             self._canary_sample(record, reason, now, self.canary)
         if record.lease is not None:
-            record.lease.release(drain_end(reason))
+            record.lease.release(drain_end(reason), at=record.closed_at)
         self._live.pop(record.request_id, None)
         self._recent[record.request_id] = record  # Envoy's access-log entry may still be on its way
         if len(self._recent) > _RECENT_KEPT:

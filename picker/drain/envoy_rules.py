@@ -400,9 +400,14 @@ def check(doc: Document, report: Report, budget: Budget, pool_modes: set[str]) -
 
 
 def _check_response_view(doc: Document, hcm: Located, routing: list[Located], report: Report) -> None:
-    """ENVOY-014: neither the routing filter nor an observer sees the response body (its end)."""
+    """ENVOY-014: neither the routing filter nor an observer sees the response body (its end), nor
+    does Envoy's gRPC access log tell the picker how each request ended (the lean shape)."""
     if not routing:
         return
+    for item in hcm.data.get("access_log") or []:
+        config = get(item, ("typed_config",))
+        if isinstance(config, dict) and _type_of(config) == "HttpGrpcAccessLogConfig":
+            return  # each request's end reaches the picker from the log (--response-end access-log)
     for item in hcm.data.get("http_filters") or []:
         config = get(item, ("typed_config",))
         if isinstance(config, dict) and _type_of(config) == "ExternalProcessor":

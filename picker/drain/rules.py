@@ -358,9 +358,9 @@ _CATALOGUE = (
         "ENVOY-014",
         W,
         "picker cannot see where responses end",
-        "With response_body_mode NONE and no observer filter the picker never learns when a stream "
-        "ends: it takes each endpoint's load from the engine's scraped running count and closes drain "
-        "records when the engine is idle, so its view lags by a scrape interval.",
+        "With response_body_mode NONE, no observer filter and no gRPC access log to the picker, it never "
+        "learns how a stream ends: it takes each endpoint's load from the engine's scraped running count "
+        "and closes drain records when the engine is idle, so its view lags by a scrape interval.",
     ),
     Rule(
         "ENVOY-015",

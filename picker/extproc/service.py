@@ -206,11 +206,12 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         return peer not in self._headers_peers and peer not in self._observer_peers
 
     def response_over(self, record: RequestRecord) -> None:
-        """The routing stream's end was the response's end. Envoy's access log can say how it ended;
-        without one nobody here saw, and the request ends now as `unobserved` (its time is exact:
-        in-flight counts and drain records follow it to the millisecond)."""
-        if self.path.access_log_seen:
-            self.path.await_access_log(record)
+        """The routing stream's end was the response's end. Envoy's access log can say how it ended
+        (the request is dated now, its reason the log's); without one nobody here saw, and the
+        request ends now as `unobserved`. Either way its time is exact: drain records follow it to
+        the millisecond."""
+        if self.path.access_log_seen or self._response_end is ResponseEnd.ACCESS_LOG:
+            self.path.await_access_log(record, closed=True)
         else:
             self.path.finish(record, EndReason.UNOBSERVED)
 

@@ -71,11 +71,12 @@ class Lease:
         self._pool._arrived(address, picked=False, picked_at=self._picked_at)
         self._address = address
 
-    def release(self, end: DrainEnd = DrainEnd.UNKNOWN) -> None:
-        """End the claim; `end` says how the request ended (drain records count it)."""
+    def release(self, end: DrainEnd = DrainEnd.UNKNOWN, at: float | None = None) -> None:
+        """End the claim; `end` says how the request ended (drain records count it), `at` when, if
+        that was before now (its reason came later)."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool._left(self._address, end)
+            pool._left(self._address, end, at)
 
 
 class Pool:
@@ -336,8 +337,8 @@ class Pool:
             drain.picked()
             self.totals.picks_after_start += 1
 
-    def _left(self, address: str, end: DrainEnd | None) -> None:
-        """One request fewer on `address`: it ended (`end`), or moved to another endpoint (None)."""
+    def _left(self, address: str, end: DrainEnd | None, at: float | None = None) -> None:
+        """One request fewer on `address`: it ended (`end`, at `at` or now), or moved away (None)."""
         endpoint = self._endpoints.get(address)
         if endpoint is None:
             log.error("in-flight change for unknown endpoint address=%s", address)
@@ -349,7 +350,7 @@ class Pool:
             endpoint.in_flight = 0
         record = endpoint.drain
         if record is not None:
-            now = self._clock()
+            now = self._clock() if at is None else min(at, self._clock())
             if end is None:
                 record.request_moved_away(endpoint.in_flight, now)
             else:

@@ -69,6 +69,9 @@ class RequestRecord:
     tracker: ResponseTracker | None = None
     response_ended: bool = False  # the observer saw the response's end of stream
     access_log: Attempts | None = None
+    # its response's end was seen, but not how it ended (the routing stream's close in kgateway's
+    # shape): the end's time; Envoy's access log, a moment later, says how
+    closed_at: float | None = None
     stalled: bool = False
     ended_at: float | None = None
     end_reason: EndReason | None = None

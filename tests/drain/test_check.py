@@ -156,7 +156,9 @@ def _original_dst_pool(m: Manifests) -> None:
 
 
 def _without_observer(m: Manifests) -> None:
+    """No observer filter and no gRPC access log to the picker: nothing tells it how a response ended."""
     m.hcm["http_filters"] = [f for f in m.hcm["http_filters"] if "observer" not in f["name"]]
+    m.hcm["access_log"] = [a for a in m.hcm.get("access_log", []) if "http_grpc" not in a["name"]]
 
 
 def _eds_with_health_checks(m: Manifests) -> None:
@@ -240,7 +242,7 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
     ("ENVOY-013", "FULL_DUPLEX without trailers",
      lambda m: m.routing_filter["processing_mode"].update(
          request_body_mode="FULL_DUPLEX_STREAMED", request_trailer_mode="SKIP")),
-    ("ENVOY-014", "no observer, response body NONE",
+    ("ENVOY-014", "no observer, no gRPC access log, response body NONE",
      _without_observer),
     ("ENVOY-015", "failClose without the contract reply",
      lambda m: m.hcm.pop("local_reply_config")),

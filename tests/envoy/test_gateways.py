@@ -185,6 +185,28 @@ def test_picker_check_reads_each_shape(tmp_path: Path, name: str) -> None:
     assert {f.rule.id for f in report.findings} == CHECK_FINDINGS[name]
 
 
+def test_a_grpc_access_log_to_the_picker_gives_kgateway_its_ends(tmp_path: Path) -> None:
+    """kgateway's HTTPListenerPolicy access log to the picker: one gRPC logger, a valid config, and
+    `picker check` no longer warns that the picker cannot see how responses end."""
+    config = tmp_path / "kgateway.yaml"
+    params = EnvoyParams(
+        listen_port=10000,
+        admin_port=9901,
+        picker_port=9002,
+        endpoints=["127.0.0.1:8000"],
+        picker_access_log=True,
+    )
+    text = render(params, shape_template("kgateway"))
+    assert text.count("envoy.access_loggers.http_grpc") == 1
+    config.write_text(text)
+    run = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report, _ = check_paths([config], Budget())
+    assert {f.rule.id for f in report.findings} == CHECK_FINDINGS["kgateway"] - {"ENVOY-014"}
+
+
 def test_unknown_shape_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="known: shipped"):
         shape_template("nginx")
