@@ -4,7 +4,9 @@ Several pickers behind one Envoy (the `picker` cluster lists every picker, ext_p
 round robin, so a request's observer stream lands on another picker than the one that routed it about
 half the time). Same traffic for each variant (a closed loop of streams through the real Envoy), and
 every replica's running count (GET /sim/state) sampled while it runs: the spread is max/mean running
-per replica over the samples (1.0 = perfectly even).
+per replica over the samples (1.0 = perfectly even). `exact` / its `p95`: the same ratio weighted by
+time, from the replicas' own request logs (arrival and end of every request) while the loop sends,
+after its first wave: the sampler's GETs, one replica after another, skew under load.
 
 Variants: `one` (one picker), `two-separate` (two pickers, each with its own books: the shape before
 issue 23), `two` and `four` (that many pickers sharing one set of books over the channel between
@@ -36,6 +38,8 @@ VARIANTS = {  # variant: (pickers, shared books, extra picker args)
     "two": (2, True, ()),
     "four": (4, True, ()),
     "two-noscrape": (2, True, ("--no-scrape",)),
+    "four-noscrape": (4, True, ("--no-scrape",)),
+    "four-scrape1s": (4, True, ("--scrape-interval", "1")),
 }
 
 
@@ -92,6 +96,41 @@ class Sampler:
         return statistics.fmean(ratios), ratios[int(0.95 * (len(ratios) - 1))], ratios[-1]
 
 
+def exact_spread(logs: list[list[dict[str, object]]], since: float, until: float) -> tuple[float, float]:
+    """(time-weighted mean, p95) of max/mean running per replica from the replicas' own request logs
+    (arrival and end of each request, one clock): no snapshot skew between replicas, unlike the
+    sampler's one GET after another. Only while the loop was sending (`since` to `until`), and only
+    instants with any load."""
+    events: list[tuple[float, int, int]] = []
+    for index, log in enumerate(logs):
+        for entry in log:
+            arrival, end = entry.get("arrival"), entry.get("end")
+            if isinstance(arrival, float):
+                events.append((arrival, index, 1))
+                events.append((end if isinstance(end, float) else until, index, -1))
+    events.sort()
+    running = [0] * len(logs)
+    weighted: list[tuple[float, float]] = []  # (ratio, seconds)
+    previous = since
+    for at, index, delta in events:
+        start, stop = max(previous, since), min(at, until)
+        if stop > start and sum(running) > 0:
+            weighted.append((max(running) / statistics.fmean(running), stop - start))
+        previous = max(previous, at)
+        running[index] += delta
+    total = sum(seconds for _, seconds in weighted)
+    if total <= 0:
+        return float("nan"), float("nan")
+    mean = sum(ratio * seconds for ratio, seconds in weighted) / total
+    weighted.sort()
+    covered = 0.0
+    for ratio, seconds in weighted:
+        covered += seconds
+        if covered >= 0.95 * total:
+            return mean, ratio
+    return mean, weighted[-1][0]
+
+
 async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str:
     workdir = Path(tempfile.mkdtemp(prefix=f"{variant}-", dir=root))
     pickers, peers, extra = VARIANTS[variant]
@@ -106,6 +145,7 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
     stack = Stack(workdir, options)
     try:
         stack.start()
+        since = time.time()
         with Sampler(stack.replicas) as sampler:
             report = await run_closed_loop(
                 stack.url,
@@ -122,9 +162,12 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
         timer = sum(r["timer"] for r in rows)
         shares = "/".join(f"{r['picks'] / picks:.0%}" for r in rows)  # each picker's share of the routing
         mean, p95, worst = sampler.spread()
+        logs = [stack.sim_requests(replica) for replica in stack.replicas]
+        exact, exact_p95 = exact_spread(logs, since + 1.0, since + args.seconds)  # past the first wave
         return (
             f"{variant:<13} | {len(report.results):>8} | {failed:>6} | {len(sampler.samples):>7} | "
-            f"{mean:>8.2f} | {p95:>6.2f} | {worst:>6.2f} | {elsewhere:>9.0%} | {timer:>5.0f} | {shares}"
+            f"{mean:>8.2f} | {p95:>6.2f} | {worst:>6.2f} | {exact:>5.2f} | {exact_p95:>5.2f} | "
+            f"{elsewhere:>9.0%} | {timer:>5.0f} | {shares}"
         )
     finally:
         stack.stop()
@@ -144,7 +187,10 @@ async def main() -> None:
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
     print(f"{args.streams} streams x {args.tokens} tokens, {args.replicas} replicas, {args.seconds:g} s each")
-    columns = ("variant      ", "requests", "failed", "samples", "max/mean", "p95   ", "worst ", "elsewhere")
+    columns = (
+        *("variant      ", "requests", "failed", "samples", "max/mean", "p95   ", "worst "),
+        *("exact", "p95  ", "elsewhere"),
+    )
     print(" | ".join((*columns, "timer", "routed")))
     with tempfile.TemporaryDirectory(prefix="bench-ha-") as root:
         for variant in variants:

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from picker.pool import EndpointState, Pool
+from picker.scheduling import Stagger
 from picker.streams import Attempts, RequestRecord, ResponseTracker
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 SEPARATOR = "~"  # in a request id: <owner>~<hex>
 ALIVE_EVERY_S = 5.0  # a foreign stream's heartbeat to its owner (its stall sweep reads it)
 BOOKKEEPING = frozenset({"pick", "move", "end"})  # broadcast; resent whole on every reconnect
+# sent in this loop turn: what load spreading reads (a stream's end frees its slot for the next pick);
+# other reports wait a few milliseconds to share a message
+URGENT = BOOKKEEPING | {"ended"}
+_TOMBSTONES = 4096  # ends heard before their picks (from the observer's picker): those picks are stale
 _MAX_QUEUED = 50_000  # events held for a peer that does not take them; the oldest go beyond
 
 Event = list[Any]  # msgpack-able: [kind, request_id, ...]
@@ -67,7 +72,7 @@ class Outbox:
             half = len(queued) // 2
             self.dropped += half
             del queued[:half]
-        self.wake(event[0] in BOOKKEEPING)
+        self.wake(event[0] in URGENT)
 
     def take(self, peer: str) -> list[Event]:
         return self.pending.pop(peer, [])
@@ -89,6 +94,8 @@ class Peering:
         # per peer: its requests in flight and where (it adds to those endpoints' loads)
         self._books: dict[str, dict[str, str]] = {peer: {} for peer in self.peers}
         self._orphans: dict[str, str] = {}  # request -> endpoint: a broken-off peer's, still counted
+        self._ended: OrderedDict[str, None] = OrderedDict()  # see _TOMBSTONES
+        self._stagger: Stagger | None = None
         self.connected: set[str] = set()  # peers the transport's links reach now
         self.observers = 0  # foreign requests whose observer stream came here
         self.forwarded = 0  # events sent to an owner
@@ -98,6 +105,14 @@ class Peering:
     @property
     def dropped(self) -> int:
         return self.outbox.dropped
+
+    @property
+    def stagger(self) -> Stagger:
+        """This picker's place among all of them, by name (each picker computes the same order)."""
+        if self._stagger is None:
+            names = sorted({self.name, *self.peers})
+            self._stagger = Stagger(names.index(self.name), len(names))
+        return self._stagger
 
     # --- this picker routes -------------------------------------------------------------------------
 
@@ -111,6 +126,8 @@ class Peering:
             self.outbox.to(peer, event)
 
     def ended(self, record: RequestRecord) -> None:
+        if record.peers_told:
+            return  # the picker its observer stream went to told every other picker already
         for peer in self.peers:
             self.outbox.to(peer, ["end", record.request_id])
 
@@ -153,10 +170,15 @@ class Peering:
         if tracker is not None:
             tracker.end()
         self._report(record, ["ended", record.request_id, end_of_stream, _summary(tracker)])
-        # this picker saw it end first: its endpoint's load drops now, not when the owner's `end`
-        # comes back (a request picked here meanwhile would otherwise see the replica still busy)
+        # this picker saw it end first: its endpoint's load drops now, here and on every other
+        # picker, not when the owner's `end` comes round a hop later (a request picked meanwhile
+        # would see the replica still busy, and all of them pick another: herding)
         assert record.owner is not None
-        self.book(record.owner, ["end", record.request_id])
+        end: Event = ["end", record.request_id]
+        self.book(self.name, end)
+        for peer in self.peers:
+            if peer != record.owner:
+                self.outbox.to(peer, end)
         self._shadows.pop(record.request_id, None)
         self._alive_at.pop(record.request_id, None)
 
@@ -202,6 +224,7 @@ class Peering:
         for peer in added:
             self._books.setdefault(peer, {})
         self.peers = wanted
+        self._stagger = None  # its place may have changed
         return added, removed
 
     def peer_gone(self, peer: str) -> None:
@@ -240,14 +263,21 @@ class Peering:
                 self._add(address, -1)
 
     def book(self, peer: str, event: Event) -> bool:
-        """`pick` / `move` / `end` from `peer`; False when the event is not a bookkeeping one."""
+        """`pick` / `move` / `end` from `peer` (an `end` also from the picker its observer stream
+        went to: it goes in its owner's book); False when the event is not a bookkeeping one."""
         kind, request_id = event[0], event[1]
         if kind not in BOOKKEEPING:
             return False
+        owner = owner_of(request_id) or peer
+        if owner == self.name:
+            return True  # one of this picker's own: its record is the book
         orphaned = self._orphans.pop(request_id, None)  # its owner is back, or its end was seen here
         if orphaned is not None:
             self._add(orphaned, -1)
-        book = self._books.setdefault(peer, {})  # a peer not discovered yet still counts
+        book = self._books.setdefault(owner, {})  # a peer not discovered yet still counts
+        if kind != "end" and request_id in self._ended:
+            del self._ended[request_id]  # its end came first, by another picker's channel
+            return True
         if kind in ("pick", "move"):
             previous = book.get(request_id)
             if previous is not None:
@@ -258,6 +288,10 @@ class Peering:
             previous = book.pop(request_id, None)
             if previous is not None:
                 self._add(previous, -1)
+            elif orphaned is None and peer != owner:
+                self._ended[request_id] = None  # heard before its pick: that pick must not count
+                if len(self._ended) > _TOMBSTONES:
+                    self._ended.popitem(last=False)
         return True
 
     def _add(self, address: str, delta: int) -> None:
@@ -267,6 +301,7 @@ class Peering:
         endpoint.peer_in_flight = max(0, endpoint.peer_in_flight + delta)
         if delta > 0:
             endpoint.arrivals += 1
+            endpoint.peer_arrivals += 1
         else:
             endpoint.departures += 1
 

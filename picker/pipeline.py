@@ -336,11 +336,14 @@ class RequestPath(ResponseSide):
                     "metrics?): picking by the picker's own in-flight counts"
                 )
         suspects = self._pool.health.suspects()  # failing fast: never the primary, last resort only
-        choice = self.placement.choose(record, candidates, count, self._rng, started, policy, suspects)
+        stagger = self.peering.stagger if self.peering is not None else None  # several pickers
+        choice = self.placement.choose(
+            record, candidates, count, self._rng, started, policy, suspects, stagger
+        )
         if choice is not None:
             destinations = choice.destinations
         else:
-            destinations = pick(candidates, count, self._rng, started, policy, suspects)
+            destinations = pick(candidates, count, self._rng, started, policy, suspects, stagger)
         if not destinations:
             return False
         record.picked = tuple(destinations)

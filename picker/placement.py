@@ -27,7 +27,7 @@ from picker.inference import InferenceRequest
 from picker.pool import Endpoint, Pool
 from picker.pool.cache import CacheKeys, PrefixIndex
 from picker.pool.sessions import Sessions
-from picker.scheduling import LoadPolicy, estimated_load
+from picker.scheduling import LoadPolicy, Stagger, estimated_load
 from picker.scheduling.affinity import Affinity, AffinityPolicy, Choice, lora_score, pick_with_affinity
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
 from picker.streams import RequestRecord
@@ -88,6 +88,7 @@ class Placement:
         now: float,
         load: LoadPolicy,
         suspects: frozenset[str],
+        stagger: Stagger | None = None,
     ) -> Choice | None:
         """The affinity pick, or None when nothing but load tells the candidates apart."""
         keys = record.keys
@@ -114,7 +115,9 @@ class Placement:
                     load_avg=load_avg,
                 )
             )
-        choice = pick_with_affinity(candidates, affinities, count, rng, now, load, self.policy, suspects)
+        choice = pick_with_affinity(
+            candidates, affinities, count, rng, now, load, self.policy, suspects, stagger
+        )
         if choice.destinations:
             primary = choice.destinations[0]
             found = next(a for c, a in zip(candidates, affinities, strict=True) if c.address == primary)

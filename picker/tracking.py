@@ -378,6 +378,7 @@ class ResponseSide:
                 if record.tracker is not None:
                     record.tracker.last_chunk_at = self._clock()
             case "ended":
+                record.peers_told = True  # its sender booked the end on every picker
                 if record.tracker is None:
                     record.tracker = ResponseTracker(streaming=record.stream)
                 if isinstance(event[3], dict):

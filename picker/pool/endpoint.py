@@ -41,6 +41,7 @@ class Endpoint:
     # the prefill backlog a new request would wait behind (the reference's in-flight token load)
     pending_prefill: float = 0.0
     peer_in_flight: int = 0  # requests other pickers have in flight here (picker/peering.py)
+    peer_arrivals: int = 0  # of `arrivals`, those other pickers' books added
     # its load (running + waiting, estimated) averaged over the last seconds, at `load_avg_at`: a
     # sustained imbalance, which breaks affinity, from the moment-to-moment swings, which must not
     load_avg: float = 0.0

@@ -12,11 +12,12 @@ from picker.scheduling.load import (
     saturated,
     without_metrics,
 )
-from picker.scheduling.pick import Candidate, pick
+from picker.scheduling.pick import Candidate, Stagger, pick
 
 __all__ = [
     "Candidate",
     "LoadPolicy",
+    "Stagger",
     "assess",
     "estimated_load",
     "estimated_waiting",

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from picker.config import AffinityConfig
 from picker.scheduling.load import LoadPolicy, assess, estimated_load
-from picker.scheduling.pick import Candidate
+from picker.scheduling.pick import Candidate, Stagger
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +112,23 @@ def pick_with_affinity(
     load: LoadPolicy,
     policy: AffinityPolicy,
     last_resort: frozenset[str] = frozenset(),
+    stagger: Stagger | None = None,
 ) -> Choice:
-    """Up to `count` addresses, primary first; no destinations when no candidate has room."""
+    """Up to `count` addresses, primary first; no destinations when no candidate has room.
+
+    With `stagger` (several pickers), loads compare in whole requests and ties go by the picker's
+    own order (`Stagger`), not at random."""
     if count <= 0 or not candidates:
         return Choice([], "")
     rows = []
+    order = stagger.order([candidate.address for candidate in candidates]) if stagger is not None else {}
     for candidate, affinity in zip(candidates, affinities, strict=True):
         full, cost = assess(candidate, now, load)
-        rows.append(_Row(candidate.address in last_resort, full, cost, rng.random(), candidate, affinity))
+        if stagger is not None:
+            cost, tiebreak = stagger.whole(cost, load), float(order[candidate.address])
+        else:
+            tiebreak = rng.random()
+        rows.append(_Row(candidate.address in last_resort, full, cost, tiebreak, candidate, affinity))
     rows.sort(key=lambda row: row.order)
     open_rows = [row for row in rows if not row.suspect and not row.full]
     if not open_rows:

@@ -26,6 +26,9 @@ class LoadView(Protocol):
     def arrivals(self) -> int: ...
 
     @property
+    def peer_arrivals(self) -> int: ...
+
+    @property
     def departures(self) -> int: ...
 
     @property
@@ -53,7 +56,11 @@ def estimated_load(view: LoadView) -> float:
     counted = float(view.in_flight + view.peer_in_flight)  # this picker's and its peers' requests
     if sample is None:
         return counted
-    sent_since = view.arrivals - sample.arrivals_before
+    # Only this picker's own sends: a peer's pick reaches it after the request reached the engine
+    # (so the scrape may count it already), and `counted` holds it anyway. Counted twice, it made
+    # every picker shun that replica until the next scrape (bench_ha: four pickers 1.13 -> ...).
+    own_since = view.arrivals - view.peer_arrivals
+    sent_since = own_since - (sample.arrivals_before - sample.peer_arrivals_before)
     ended_since = view.departures - sample.departures_after
     # The pickers' own in-flight counts are exact for their requests: they cover requests still on
     # their way to the engine when the scrape was taken, which the scrape cannot have counted.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from picker.scheduling.load import LoadPolicy, LoadView, assess
@@ -15,6 +17,32 @@ class Candidate(LoadView, Protocol):
     def address(self) -> str: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Stagger:
+    """This picker's place among `pickers` active ones (picker/peering.py).
+
+    A burst reaches them all at once, and each picks before the others' picks reach it, so by load
+    alone every one would choose the same least-loaded endpoint (herding). Staggered, each takes
+    endpoints within one request's load of each other in its own order, a ring of the addresses
+    rotated by its place: the pickers' first choices differ, so a burst spreads as with one picker.
+    """
+
+    place: int
+    pickers: int
+
+    def order(self, addresses: Sequence[str]) -> dict[str, int]:
+        """Each address's place in this picker's ring (0 first)."""
+        ring = sorted(addresses)
+        offset = self.place * len(ring) // max(1, self.pickers)
+        return {address: (i - offset) % len(ring) for i, address in enumerate(ring)}
+
+    @staticmethod
+    def whole(score: float, policy: LoadPolicy) -> float:
+        """A load score in whole requests: what the pickers' shared books tell apart. Finer (the
+        scrape's KV usage, the same on every picker) would send them all to one endpoint."""
+        return math.floor(score / (policy.weight_load or 1.0) + 1e-9)
+
+
 def pick(
     candidates: Sequence[Candidate],
     count: int,
@@ -22,12 +50,14 @@ def pick(
     now: float = 0.0,
     policy: LoadPolicy | None = None,
     last_resort: frozenset[str] = frozenset(),
+    stagger: Stagger | None = None,
 ) -> list[str]:
     """Up to `count` addresses, primary first; [] when no candidate has room for one more request.
 
     Fallbacks are only used by Envoy when the primary cannot be reached before response headers, so
     they may include saturated endpoints (after every unsaturated one): better queued than failed.
-    The random key breaks ties so equal endpoints share a burst.
+    The random key breaks ties so equal endpoints share a burst; with `stagger` (several pickers),
+    loads are compared in whole requests and ties go by the picker's own order.
 
     `last_resort` (suspect endpoints: their answers kept failing before the first byte) are listed
     after every other candidate, saturated or not, and are the primary only when no other candidate
@@ -36,11 +66,18 @@ def pick(
     policy = policy or LoadPolicy(use_metrics=False)
     if count <= 0 or not candidates:
         return []
-    keyed = []
-    for candidate in candidates:
-        full, rank = assess(candidate, now, policy)
-        suspect = candidate.address in last_resort
-        keyed.append((suspect, full, rank, rng.random(), candidate.address))
+    keyed: list[tuple[bool, bool, float, float, str]] = []
+    if stagger is not None:
+        order = stagger.order([candidate.address for candidate in candidates])
+        for candidate in candidates:
+            full, rank = assess(candidate, now, policy)
+            address = candidate.address
+            keyed.append((address in last_resort, full, stagger.whole(rank, policy), order[address], address))
+    else:
+        for candidate in candidates:
+            full, rank = assess(candidate, now, policy)
+            suspect = candidate.address in last_resort
+            keyed.append((suspect, full, rank, rng.random(), candidate.address))
     best = heapq.nsmallest(count, keyed)
     if best[0][1]:
         return []

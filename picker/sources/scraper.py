@@ -90,6 +90,7 @@ class Scraper:
     async def _scrape(self, address: str) -> None:
         known = self._pool.get(address)
         arrivals_before = known.arrivals if known is not None else 0
+        peer_arrivals_before = known.peer_arrivals if known is not None else 0
         try:
             gauges = await self._fetch(address)
         except (aiohttp.ClientError, TimeoutError, MetricsPageError, _PageTooLarge, OSError) as exc:
@@ -104,6 +105,7 @@ class Scraper:
                 gauges.kv_usage,
                 self._clock(),
                 arrivals_before=arrivals_before,
+                peer_arrivals_before=peer_arrivals_before,
             )
             adapters = gauges.adapters
             record_engine_info(

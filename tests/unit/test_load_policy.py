@@ -82,6 +82,7 @@ class Cand:
     peer_in_flight: int = 0
     learned_slots: int = 0
     arrivals: int = 0
+    peer_arrivals: int = 0
     departures: int = 0
 
 

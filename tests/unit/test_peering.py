@@ -19,12 +19,12 @@ LAST = b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\ndata: [DONE
 
 
 class Picker:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, members: tuple[str, ...] = (A, B)) -> None:
         self.pool = Pool()
         self.pool.apply(ready=[E1, E2])
         self.metrics = Metrics()
         self.metrics.register_pool(self.pool)
-        self.peering = Peering(name, [A, B], self.pool)
+        self.peering = Peering(name, members, self.pool)
         self.path = RequestPath(
             self.pool,
             self.metrics,

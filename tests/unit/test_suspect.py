@@ -104,7 +104,7 @@ class Load:
     def __init__(self, address: str, in_flight: int = 0) -> None:
         self.address = address
         self.in_flight = in_flight
-        self.arrivals = self.departures = self.learned_slots = self.peer_in_flight = 0
+        self.arrivals = self.departures = self.learned_slots = self.peer_in_flight = self.peer_arrivals = 0
         self.load = None
 
 
