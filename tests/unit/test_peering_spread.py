@@ -47,7 +47,7 @@ def test_the_picker_that_sees_an_end_tells_every_picker_and_the_owner_sends_noth
 
 def test_an_end_heard_before_its_pick_leaves_nothing_counted() -> None:
     """The end comes from the observer's picker, the pick from its owner: two channels, any order."""
-    a, b, c = (Picker(name, (A, B, C)) for name in (A, B, C))
+    a, c = Picker(A, (A, B, C)), Picker(C, (A, B, C))
     record = a.path.admit(REQUEST).payload
     endpoint = record.picked[0]
     c.peering.book(B, ["end", record.request_id])  # B saw it end before A's pick reached C
