@@ -100,21 +100,28 @@ async def test_a_drain_that_would_starve_the_pool_waits_for_a_replacement(
             capacity = refused.json()["error"]["capacity"]
             assert capacity["capacity_left"] == 4 and capacity["demand"] >= STREAMS - 1
 
+            async def states() -> dict[str, str]:
+                listed = (await client.get(f"{admin}/admin/endpoints")).json()["endpoints"]
+                return {e["address"]: e["state"] for e in listed}
+
             waiting = asyncio.create_task(client.post(f"{admin}/admin/endpoints/{second}/drain?wait=30"))
-            await asyncio.sleep(0)
-            assert not waiting.done()
-            listed_at = time.monotonic()
+            held_until = time.monotonic() + 0.5
+            while time.monotonic() < held_until:  # the guarded drain holds: its replica keeps serving
+                assert not waiting.done(), waiting.result().text
+                assert (await states())[second] == "ready"
+                await asyncio.sleep(0.05)  # polling the conditions above
             # the operator's change keeps the drain the admin API recorded in the same file
             write_endpoints(endpoints, [*stack.replicas, f"127.0.0.1:{spare_port}"], frozenset({first}))
             answer = await waiting
             assert answer.status_code == 200, answer.text
-            assert time.monotonic() >= listed_at
-            states = {
-                e["address"]: e["state"]
-                for e in (await client.get(f"{admin}/admin/endpoints")).json()["endpoints"]
-            }
-            assert states[second] == "draining" and states[f"127.0.0.1:{spare_port}"] == "ready"
-            # the guard refuses a drain that would starve the pool, and force overrides it
+            listed = await states()
+            assert listed[second] == "draining" and listed[f"127.0.0.1:{spare_port}"] == "ready"
+            # the guard refuses a drain that would starve the pool, and force overrides it: judged
+            # on the demand of the moment, so first the load is back at its level
+            deadline = time.monotonic() + 15
+            while not await busy():
+                assert time.monotonic() < deadline, "the load never came back"
+                await asyncio.sleep(0.05)  # polling the condition above
             third = stack.replicas[2]
             again = await client.post(f"{admin}/admin/endpoints/{third}/drain")
             assert again.status_code == 409, (statuses, again.text)
