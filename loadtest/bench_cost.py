@@ -222,7 +222,7 @@ async def idle_rates(pids: dict[str, Pids], seconds: float) -> dict[str, float]:
 
 @dataclass
 class Paths:
-    ports: dict[str, int]  # envoy / picker / lean (/ plain1 / plain2) -> listen port
+    ports: dict[str, int]  # envoy / picker / lean (/ plain1 / plain2 / plain2s) -> listen port
     pickers: dict[str, Pids]  # picker / lean -> picker pid(s)
     sims: int
     envoys: dict[str, int]
@@ -485,13 +485,14 @@ async def run(args: argparse.Namespace) -> None:
                 envoys={"envoy": baseline.pid, "picker": stack.envoy.pid, "lean": lean.envoy.pid},
             )
             if args.two_pickers:  # issue 23: one picker against two with one set of books, both plaintext
-                for name, count in (("plain1", 1), ("plain2", 2)):
+                # plain2s: two pickers with separate books, what the process split alone costs
+                for name, count, peers in (("plain1", 1, False), ("plain2", 2, True), ("plain2s", 2, False)):
                     (workdir / name).mkdir()
                     options = StackOptions(
                         replicas=0,
                         picker_endpoints=stack.replicas,
                         pickers=count,
-                        peers=count > 1,
+                        peers=peers,
                         envoy_picker_tls=False,
                     )
                     extra = await asyncio.to_thread(Stack(workdir / name, options).start)
@@ -557,7 +558,8 @@ def main() -> None:
         "--no-two-pickers",
         dest="two_pickers",
         action="store_false",
-        help="skip the plain1 / plain2 paths (one picker, two with shared books; plaintext to the picker)",
+        help="skip the plain1 / plain2 / plain2s paths (one picker, two with shared books, two with "
+        "separate books; plaintext to the picker)",
     )
     parser.add_argument("--seconds", type=float, default=6.0, help="bound of each throughput phase")
     parser.add_argument("--short-levels", default="1,20,60")

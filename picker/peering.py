@@ -10,9 +10,11 @@ peers reach it at). What a peer tells it, over the channel between pickers (pick
   joined), `started` (status, who served, streaming), `first` (the first byte), `alive` (a stream
   still flowing, at most every few seconds, so the owner's stall sweep holds), `ended` (the body's
   summary: how it ended, tokens, usage), and from the picker its access-log entry came to: `log`;
-- to every peer, from the owner: `pick` / `move` (the endpoint a request is on) and `end`: each
-  picker adds the others' requests to each endpoint's load (`Endpoint.peer_in_flight`), so load
-  spreads as with one picker. A peer whose channel breaks leaves its requests behind as *orphans*:
+- to every peer, from the owner: `pick` / `move` (the endpoint a request is on) and `end`; from
+  the picker that saw the stream end (its observer's), `end` to every picker but the owner, at
+  once, and the owner then sends none. Each picker adds the others' requests to each endpoint's
+  load (`Endpoint.peer_in_flight`), and picks staggered (`scheduling.Stagger`), so load spreads as
+  with one picker. A peer whose channel breaks leaves its requests behind as *orphans*:
   they still count on their endpoints (their streams run on, whatever happened to the picker) until
   their end is seen here, the peer resends its books, or the endpoint's engine gauges show it no
   longer runs them (`settle_orphans`, after each scrape): never counted for ever, never dropped early.

@@ -202,18 +202,15 @@ class ResponseSide:
     def await_access_log(self, record: RequestRecord, closed: bool = False) -> None:
         """No filter sees this response's body (no observer, or one without bodies): Envoy's access
         log entry ends it, with who cut it from its flags. No chunks come, so silence is no stall.
-
-        `closed`: the response is known to have ended now (kgateway's routing stream closed): the
-        request's end is dated now, whenever the log arrives, and without a log it ends unobserved."""
+        `closed`: it ended now (kgateway's routing stream closed): dated now, whenever the log comes."""
         if record.ended:
             return
         record.tracker = None  # nothing will feed it: token counts and TTFT are not known here
         record.observer_done = True  # the log settles it the moment it arrives
-        if closed:
-            record.closed_at = self._clock()
+        record.closed_at = self._clock() if closed else None
         if record.access_log is not None:
             self._settle_from_log(record)
-        elif closed:
+        elif closed:  # without a log it ends unobserved
             self._schedule(self._access_log_grace_s, lambda: self._settle_without_log(record))
 
     def _settle_from_log(self, record: RequestRecord) -> None:
