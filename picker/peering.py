@@ -12,9 +12,9 @@ peers reach it at). What a peer tells it, over the channel between pickers (pick
   summary: how it ended, tokens, usage), and from the picker its access-log entry came to: `log`;
 - to every peer, from the owner: `pick` / `move` (the endpoint a request is on) and `end`; from
   the picker that saw the stream end (its observer's), `end` to every picker but the owner, at
-  once, and the owner then sends none. Each picker adds the others' requests to each endpoint's
-  load (`Endpoint.peer_in_flight`), and picks staggered (`scheduling.Stagger`), so load spreads as
-  with one picker. A peer whose channel breaks leaves its requests behind as *orphans*:
+  once; the owner's own `end` then skips that picker (with two pickers: nothing more to send).
+  Each picker adds the others' requests to each endpoint's load (`Endpoint.peer_in_flight`), and
+  picks staggered (`scheduling.Stagger`), so load spreads as with one picker. A peer whose channel breaks leaves its requests behind as *orphans*:
   they still count on their endpoints (their streams run on, whatever happened to the picker) until
   their end is seen here, the peer resends its books, or the endpoint's engine gauges show it no
   longer runs them (`settle_orphans`, after each scrape): never counted for ever, never dropped early.
@@ -128,10 +128,12 @@ class Peering:
             self.outbox.to(peer, event)
 
     def ended(self, record: RequestRecord) -> None:
-        if record.peers_told:
-            return  # the picker its observer stream went to told every other picker already
+        # the picker its observer stream went to told the others already; told again, they ignore
+        # it, and one that could not hear that picker (its channel down) still hears the owner
+        told = record.observed_by if record.peers_told else None
         for peer in self.peers:
-            self.outbox.to(peer, ["end", record.request_id])
+            if peer != told:
+                self.outbox.to(peer, ["end", record.request_id])
 
     # --- another picker routed it: this picker sees its observer stream or its access-log entry ------
 

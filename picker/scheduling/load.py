@@ -57,8 +57,8 @@ def estimated_load(view: LoadView) -> float:
     if sample is None:
         return counted
     # Only this picker's own sends: a peer's pick reaches it after the request reached the engine
-    # (so the scrape may count it already), and `counted` holds it anyway. Counted twice, it made
-    # every picker shun that replica until the next scrape (bench_ha: four pickers 1.13 -> ...).
+    # (so the scrape may count it already), and `counted` holds it anyway. Counted twice, it would
+    # make this picker shun that replica until the next scrape.
     own_since = view.arrivals - view.peer_arrivals
     sent_since = own_since - (sample.arrivals_before - sample.peer_arrivals_before)
     ended_since = view.departures - sample.departures_after

@@ -83,7 +83,7 @@ class RequestRecord:
     # another picker routed it; this one only tracks its response for it (picker/peering.py)
     owner: str | None = None
     observed_by: str | None = None  # the peer its observer stream went to (it reports the end)
-    peers_told: bool = False  # ... and that peer told every other picker it ended
+    peers_told: bool = False  # ... and that peer told the other pickers it ended
     need: Need | None = None  # scheduling.by_model: only endpoints that serve this may take it
     group: str | None = None  # a canary runs: the group it was sent to (picker/rollout)
 

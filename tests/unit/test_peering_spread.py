@@ -18,7 +18,7 @@ REPLICAS = [f"10.0.0.{i}:8000" for i in range(1, 5)]
 AFFINITY = AffinityPolicy.of(AffinityConfig())
 
 
-def test_the_picker_that_sees_an_end_tells_every_picker_and_the_owner_sends_nothing_more() -> None:
+def test_the_picker_that_sees_an_end_tells_every_picker_and_the_owner_tells_the_rest_again() -> None:
     a, b, c = (Picker(name, (A, B, C)) for name in (A, B, C))
     record = a.path.admit(REQUEST).payload
     deliver(a, b, c)
@@ -37,9 +37,13 @@ def test_the_picker_that_sees_an_end_tells_every_picker_and_the_owner_sends_noth
     for event in b.peering.outbox.take(C):  # C hears it from B, not a hop later from A
         c.peering.book(B, event)
     assert c.pool.get(endpoint).peer_in_flight == 0  # type: ignore[union-attr]
-    deliver(a, b, c)
+    for event in b.peering.outbox.take(A):  # the owner hears how it ended
+        a.path.peer_event(event, B)
     assert record.end_reason is not None and record.peers_told
-    assert not a.peering.outbox.pending.get(B) and not a.peering.outbox.pending.get(C)  # no second end
+    # nothing back to B, which told it; C again, should it not have heard B (harmless if it did)
+    assert not a.peering.outbox.pending.get(B)
+    assert [e[0] for e in a.peering.outbox.pending.get(C, [])] == ["end"]
+    deliver(a, b, c)
     for picker in (a, b, c):
         assert picker.pool.in_flight() == 0
         assert sum(e.peer_in_flight for e in picker.pool.endpoints()) == 0
