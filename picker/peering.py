@@ -14,10 +14,11 @@ peers reach it at). What a peer tells it, over the channel between pickers (pick
   the picker that saw the stream end (its observer's), `end` to every picker but the owner, at
   once; the owner's own `end` then skips that picker (with two pickers: nothing more to send).
   Each picker adds the others' requests to each endpoint's load (`Endpoint.peer_in_flight`), and
-  picks staggered (`scheduling.Stagger`), so load spreads as with one picker. A peer whose channel breaks leaves its requests behind as *orphans*:
-  they still count on their endpoints (their streams run on, whatever happened to the picker) until
-  their end is seen here, the peer resends its books, or the endpoint's engine gauges show it no
-  longer runs them (`settle_orphans`, after each scrape): never counted for ever, never dropped early.
+  picks staggered (`scheduling.Stagger`), so load spreads as with one picker. A peer whose
+  channel breaks leaves its requests behind as *orphans*: they still count on their endpoints
+  (their streams run on, whatever happened to the picker) until their end is seen here, the peer
+  resends its books, or the endpoint's engine gauges show it no longer runs them
+  (`settle_orphans`, after each scrape): never counted for ever, never dropped early.
 The observer side keeps a *shadow* record per foreign request (its tracker parses the stream as for
 a request of its own) and reports the events; the owner applies them to its own record, so drain
 records, truncation counts and end reasons stay exact. Plain synchronous code on the picker's loop:
