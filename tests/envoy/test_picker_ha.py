@@ -34,8 +34,9 @@ DEADLINE_S = 60.0  # no load loop runs longer
 
 @dataclass
 class Sent:
-    at: float
+    at: float  # sent (time.time())
     result: Result
+    answered: float = 0.0  # its answer's end came back (time.time())
 
 
 def two_pickers(tmp_path: Path, peers: bool = False) -> Stack:
@@ -74,7 +75,8 @@ async def open_loop(
     tasks: list[asyncio.Task[None]] = []
 
     async def one(at: float) -> None:
-        sent.append(Sent(at, await stream_one(client, url, completion_body(max_tokens))))
+        result = await stream_one(client, url, completion_body(max_tokens))
+        sent.append(Sent(at, result, time.time()))
 
     started = time.monotonic()
     for index in range(int(RATE * DEADLINE_S)):
