@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import string
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from picker.config import parse_address
 from picker.contract import ENVOY_PICKER_ERROR_STATUS, Outcome, Reply, reply_for
@@ -184,22 +185,20 @@ ROUTING_FILTER = "envoy.filters.http.ext_proc"
 GRPC_ACCESS_LOGGER = "envoy.access_loggers.http_grpc"
 
 
-def _picker_access_log(flush_interval: str) -> dict[str, object]:
-    """Envoy's gRPC access log to the picker, as the shipped config has it (config/envoy.yaml)."""
-    return {
-        "name": GRPC_ACCESS_LOGGER,
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
-            "common_config": {
-                "log_name": "picker",
-                "transport_api_version": "V3",
-                "grpc_service": {"envoy_grpc": {"cluster_name": "picker"}},
-                "buffer_flush_interval": flush_interval,
-                "buffer_size_bytes": 16384,
-            },
-            "additional_request_headers_to_log": ["x-picker-request-id"],
-        },
-    }
+def _picker_access_log(params: EnvoyParams) -> Any:
+    """Envoy's gRPC access log to the picker, taken from the shipped config (config/envoy.yaml)."""
+    import yaml
+
+    shipped = yaml.safe_load(
+        render(replace(params, picker_access_log=False, observer=True, routing_response_body="NONE"))
+    )
+    for listener in shipped["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for network_filter in chain["filters"]:
+                for logger in network_filter.get("typed_config", {}).get("access_log", []):
+                    if logger["name"] == GRPC_ACCESS_LOGGER:
+                        return logger
+    raise ValueError(f"{TEMPLATE} has no {GRPC_ACCESS_LOGGER}")
 
 
 def _reshape(text: str, params: EnvoyParams) -> str:
@@ -215,7 +214,7 @@ def _reshape(text: str, params: EnvoyParams) -> str:
                 filters = hcm.get("http_filters", [])
                 loggers = hcm.setdefault("access_log", []) if filters else []
                 if params.picker_access_log and not any(a["name"] == GRPC_ACCESS_LOGGER for a in loggers):
-                    loggers.insert(0, _picker_access_log(params.access_log_flush_interval))
+                    loggers.insert(0, _picker_access_log(params))
                 if not params.observer:
                     filters[:] = [f for f in filters if f["name"] != OBSERVER_FILTER]
                 for http_filter in filters:
