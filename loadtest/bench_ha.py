@@ -12,9 +12,10 @@ Variants: `one` (one picker), `two-separate` (two pickers, each with its own boo
 issue 23), `two` and `four` (that many pickers sharing one set of books over the channel between
 pickers, `--peers`); to tell causes apart, `two-noscrape` / `four-noscrape` (no engine gauges) and
 `four-scrape1s` (gauges every second). Columns: `elsewhere`: observer streams a picker got for a
-request another picker routed (handed to the routing picker with peers, unmatched without); `timer`: requests ended by the
-observer grace timer or as unobserved while they still streamed (0 is the goal); `routed`: each
-picker's share of the routing streams (what its flow-control queue sees). Run:
+request another picker routed (handed to the routing picker with peers, unmatched without);
+`timer`: requests ended by the observer grace timer or as unobserved while they still streamed (0 is
+the goal); `routed`: each picker's share of the routing streams (what its flow-control queue sees).
+Run:
 `python -m loadtest.bench_ha [--streams 24] [--seconds 15] [--replicas 4]` (about 1.5 min).
 """
 
