@@ -8,6 +8,9 @@ Three data paths over the same simulated replicas (TTFT 5 ms), in one run:
           entries flushed every 10 ms (--lean-flush) so that in-flight counts follow the ends closely
   traced  the shipped config with `--tracing`: every request a trace, batched over OTLP/gRPC to a
           collector on loopback (loadtest/otlp_collector.py); `picker` is the same with tracing off
+  plain1 / plain2 / plain2s  one picker, two with one set of books (`--peers`), two with separate
+          books, all plaintext (issue 23); the `pickers` part runs their short requests in interleaved
+          rounds, since this machine drifts 10-20 % between runs of a few seconds
 Cost is CPU time (per-process user + system from /proc), which a loaded machine skews far less than
 latency; the client's and the simulators' own CPU are printed beside the picker's, and the machine's
 load average with each part. Every part is bounded in requests and time (about 3-4 minutes in all).
@@ -21,6 +24,7 @@ import asyncio
 import gc
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -263,6 +267,45 @@ async def part_short(paths: Paths, idle: dict[str, float], levels: list[int], se
                 f"{meter.cpu['client'] / n * 1e6:>13.0f}"
             )
     print("  goal: <= 650 us per request (>= 1,500 per picker core-second); issue baseline 1.6-1.7 ms")
+
+
+async def part_pickers(paths: Paths, idle: dict[str, float], level: int, rounds: int, seconds: float) -> None:
+    """One picker against two (shared books, separate books): short requests, rounds interleaved, so
+    that the machine's drift between runs (10-20 % here) falls on every path alike; the ratio per
+    round is to that round's one picker."""
+    names = [n for n in ("plain1", "plain2", "plain2s") if n in paths.ports]
+    if "plain1" not in names:
+        print("\n[pickers] skipped: needs the plain1 / plain2 / plain2s paths")
+        return
+    print(
+        f"\n[pickers] short requests at {level} concurrent, {rounds} rounds interleaved; picker CPU "
+        f"per request (all pickers of a path, less their idle rate) and its ratio to plain1's ({load()})"
+    )
+    print(f"{'round':>5} | " + " | ".join(f"{n + ' us/req':>14} {'ratio':>6}" for n in names))
+    figures: dict[str, list[float]] = {n: [] for n in names}
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    for index in range(rounds):
+        row: dict[str, float] = {}
+        for name in names:
+            meter = Meter({"picker": paths.pickers[name]}, idle={"picker": idle.get(name, 0.0)})
+            with meter.window():
+                ok, _, _ = await short_requests(paths.ports[name], level, 3000, seconds)
+            row[name] = meter.cpu["picker"] / max(ok, 1) * 1e6
+            figures[name].append(row[name])
+            ratios[name].append(row[name] / row["plain1"] if name != "plain1" else 1.0)
+        print(
+            f"{index + 1:>5} | "
+            + " | ".join(f"{row[n]:>14.0f} {row[n] / row['plain1']:>6.3f}" for n in names)
+        )
+    print(
+        f"{'med':>5} | "
+        + " | ".join(
+            f"{statistics.median(figures[n]):>14.0f} {statistics.median(ratios[n]):>6.3f}" for n in names
+        )
+    )
+    for name in names[1:]:
+        print(f"  {name}/plain1 per round: {min(ratios[name]):.3f}-{max(ratios[name]):.3f}")
+    print("  goal (issue 23): two pickers with one set of books <= 1.10 x one picker")
 
 
 async def streams_cpu(
@@ -521,6 +564,9 @@ async def run(args: argparse.Namespace) -> None:
             idle = await part_idle(paths, args.idle_seconds)
             levels = [int(v) for v in args.short_levels.split(",")]
             parts["short"] = lambda: part_short(paths, idle, levels, args.seconds)
+            parts["pickers"] = lambda: part_pickers(
+                paths, idle, args.pickers_level, args.rounds, args.seconds
+            )
             parts["chunks"] = lambda: part_chunks(paths, idle, args.streams, args.tokens)
             parts["streams60"] = lambda: part_streams60(paths, args.seconds)
             parts["ttft"] = lambda: part_ttft(paths, [int(v) for v in args.ttft_levels.split(",")])
@@ -552,7 +598,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--parts", default="short,chunks,streams60,ttft,prompts,rss")
+    parser.add_argument("--parts", default="short,pickers,chunks,streams60,ttft,prompts,rss")
     parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument(
         "--no-two-pickers",
@@ -563,6 +609,8 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=6.0, help="bound of each throughput phase")
     parser.add_argument("--short-levels", default="1,20,60")
+    parser.add_argument("--pickers-level", type=int, default=20, help="concurrency of the pickers part")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the pickers part")
     parser.add_argument("--streams", type=int, default=200, help="concurrent streams of the per-chunk part")
     parser.add_argument("--tokens", type=int, default=60)
     parser.add_argument("--ttft-levels", default="1,16,64")

@@ -6,7 +6,11 @@ half the time). Same traffic for each variant (a closed loop of streams through 
 every replica's running count (GET /sim/state) sampled while it runs: the spread is max/mean running
 per replica over the samples (1.0 = perfectly even). `exact` / its `p95`: the same ratio weighted by
 time, from the replicas' own request logs (arrival and end of every request) while the loop sends,
-after its first wave: the sampler's GETs, one replica after another, skew under load.
+after its first wave: the sampler's GETs, one replica after another, skew under load. `misplaced`:
+the share of that time some replica ran more than the best placement would give it: what the pickers
+got wrong, apart from the closed loop's gaps between one stream's end and the next request (which
+max/mean counts too). Every stream has `--tokens` tokens by default, so ends come in waves;
+`--tokens-spread N` draws each length within N of it.
 
 Variants: `one` (one picker), `two-separate` (two pickers, each with its own books: the shape before
 issue 23), `two` and `four` (that many pickers sharing one set of books over the channel between
@@ -15,8 +19,8 @@ pickers, `--peers`); to tell causes apart, `two-noscrape` / `four-noscrape` (no 
 request another picker routed (handed to the routing picker with peers, unmatched without);
 `timer`: requests ended by the observer grace timer or as unobserved while they still streamed (0 is
 the goal); `routed`: each picker's share of the routing streams (what its flow-control queue sees).
-Run:
-`python -m loadtest.bench_ha [--streams 24] [--seconds 15] [--replicas 4]` (about 1.5 min).
+Run (about 1.5 min):
+`python -m loadtest.bench_ha [--streams 24] [--seconds 15] [--replicas 4] [--tokens-spread 0]`.
 """
 
 from __future__ import annotations
@@ -98,11 +102,16 @@ class Sampler:
         return statistics.fmean(ratios), ratios[int(0.95 * (len(ratios) - 1))], ratios[-1]
 
 
-def exact_spread(logs: list[list[dict[str, object]]], since: float, until: float) -> tuple[float, float]:
+def exact_spread(
+    logs: list[list[dict[str, object]]], since: float, until: float
+) -> tuple[float, float, float]:
     """(time-weighted mean, p95) of max/mean running per replica from the replicas' own request logs
     (arrival and end of each request, one clock): no snapshot skew between replicas, unlike the
     sampler's one GET after another. Only while the loop was sending (`since` to `until`), and only
-    instants with any load."""
+    instants with any load. Third: the share of that time a replica ran more than the best placement
+    of what was running would give it (more than ceil(running / replicas)): the pickers' own
+    misplacements, apart from the closed loop's gaps between a stream's end and the next request's
+    arrival, which max/mean also counts (23 streams over 4 replicas read 6 / 5.75 = 1.04)."""
     events: list[tuple[float, int, int]] = []
     for index, log in enumerate(logs):
         for entry in log:
@@ -113,24 +122,27 @@ def exact_spread(logs: list[list[dict[str, object]]], since: float, until: float
     events.sort()
     running = [0] * len(logs)
     weighted: list[tuple[float, float]] = []  # (ratio, seconds)
+    misplaced = 0.0
     previous = since
     for at, index, delta in events:
         start, stop = max(previous, since), min(at, until)
         if stop > start and sum(running) > 0:
             weighted.append((max(running) / statistics.fmean(running), stop - start))
+            if max(running) > -(-sum(running) // len(running)):
+                misplaced += stop - start
         previous = max(previous, at)
         running[index] += delta
     total = sum(seconds for _, seconds in weighted)
     if total <= 0:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     mean = sum(ratio * seconds for ratio, seconds in weighted) / total
     weighted.sort()
     covered = 0.0
     for ratio, seconds in weighted:
         covered += seconds
         if covered >= 0.95 * total:
-            return mean, ratio
-    return mean, weighted[-1][0]
+            return mean, ratio, misplaced / total
+    return mean, weighted[-1][0], misplaced / total
 
 
 async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str:
@@ -155,6 +167,7 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
                 max_requests=args.streams * 1000,
                 deadline_s=args.seconds,
                 max_tokens=args.tokens,
+                tokens_spread=args.tokens_spread,
             )
         failed = sum(1 for r in report.results if not r.ok)
         await asyncio.to_thread(stack.wait_no_leaks)
@@ -165,11 +178,12 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
         shares = "/".join(f"{r['picks'] / picks:.0%}" for r in rows)  # each picker's share of the routing
         mean, p95, worst = sampler.spread()
         logs = [stack.sim_requests(replica) for replica in stack.replicas]
-        exact, exact_p95 = exact_spread(logs, since + 1.0, since + args.seconds)  # past the first wave
+        # from 1 s in: past the first wave
+        exact, exact_p95, misplaced = exact_spread(logs, since + 1.0, since + args.seconds)
         return (
             f"{variant:<13} | {len(report.results):>8} | {failed:>6} | {len(sampler.samples):>7} | "
             f"{mean:>8.2f} | {p95:>6.2f} | {worst:>6.2f} | {exact:>5.2f} | {exact_p95:>5.2f} | "
-            f"{elsewhere:>9.0%} | {timer:>5.0f} | {shares}"
+            f"{misplaced:>9.1%} | {elsewhere:>9.0%} | {timer:>5.0f} | {shares}"
         )
     finally:
         stack.stop()
@@ -180,6 +194,12 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, default=24, help="concurrent streams (closed loop)")
     parser.add_argument("--seconds", type=float, default=15.0, help="load per variant")
     parser.add_argument("--tokens", type=int, default=40, help="tokens per stream (25 ms apart)")
+    parser.add_argument(
+        "--tokens-spread",
+        type=int,
+        default=0,
+        help="each stream's length drawn within this many tokens of --tokens (0: all alike: ends in waves)",
+    )
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--slots", type=int, default=256, help="each replica's --max-num-seqs")
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -188,10 +208,11 @@ async def main() -> None:
     unknown = set(variants) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
-    print(f"{args.streams} streams x {args.tokens} tokens, {args.replicas} replicas, {args.seconds:g} s each")
+    lengths = f"{args.tokens} +- {args.tokens_spread}" if args.tokens_spread else str(args.tokens)
+    print(f"{args.streams} streams x {lengths} tokens, {args.replicas} replicas, {args.seconds:g} s each")
     columns = (
         *("variant      ", "requests", "failed", "samples", "max/mean", "p95   ", "worst "),
-        *("exact", "p95  ", "elsewhere"),
+        *("exact", "p95  ", "misplaced", "elsewhere"),
     )
     print(" | ".join((*columns, "timer", "routed")))
     with tempfile.TemporaryDirectory(prefix="bench-ha-") as root:

@@ -6,6 +6,7 @@ Bounded twice: by a request count and by a deadline, whichever comes first.
 from __future__ import annotations
 
 import asyncio
+import random
 import statistics
 import time
 from collections import Counter
@@ -113,9 +114,16 @@ async def run_closed_loop(
     max_tokens: int = 20,
     headers: dict[str, str] | None = None,
     http2: bool = False,
+    tokens_spread: int = 0,
 ) -> Report:
-    """`concurrency` workers each send one request after another until either bound is reached."""
+    """`concurrency` workers each send one request after another until either bound is reached.
+
+    Each asks for `max_tokens`, or with `tokens_spread` a length drawn uniformly within that many
+    tokens of it (seeded: the same lengths every run), so that the streams' ends do not come in waves.
+    """
     report = Report()
+    lengths = random.Random(23)
+    low, high = max(1, max_tokens - tokens_spread), max_tokens + tokens_spread
     started = time.perf_counter()
     stop_at = started + deadline_s
     issued = 0
@@ -128,7 +136,8 @@ async def run_closed_loop(
             nonlocal issued
             while issued < max_requests and time.perf_counter() < stop_at:
                 issued += 1
-                report.results.append(await stream_one(client, url, completion_body(max_tokens), headers))
+                body = completion_body(lengths.randint(low, high) if tokens_spread else max_tokens)
+                report.results.append(await stream_one(client, url, body, headers))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     report.wall_s = time.perf_counter() - started
