@@ -292,11 +292,8 @@ async def part_pickers(paths: Paths, idle: dict[str, float], level: int, rounds:
                 ok, _, _ = await short_requests(paths.ports[name], level, 3000, seconds)
             row[name] = meter.cpu["picker"] / max(ok, 1) * 1e6
             figures[name].append(row[name])
-            ratios[name].append(row[name] / row["plain1"] if name != "plain1" else 1.0)
-        print(
-            f"{index + 1:>5} | "
-            + " | ".join(f"{row[n]:>14.0f} {row[n] / row['plain1']:>6.3f}" for n in names)
-        )
+            ratios[name].append(row[name] / row["plain1"])
+        print(f"{index + 1:>5} | " + " | ".join(f"{row[n]:>14.0f} {ratios[n][-1]:>6.3f}" for n in names))
     print(
         f"{'med':>5} | "
         + " | ".join(

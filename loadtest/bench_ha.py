@@ -137,12 +137,13 @@ def exact_spread(
         return float("nan"), float("nan"), float("nan")
     mean = sum(ratio * seconds for ratio, seconds in weighted) / total
     weighted.sort()
-    covered = 0.0
+    covered, p95 = 0.0, weighted[-1][0]
     for ratio, seconds in weighted:
         covered += seconds
         if covered >= 0.95 * total:
-            return mean, ratio, misplaced / total
-    return mean, weighted[-1][0], misplaced / total
+            p95 = ratio
+            break
+    return mean, p95, misplaced / total
 
 
 async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str:
