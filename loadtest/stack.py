@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.procs import Proc, free_port, port_open, wait_until
@@ -89,6 +91,18 @@ def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], fl
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
+
+
+def picker_ready(health_port: int) -> bool:
+    """The picker's gRPC `readiness` answers SERVING (what Envoy's health check of it reads)."""
+    with grpc.insecure_channel(f"127.0.0.1:{health_port}") as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="readiness"), timeout=1
+            )
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 def with_picker_hosts(envoy_config: str, hosts: Sequence[tuple[int, int]]) -> str:
@@ -204,6 +218,9 @@ class Stack:
         self.pickers[0] = self.picker
         for index in range(1, self.options.pickers):
             self.start_picker_at(index)
+        if self.options.peers:  # each holds readiness until linked to every peer: load starts then
+            for index, (_, health, _) in enumerate(self.picker_ports):
+                wait_until(lambda h=health: picker_ready(h), 15, what=f"picker {index} linked to its peers")
 
     def start_picker_at(self, index: int) -> Proc:
         """(Re)start picker `index` of a multi-picker stack (its log: picker-<index>.log, appended)."""

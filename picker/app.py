@@ -24,6 +24,7 @@ from picker.shutdown import Shutdown, ShutdownSummary
 from picker.wiring import build_core, run_until_signalled, spawn_owned
 
 if TYPE_CHECKING:
+    from picker.peering import Peering
     from picker.sources.lease import Election
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,9 @@ class PickerApp:
             self._spawn(self.certificate.watch(), "cert-watch")
         if self.election is not None:
             self._spawn(self.election.run(), "leader-election")  # ready from its first step, if leading
+        if self.path.peering is not None and self.config.peers.ready_timeout_s > 0:
+            self.health.holds.add("peers")  # until linked to every peer (below)
+            self._spawn(self._await_peers(self.path.peering), "peers-readiness")
         await self.health.serving()
         self.core.follow_sources(self._source_problem)
         ports = BoundPorts(grpc_port, health_port, metrics_port)
@@ -148,6 +152,20 @@ class PickerApp:
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         spawn_owned(self._tasks, coro, name)
+
+    async def _await_peers(self, peering: Peering) -> None:
+        """Ready once linked to every peer, or after peers.ready_timeout_s (a peer that is down must
+        not keep this one out). Routing before its peers' books arrive, a picker places its first
+        requests blind: started one after another, four pickers' links took up to 1.5 s (backoff),
+        and the misplacements of that first wave lasted as long as its streams (bench_ha)."""
+        from picker.peers import wait_linked
+
+        timeout_s = self.config.peers.ready_timeout_s
+        if not await wait_linked(peering, timeout_s):
+            missing = sorted(p for p in peering.peers if p not in peering.connected or p not in peering.heard)
+            log.warning("peers not linked after %.1f s: %s; ready with the books it has", timeout_s, missing)
+        if not self._stopping:
+            await self.health.hold("peers", False)
 
     def _leader_changed(self, leading: bool) -> None:
         """Only the Lease's holder is ready (active-passive, as the reference picker's HA mode)."""

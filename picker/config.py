@@ -501,6 +501,11 @@ class PeersConfig(_Group):
     advertise: str | None = Field(
         None, description="this picker's own address in members; default $POD_IP (else bind_address):port"
     )
+    ready_timeout_s: float = Field(
+        5.0,
+        ge=0,
+        description="readiness waits at most this long for every peer's link both ways (0: no wait)",
+    )
 
     @field_validator("members", mode="before")
     @classmethod

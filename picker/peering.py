@@ -100,6 +100,8 @@ class Peering:
         self._ended: OrderedDict[str, None] = OrderedDict()  # see _TOMBSTONES
         self._stagger: Stagger | None = None
         self.connected: set[str] = set()  # peers the transport's links reach now
+        self.heard: set[str] = set()  # peers whose own link to this picker is open (their books here)
+        self.discovering = False  # peers found by DNS: the first lookup has not answered yet
         self.observers = 0  # foreign requests whose observer stream came here
         self.forwarded = 0  # events sent to an owner
         self.applied = 0  # events from peers applied to a record of this picker
@@ -116,6 +118,11 @@ class Peering:
             names = sorted({self.name, *self.peers})
             self._stagger = Stagger(names.index(self.name), len(names))
         return self._stagger
+
+    def linked(self) -> bool:
+        """Every known peer is linked both ways: its books are here, this picker's picks reach it.
+        Until then a pick here is blind to the others' requests (readiness waits for it, bounded)."""
+        return not self.discovering and all(p in self.connected and p in self.heard for p in self.peers)
 
     # --- this picker routes -------------------------------------------------------------------------
 
@@ -169,8 +176,12 @@ class Peering:
         elif now - self._alive_at.get(record.request_id, now) >= ALIVE_EVERY_S:
             self._alive_at[record.request_id] = now
             self._report(record, ["alive", record.request_id])
+        if tracker.done:  # `data: [DONE]`: its end, as for a request of this picker's own
+            self.observer_ended(record, True)
 
     def observer_ended(self, record: RequestRecord, end_of_stream: bool) -> None:
+        if self._shadows.pop(record.request_id, None) is None:
+            return  # told already (at its [DONE]; the end of stream follows)
         tracker = record.tracker
         if tracker is not None:
             tracker.end()
@@ -184,7 +195,6 @@ class Peering:
         for peer in self.peers:
             if peer != record.owner:
                 self.outbox.to(peer, end)
-        self._shadows.pop(record.request_id, None)
         self._alive_at.pop(record.request_id, None)
 
     def logged(self, request_id: str, attempts: Attempts) -> bool:
@@ -226,6 +236,7 @@ class Peering:
             self._books.pop(peer, None)
             self.outbox.pending.pop(peer, None)
             self.connected.discard(peer)
+            self.heard.discard(peer)
         for peer in added:
             self._books.setdefault(peer, {})
         self.peers = wanted

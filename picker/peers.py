@@ -75,6 +75,7 @@ class PeerService:
         return True
 
     def apply(self, sender: str, events: Any) -> None:
+        self._peering.heard.add(sender)  # the first message after the hello: the sender's books
         try:
             for event in events:
                 if not self._peering.book(sender, event):
@@ -88,6 +89,8 @@ class PeerService:
             self._connections.discard(connection)
             self.streams -= 1
             assert connection.sender is not None
+            if not any(c.sender == connection.sender for c in self._connections):
+                self._peering.heard.discard(connection.sender)
             self._path.peer_gone(connection.sender)
 
     async def close(self) -> None:
@@ -154,6 +157,18 @@ async def _next(reader: asyncio.StreamReader, unpacker: msgpack.Unpacker) -> Any
         unpacker.feed(data)
 
 
+async def wait_linked(peering: Peering, timeout_s: float, step_s: float = 0.02) -> bool:
+    """Until every peer is linked both ways (`Peering.linked`) or `timeout_s` passed: True if linked.
+    A link reopens with backoff, so a peer started after this picker can take a second or two."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not peering.linked():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(step_s)  # polls a few fields: no event to wait on across both transports
+    return True
+
+
 async def peer_server(service: PeerService, host: str, port: int) -> tuple[asyncio.Server, int]:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(service.protocol, host, port, reuse_address=True)
@@ -194,6 +209,7 @@ class PeerLinks:
         self._flush_soon = False
         self._flush_s = flush_s  # reports queued this long share one write (one syscall) per peer
         peering.outbox.wake = self._wake_all
+        peering.discovering = service is not None  # until the first lookup answers (or fails)
         self.connected = peering.connected  # the metrics read it there
         self.sent = 0
         self._resolve_failed = False
@@ -228,6 +244,7 @@ class PeerLinks:
         try:
             found = await self._resolver(self._service)
         except (OSError, ValueError) as exc:
+            self._peering.discovering = False  # readiness waits for the peers it knows of
             if not self._resolve_failed:
                 log.warning(
                     "peers service %s did not resolve (%s); keeping %d peers",
@@ -239,6 +256,7 @@ class PeerLinks:
             return
         self._resolve_failed = False
         added, removed = self._peering.set_members([*self._static, *found])
+        self._peering.discovering = False
         for peer in removed:
             log.info("peer %s left", peer)
             task = self._links.pop(peer, None)

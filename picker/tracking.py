@@ -114,8 +114,7 @@ class ResponseSide:
         """One response body chunk went past (hot path: once per token chunk of every stream)."""
         if record.owner is not None:
             assert self.peering is not None
-            self.peering.chunk(record, chunk)
-            return
+            return self.peering.chunk(record, chunk)
         tracker = record.tracker
         if tracker is None or record.ended:
             return
@@ -132,6 +131,8 @@ class ResponseSide:
                 record.trace.first_token()
         elif gap is not None:
             self._metrics.observe_itl(record.model, gap)
+        if tracker.done:  # [DONE] ends it, the slot free at once: framing follows (docs, "Two pickers")
+            self.observer_ended(record, True)
 
     def observer_ended(self, record: RequestRecord, end_of_stream: bool) -> None:
         """The observer stream is over: with the response's end of stream, or cut short."""

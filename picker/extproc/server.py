@@ -26,7 +26,8 @@ class HealthState:
 
     def __init__(self) -> None:
         self.servicer = health.aio.HealthServicer()
-        self.holds: set[str] = set()  # why not ready: "source", "standby" (not the leader), "stopping"
+        # why not ready: "source", "standby" (not the leader), "peers" (not linked yet), "stopping"
+        self.holds: set[str] = set()
 
     async def serving(self) -> None:
         """Alive; ready unless something holds readiness."""

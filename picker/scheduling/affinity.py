@@ -188,7 +188,7 @@ def _primary(rows: list[_Row], policy: AffinityPolicy) -> tuple[_Row, str]:
             + policy.lora_weight * affinity.lora
             + policy.room_weight * affinity.room
         )
-        return total, row.tiebreak
+        return total, -row.tiebreak  # ties: the lowest, as everywhere else
 
     return max(rows, key=score), "score"
 

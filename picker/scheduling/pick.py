@@ -23,18 +23,26 @@ class Stagger:
 
     A burst reaches them all at once, and each picks before the others' picks reach it, so by load
     alone every one would choose the same least-loaded endpoint (herding). Staggered, each takes
-    endpoints within one request's load of each other in its own order, a ring of the addresses
-    rotated by its place: the pickers' first choices differ, so a burst spreads as with one picker.
+    endpoints within one request's load of each other in its own order, so that pickers picking at
+    once choose apart, whichever endpoints tie: pickers come in pairs, one taking a ring of the
+    addresses in order and the other in reverse (any two tied endpoints: one each), each pair's
+    ring rotated by its place (all tied: every picker's first choice differs).
     """
 
     place: int
     pickers: int
 
     def order(self, addresses: Sequence[str]) -> dict[str, int]:
-        """Each address's place in this picker's ring (0 first)."""
+        """Each address's place in this picker's order (0 first)."""
         ring = sorted(addresses)
-        offset = self.place * len(ring) // max(1, self.pickers)
-        return {address: (i - offset) % len(ring) for i, address in enumerate(ring)}
+        pairs = (max(1, self.pickers) + 1) // 2
+        offset = (self.place // 2) * len(ring) // pairs
+        backwards = self.place % 2 == 1
+        size = len(ring)
+        return {
+            address: (size - 1 - (i - offset) % size) if backwards else (i - offset) % size
+            for i, address in enumerate(ring)
+        }
 
     @staticmethod
     def whole(score: float, policy: LoadPolicy) -> float:

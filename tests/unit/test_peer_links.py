@@ -11,7 +11,7 @@ import pytest
 from loadtest.procs import async_wait_until
 from picker.inference import InferenceRequest
 from picker.peering import Peering
-from picker.peers import PeerLinks, PeerService, peer_drains, peer_server
+from picker.peers import PeerLinks, PeerService, peer_drains, peer_server, wait_linked
 from picker.pipeline import RequestPath
 from picker.pool import Pool
 from picker.streams import EndReason
@@ -34,9 +34,9 @@ class Side:
         self.tasks: list[asyncio.Task[None]] = []
 
     async def listen(self) -> str:
-        probe = Peering("127.0.0.1:1", (), self.pool)  # renamed once the port is known
+        self.probe = Peering("127.0.0.1:1", (), self.pool)  # renamed once the port is known
         self.path = RequestPath(self.pool, Metrics(), fallback_count=0, schedule=lambda d, f: lambda: None)
-        self.service = PeerService(probe, self.path, self.token, lambda: [{"address": E1}])
+        self.service = PeerService(self.probe, self.path, self.token, lambda: [{"address": E1}])
         self.server, port = await peer_server(self.service, "127.0.0.1", 0)
         self.name = f"127.0.0.1:{port}"
         return self.name
@@ -48,6 +48,7 @@ class Side:
         )
         assert self.service is not None
         self.service._peering, self.service._path = self.peering, self.path  # the wired objects
+        self.peering.heard |= self.probe.heard  # links that came in before
         kwargs = {"service": "pickers:9004", "every_s": 0.05, "resolver": resolver} if resolver else {}
         links = PeerLinks(self.peering, self.path, self.token, **kwargs)  # type: ignore[arg-type]
         self.tasks.append(asyncio.create_task(links.run()))
@@ -87,6 +88,24 @@ async def test_a_pick_and_its_end_cross_the_channel(sides: list[Side]) -> None:
     await async_wait_until(lambda: peer_counts(b) == 0, 5, what="B to drop it")
     assert await peer_drains(a.name, b.name, "s3cret") == [{"address": E1}]
     assert await peer_drains(a.name, b.name, "wrong") == []  # refused: not its drains
+
+
+async def test_linked_means_both_ways_and_a_missing_peer_only_delays_readiness(sides: list[Side]) -> None:
+    """What readiness waits for (App._await_peers): this picker's link to each peer open, and each
+    peer's link here (its books in). One way is not enough; a peer that never comes is a timeout."""
+    a, b = sides
+    members = [await a.listen(), await b.listen()]
+    a.join(members)
+    assert a.peering is not None
+    await async_wait_until(lambda: b.name in a.peering.connected, 5, what="A's link to B")  # type: ignore[union-attr]
+    assert not a.peering.linked()  # B has not linked back: A has not got B's books
+    b.join(members)
+    assert await wait_linked(a.peering, 5)
+    assert b.peering is not None and await wait_linked(b.peering, 5)
+    await b.close()  # B's link to A goes: A no longer hears B
+    await async_wait_until(lambda: not a.peering.linked(), 5, what="A to notice B's link gone")  # type: ignore[union-attr]
+    alone = Peering("127.0.0.1:1", ("127.0.0.1:1", "127.0.0.1:2"), Pool())  # its peer never answers
+    assert not await wait_linked(alone, 0.05)
 
 
 async def test_a_wrong_token_gets_no_books_in(sides: list[Side]) -> None:

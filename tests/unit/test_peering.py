@@ -180,3 +180,25 @@ def test_a_request_whose_observer_was_on_a_dead_peer_is_settled_by_its_engine() 
     endpoint.load = LoadSample(0, 0, 0.0, at=1e9, arrivals_before=endpoint.arrivals, departures_after=0)
     a.path.capacity_changed()  # the engine runs nothing: it ended
     assert record.end_reason is EndReason.UNOBSERVED and a.pool.in_flight() == 0
+
+
+def test_a_streams_done_ends_it_before_the_end_of_stream() -> None:
+    """`data: [DONE]` is the stream's end (what follows is framing): the endpoint's slot is free for
+    the next pick at once, here and on the peers, and the end of stream after it settles nothing twice."""
+    a, b = Picker(A), Picker(B)
+    own = a.path.admit(REQUEST).payload
+    deliver(a, b)
+    observed = a.path.attach_observer(own.request_id)
+    assert observed is own
+    a.path.response_started(own, 200, own.picked[0], True)
+    a.path.body_chunk(own, TOKEN)
+    assert own.end_reason is None and a.pool.in_flight() == 1
+    a.path.body_chunk(own, LAST)
+    assert own.end_reason is EndReason.COMPLETED and a.pool.in_flight() == 0
+    deliver(a, b)
+    assert sum(e.peer_in_flight for e in b.pool.endpoints()) == 0
+    ends = a.metrics.registry.get_sample_value("picker_request_ends_total", {"reason": "completed"})
+    a.path.body_chunk(own, b"")  # what Envoy sends with end_of_stream
+    a.path.observer_ended(own, True)
+    again = a.metrics.registry.get_sample_value("picker_request_ends_total", {"reason": "completed"})
+    assert ends == again == 1.0 and not a.peering.outbox.pending

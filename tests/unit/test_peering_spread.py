@@ -27,8 +27,8 @@ def test_the_picker_that_sees_an_end_tells_every_picker_and_the_owner_tells_the_
     assert shadow is not None
     b.path.response_started(shadow, 200, endpoint, True)
     b.path.body_chunk(shadow, TOKEN)
-    b.path.body_chunk(shadow, LAST)
     deliver(a, b, c)
+    b.path.body_chunk(shadow, LAST)  # its `data: [DONE]` ends it; the end of stream adds nothing
     b.path.observer_ended(shadow, True)
     # before any delivery: B's own books drop it; what is queued is one `ended` to A, one `end` to C
     assert b.pool.get(endpoint).peer_in_flight == 0  # type: ignore[union-attr]
@@ -70,17 +70,22 @@ def test_an_end_is_urgent_and_a_claim_may_wait() -> None:
     assert woken == [False, True, True]
 
 
-def burst(stagger_of: list[Stagger | None], rounds: int, with_affinity: bool) -> list[int]:
-    """`len(stagger_of)` pickers each pick `rounds` times over four equal replicas, each seeing only its
-    own picks (the others' are on their way); the scrape's KV usage differs a little per replica, the
-    same on every picker. Returns the requests each replica got."""
+def burst(
+    stagger_of: list[Stagger | None], rounds: int, with_affinity: bool, busy: tuple[int, ...] = (0, 0, 0, 0)
+) -> list[int]:
+    """`len(stagger_of)` pickers each pick `rounds` times over four replicas already running `busy`
+    requests, each picker seeing only its own picks (the others' are on their way); the scrape's KV
+    usage differs a little per replica, the same on every picker. Returns the requests each replica
+    got."""
     policy = LoadPolicy()
     got = dict.fromkeys(REPLICAS, 0)
     for index, stagger in enumerate(stagger_of):
         pool = Pool(clock=lambda: 0.0)
         pool.apply(ready=REPLICAS)
         for n, endpoint in enumerate(pool.endpoints()):
-            record_sample(endpoint, running=0, waiting=0, kv_usage=0.001 * n, now=0.0)
+            record_sample(endpoint, running=busy[n], waiting=0, kv_usage=0.001 * n, now=0.0)
+            for _ in range(busy[n]):
+                pool.lease(endpoint.address)
         rng = random.Random(index)
         for _ in range(rounds):
             candidates = pool.ready()
@@ -104,6 +109,22 @@ def test_staggered_pickers_spread_a_burst_that_load_alone_sends_to_one_replica()
         staggered = burst([Stagger(place, 4) for place in range(4)], 6, with_affinity)
         assert staggered == [6, 6, 6, 6], with_affinity
         assert burst([Stagger(place, 2) for place in range(2)], 2, with_affinity) == [1, 1, 1, 1]
+
+
+def test_pickers_picking_at_once_share_out_the_least_loaded_replicas() -> None:
+    """Some replicas tie for least loaded: pickers picking before they hear each other take different
+    ones (picker i the i-th of k tied, modulo k), not the same one as a ring of all replicas would
+    send most of them to (a replica two streams above the rest, while another had room)."""
+    for with_affinity in (False, True):
+        for busy, want2, want4 in (
+            ((1, 1, 0, 0), [0, 0, 1, 1], [0, 0, 2, 2]),
+            ((0, 1, 1, 0), [1, 0, 0, 1], [2, 0, 0, 2]),
+            ((1, 0, 1, 1), [0, 2, 0, 0], [0, 4, 0, 0]),  # one least loaded: every picker's choice
+        ):
+            two = burst([Stagger(place, 2) for place in range(2)], 1, with_affinity, busy)
+            assert two == want2, (with_affinity, busy)
+            four = burst([Stagger(place, 4) for place in range(4)], 1, with_affinity, busy)
+            assert four == want4, (with_affinity, busy)
 
 
 def test_each_picker_takes_its_place_in_the_same_order() -> None:
