@@ -162,7 +162,7 @@ class PickerApp:
 
         timeout_s = self.config.peers.ready_timeout_s
         if not await wait_linked(peering, timeout_s):
-            missing = sorted(p for p in peering.peers if p not in peering.connected or p not in peering.heard)
+            missing = sorted(peering.unlinked())
             log.warning("peers not linked after %.1f s: %s; ready with the books it has", timeout_s, missing)
         if not self._stopping:
             await self.health.hold("peers", False)

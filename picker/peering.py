@@ -119,10 +119,13 @@ class Peering:
             self._stagger = Stagger(names.index(self.name), len(names))
         return self._stagger
 
+    def unlinked(self) -> list[str]:
+        """Known peers not linked both ways yet (their books not here, or this picker's picks not
+        reaching them): a pick here is blind to their requests (readiness waits, bounded)."""
+        return [p for p in self.peers if p not in self.connected or p not in self.heard]
+
     def linked(self) -> bool:
-        """Every known peer is linked both ways: its books are here, this picker's picks reach it.
-        Until then a pick here is blind to the others' requests (readiness waits for it, bounded)."""
-        return not self.discovering and all(p in self.connected and p in self.heard for p in self.peers)
+        return not self.discovering and not self.unlinked()
 
     # --- this picker routes -------------------------------------------------------------------------
 
