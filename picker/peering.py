@@ -13,6 +13,9 @@ peers reach it at). What a peer tells it, over the channel between pickers (pick
 - to every peer, from the owner: `pick` / `move` (the endpoint a request is on) and `end`; from
   the picker that saw the stream end (its observer's), `end` to every picker but the owner, at
   once; the owner's own `end` then skips that picker (with two pickers: nothing more to send).
+  `first` and `ended` carry when they happened as an age (seconds before the message left), so
+  the owner dates the first token and the end as the observer saw them, not a flush and a hop
+  later, on clocks that need not agree (pickers on different nodes): TTFT, drain records.
   Each picker adds the others' requests to each endpoint's load (`Endpoint.peer_in_flight`), and
   picks staggered (`scheduling.Stagger`), so load spreads as with one picker. A peer whose
   channel breaks leaves its requests behind as *orphans*: they still count on their endpoints
@@ -48,6 +51,7 @@ BOOKKEEPING = frozenset({"pick", "move", "end"})  # broadcast; resent whole on e
 URGENT = BOOKKEEPING | {"ended"}
 _TOMBSTONES = 4096  # ends heard before their picks (from the observer's picker): those picks are stale
 _MAX_QUEUED = 50_000  # events held for a peer that does not take them; the oldest go beyond
+DATED = {"first": 2, "ended": 4}  # kind: the field holding when it happened (the sender's clock, then age)
 
 Event = list[Any]  # msgpack-able: [kind, request_id, ...]
 
@@ -67,6 +71,7 @@ class Outbox:
     # else a report, which may wait a few milliseconds to share a message with others)
     wake: Callable[[bool], None] = lambda urgent: None
     dropped: int = 0  # events a peer never took (it stayed away); its books are resent on reconnect
+    clock: Callable[[], float] = time.monotonic
 
     def to(self, peer: str, event: Event) -> None:
         queued = self.pending[peer]
@@ -78,7 +83,14 @@ class Outbox:
         self.wake(event[0] in URGENT)
 
     def take(self, peer: str) -> list[Event]:
-        return self.pending.pop(peer, [])
+        """Everything queued for `peer`, each dated event's time turned into its age now."""
+        events = self.pending.pop(peer, [])
+        now = self.clock()
+        for index, event in enumerate(events):
+            field_at = DATED.get(event[0])
+            if field_at is not None and len(event) > field_at:
+                events[index] = [*event[:field_at], max(0.0, now - event[field_at]), *event[field_at + 1 :]]
+        return events
 
 
 class Peering:
@@ -89,7 +101,7 @@ class Peering:
     ):
         self.name = name
         self.peers = tuple(m for m in members if m != name)
-        self.outbox = Outbox()
+        self.outbox = Outbox(clock=clock)
         self._pool = pool
         self._clock = clock
         self._shadows: dict[str, RequestRecord] = {}  # foreign requests whose observer is here
@@ -175,7 +187,7 @@ class Peering:
         tracker.feed(chunk, now)
         if first and tracker.first_byte_at is not None:
             self._alive_at[record.request_id] = now
-            self._report(record, ["first", record.request_id])
+            self._report(record, ["first", record.request_id, now])
         elif now - self._alive_at.get(record.request_id, now) >= ALIVE_EVERY_S:
             self._alive_at[record.request_id] = now
             self._report(record, ["alive", record.request_id])
@@ -188,7 +200,7 @@ class Peering:
         tracker = record.tracker
         if tracker is not None:
             tracker.end()
-        self._report(record, ["ended", record.request_id, end_of_stream, _summary(tracker)])
+        self._report(record, ["ended", record.request_id, end_of_stream, _summary(tracker), self._clock()])
         # this picker saw it end first: its endpoint's load drops now, here and on every other
         # picker, not when the owner's `end` comes round a hop later (a request picked meanwhile
         # would see the replica still busy, and all of them pick another: herding)
@@ -323,6 +335,16 @@ class Peering:
             endpoint.peer_arrivals += 1
         else:
             endpoint.departures += 1
+
+
+def happened_at(event: Event, now: float, earliest: float) -> float:
+    """When a dated event (`DATED`) happened, on this picker's clock: its age before `now`, never
+    before `earliest` (what it follows here); `now` for an event from a picker that sends none."""
+    field_at = DATED.get(event[0])
+    age = event[field_at] if field_at is not None and len(event) > field_at else None
+    if not isinstance(age, (int, float)) or age != age or age <= 0:
+        return now
+    return max(earliest, now - age)
 
 
 def _summary(tracker: ResponseTracker | None) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, assert_never
 
-from picker.peering import Peering, apply_summary
+from picker.peering import Peering, apply_summary, happened_at
 from picker.placement import Placement
 from picker.pool import DrainEnd, EndpointState, Pool
 from picker.rollout import CUT, Canary, Sample
@@ -252,8 +252,7 @@ class ResponseSide:
                 now - last,
                 known.state.value if known else "forgotten",
             )
-            if known is None or known.state is EndpointState.GONE:
-                # Its engine is gone: it will never send again. Stop counting it against anyone.
+            if known is None or known.state is EndpointState.GONE:  # its engine will never send again
                 self.finish(record, EndReason.STALLED)
         return found
 
@@ -365,9 +364,9 @@ class ResponseSide:
             case "first":
                 tracker = record.tracker
                 if tracker is not None and tracker.first_byte_at is None:
-                    now = self._clock()
-                    tracker.first_byte_at = tracker.last_chunk_at = now
-                    self._metrics.observe_ttft(record.model, now - record.admitted_at)
+                    at = happened_at(event, self._clock(), record.admitted_at)  # as the observer saw it
+                    tracker.first_byte_at = tracker.last_chunk_at = at
+                    self._metrics.observe_ttft(record.model, at - record.admitted_at)
                     if record.trace is not None:
                         record.trace.first_token()
                     if record.prefill_at is not None:
@@ -381,6 +380,7 @@ class ResponseSide:
                     record.tracker = ResponseTracker(streaming=record.stream)
                 if isinstance(event[3], dict):
                     apply_summary(record.tracker, event[3], self._clock())
+                record.closed_at = happened_at(event, self._clock(), record.admitted_at)  # its end, dated
                 self.observer_ended(record, bool(event[2]))
             case _:
                 log.warning("peer event of unknown kind %r; ignored", kind)

@@ -3,6 +3,11 @@ routed it, whichever saw its response, and each picker counts the other's reques
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
+import pytest
+
 from picker.inference import InferenceRequest
 from picker.peering import Peering, owner_of
 from picker.pipeline import RequestPath
@@ -19,18 +24,21 @@ LAST = b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\ndata: [DONE
 
 
 class Picker:
-    def __init__(self, name: str, members: tuple[str, ...] = (A, B)) -> None:
-        self.pool = Pool()
+    def __init__(
+        self, name: str, members: tuple[str, ...] = (A, B), clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.pool = Pool(clock=clock)
         self.pool.apply(ready=[E1, E2])
         self.metrics = Metrics()
         self.metrics.register_pool(self.pool)
-        self.peering = Peering(name, members, self.pool)
+        self.peering = Peering(name, members, self.pool, clock=clock)
         self.path = RequestPath(
             self.pool,
             self.metrics,
             fallback_count=0,
             schedule=lambda d, f: lambda: None,
             peering=self.peering,
+            clock=clock,
         )
 
 
@@ -202,3 +210,52 @@ def test_a_streams_done_ends_it_before_the_end_of_stream() -> None:
     a.path.observer_ended(own, True)
     again = a.metrics.registry.get_sample_value("picker_request_ends_total", {"reason": "completed"})
     assert ends == again == 1.0 and not a.peering.outbox.pending
+
+
+def test_the_first_token_and_the_end_are_dated_as_the_observer_saw_them() -> None:
+    """Reports wait a few milliseconds to share a message, and pickers' clocks need not agree: the
+    router dates a request's first token (TTFT) and its end (drain records) by the age each report
+    carries, not by when the message reached it."""
+    now = {A: 100.0, B: 5000.0}  # two nodes' monotonic clocks: unrelated
+    a, b = Picker(A, clock=lambda: now[A]), Picker(B, clock=lambda: now[B])
+
+    def advance(seconds: float) -> None:
+        for name in now:
+            now[name] += seconds
+
+    record = a.path.admit(REQUEST).payload
+    endpoint = record.picked[0]
+    deliver(a, b)
+    a.pool.set_state(endpoint, EndpointState.DRAINING)
+    shadow = b.path.attach_observer(record.request_id)
+    assert shadow is not None
+    advance(0.2)
+    b.path.response_started(shadow, 200, endpoint, True)
+    b.path.body_chunk(shadow, TOKEN)  # the first token, 0.2 s after admission
+    advance(0.004)  # the report's flush window
+    deliver(a, b)
+    assert record.tracker is not None and record.tracker.first_byte_at == pytest.approx(100.2)
+    ttft = a.metrics.registry.get_sample_value("picker_time_to_first_token_seconds_sum", {"model": "m"})
+    assert ttft == pytest.approx(0.2)
+    advance(1.0)
+    b.path.body_chunk(shadow, LAST)  # its end: 1.204 s after admission
+    advance(0.003)  # a late message
+    deliver(a, b)
+    assert record.end_reason is EndReason.COMPLETED and record.ended_at == pytest.approx(101.204)
+    drain = a.pool.get(endpoint).drain  # type: ignore[union-attr]
+    assert drain is not None and drain.time_to_zero_s == pytest.approx(1.204)
+
+
+def test_a_report_without_an_age_or_with_a_bad_one_is_dated_on_arrival() -> None:
+    """A picker of a version before ages (a rolling upgrade), or a bad value: the time it arrived."""
+    now = [10.0]
+    a = Picker(A, clock=lambda: now[0])
+    record = a.path.admit(REQUEST).payload
+    a.path.peer_event(["claim", record.request_id], B)
+    a.path.peer_event(["started", record.request_id, 200, record.picked[0], True], B)
+    now[0] = 10.5
+    a.path.peer_event(["first", record.request_id, "soon"], B)
+    assert record.tracker is not None and record.tracker.first_byte_at == 10.5
+    now[0] = 11.0
+    a.path.peer_event(["ended", record.request_id, True, None], B)
+    assert record.ended_at == 11.0
