@@ -196,7 +196,6 @@ class PeerLinks:
         service: str | None = None,
         every_s: float = 5.0,
         resolver: Callable[[str], Awaitable[list[str]]] = resolve,
-        flush_s: float = 0.005,
     ) -> None:
         self._peering = peering
         self._path = path
@@ -206,23 +205,24 @@ class PeerLinks:
         self._links: dict[str, asyncio.Task[None]] = {}  # one connecting / reconnecting task per peer
         self._open_links: dict[str, _Outbound] = {}
         self._flush: asyncio.Handle | None = None  # the next _send, when one is due
-        self._flush_soon = False
-        self._flush_s = flush_s  # reports queued this long share one write (one syscall) per peer
+        self._flush_due = 0.0  # the loop time it is due at
         peering.outbox.wake = self._wake_all
         peering.discovering = service is not None  # until the first lookup answers (or fails)
         self.connected = peering.connected  # the metrics read it there
         self.sent = 0
         self._resolve_failed = False
 
-    def _wake_all(self, urgent: bool = True) -> None:
-        """Flush in this loop turn (books: other pickers pick by them) or within `flush_s` (reports)."""
-        if self._flush is not None and (not urgent or self._flush_soon):
-            return  # already due soon enough
-        if self._flush is not None:
-            self._flush.cancel()
+    def _wake_all(self, within_s: float = 0.0) -> None:
+        """Flush within `within_s` (0: in this loop turn), unless one is due sooner: what is queued
+        meanwhile shares the message (peering.py says how soon each event must go)."""
         loop = asyncio.get_running_loop()
-        self._flush_soon = urgent
-        self._flush = loop.call_soon(self._send) if urgent else loop.call_later(self._flush_s, self._send)
+        due = loop.time() + within_s
+        if self._flush is not None:
+            if self._flush_due <= due:
+                return  # already due soon enough
+            self._flush.cancel()
+        self._flush_due = due
+        self._flush = loop.call_soon(self._send) if within_s <= 0 else loop.call_at(due, self._send)
 
     async def run(self) -> None:
         """Forever: a link to every peer, and discovery when configured (cancel to stop)."""

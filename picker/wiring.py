@@ -326,7 +326,7 @@ def peering_of(config: PickerConfig, pool: Pool) -> Peering | None:
     name = canonical_address(name)
     if peers.service is None and len(peers.members) == 1 and peers.members[0] == name:
         return None
-    return Peering(name, peers.members, pool)
+    return Peering(name, peers.members, pool, observer_grace_s=config.streams.observer_attach_grace_s)
 
 
 def start_tracing(config: PickerConfig) -> Tracing | None:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import random
 
 from picker.config import AffinityConfig
+from picker.peering import CLAIM_WITHIN_S, REPORT_WITHIN_S, Peering
 from picker.pool import Pool
 from picker.pool.load import record_sample
 from picker.scheduling import LoadPolicy, Stagger, estimated_load, pick
 from picker.scheduling.affinity import Affinity, AffinityPolicy, pick_with_affinity
-from tests.unit.test_peering import LAST, REQUEST, TOKEN, Picker, deliver
+from tests.unit.test_peering import E1, LAST, REQUEST, TOKEN, Picker, deliver
 
 A, B, C = "10.1.0.1:9004", "10.1.0.2:9004", "10.1.0.3:9004"
 REPLICAS = [f"10.0.0.{i}:8000" for i in range(1, 5)]
@@ -60,14 +61,21 @@ def test_an_end_heard_before_its_pick_leaves_nothing_counted() -> None:
     assert c.pool.get(endpoint).peer_in_flight == 0  # type: ignore[union-attr]
 
 
-def test_an_end_is_urgent_and_a_claim_may_wait() -> None:
+def test_an_end_is_urgent_a_report_may_wait_and_a_claim_waits_for_the_next_report() -> None:
+    """Each message costs the receiving picker a wake-up: a claim rides with its request's next
+    report (a short request's claim, start, first token and end go as one message), yet reaches the
+    owner well inside the owner's grace for an observer."""
     a = Picker(A, (A, B))
-    woken: list[bool] = []
+    woken: list[float] = []
     a.peering.outbox.wake = woken.append
     a.peering.outbox.to(B, ["claim", "x"])
+    a.peering.outbox.to(B, ["started", "x", 200, E1, True])
     a.peering.outbox.to(B, ["ended", "x", True, None])
     a.peering.outbox.to(B, ["end", "x"])
-    assert woken == [False, True, True]
+    assert woken == [CLAIM_WITHIN_S, REPORT_WITHIN_S, 0.0, 0.0]
+    assert REPORT_WITHIN_S < CLAIM_WITHIN_S <= 2.0 / 4
+    hasty = Peering(A, (A, B), Pool(), observer_grace_s=0.2)
+    assert hasty.outbox.claim_within_s == 0.05
 
 
 def burst(
