@@ -73,8 +73,8 @@ class Outbox:
     """What leaves for each peer, drained by the transport (one batch per peer per loop turn)."""
 
     pending: dict[str, list[Event]] = field(default_factory=lambda: defaultdict(list))
-    # the transport's: something is waiting to go (urgent: books, which load spreading reads at once;
-    # else a report, which may wait a few milliseconds to share a message with others)
+    # the transport's: something is waiting to go, and must leave within so many seconds (0: books,
+    # which load spreading reads at once; a report or a claim may wait to share a message)
     wake: Callable[[float], None] = lambda within_s: None
     dropped: int = 0  # events a peer never took (it stayed away); its books are resent on reconnect
     clock: Callable[[], float] = time.monotonic
