@@ -317,7 +317,7 @@ ROLLOUT_HEADER = "  " + " ".join(
 async def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-affinity-") as tmp:
         workdir = Path(tmp)
-        ports = [free_port() for _ in range(REPLICAS)]
+        ports = [free_port(KV_OFFSET) for _ in range(REPLICAS)]
         replicas = [f"127.0.0.1:{p}" for p in ports]
         sim_extra = [*SIM_ARGS, *(arg for p in ports for arg in ("--kv-events-port", str(p + KV_OFFSET)))]
         sims = Proc("sim", sim_argv(ports, sim_extra), workdir / "sim.log")

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import http_client
 from loadtest.procs import Proc, free_port
 from loadtest.stack import health_ok
 from picker.config import LoadConfig
@@ -192,7 +193,9 @@ async def scrape_cost(endpoints: int, seconds: float, workdir: Path) -> None:
     sim = Proc("sim", [sys.executable, "-m", "loadtest.sim", "--port", str(sim_port)], workdir / "sim.log")
     try:
         sim.wait_ready(lambda: health_ok(sim_port))
-        page = await asyncio.to_thread(lambda: httpx.get(f"http://127.0.0.1:{sim_port}/metrics").content)
+        page = await asyncio.to_thread(
+            lambda: http_client.get(f"http://127.0.0.1:{sim_port}/metrics").content
+        )
     finally:
         sim.stop()
     (workdir / "page.txt").write_bytes(page)
@@ -233,7 +236,7 @@ async def scrape_cost(endpoints: int, seconds: float, workdir: Path) -> None:
 
         urls = [f"http://127.0.0.1:{p}/metrics" for p in ports]
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-        async with httpx.AsyncClient(limits=limits, timeout=2.0) as client:
+        async with http_client.AsyncClient(limits=limits, timeout=2.0) as client:
             await _baseline_round(client, urls)
             cpu0, wall0, rounds = time.process_time(), time.perf_counter(), 0
             stop_at = wall0 + seconds

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from loadtest import http_client
 from loadtest.stack import Stack, StackOptions, parse_metrics
 from loadtest.traffic import run_closed_loop
 
@@ -51,7 +52,7 @@ VARIANTS = {  # variant: (pickers, shared books, extra picker args)
 
 def counters(metrics_port: int) -> dict[str, float]:
     """One picker's picks, foreign observer streams and ends other than by the response."""
-    metrics = parse_metrics(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text)
+    metrics = parse_metrics(http_client.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text)
 
     def total(name: str, **labels: str) -> float:
         want = set(labels.items())
@@ -85,7 +86,7 @@ class Sampler:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        with httpx.Client(timeout=2) as client:
+        with http_client.Client(timeout=2) as client:
             while not self._stop.wait(self.interval_s):
                 try:
                     row = [int(client.get(f"http://{r}/sim/state").json()["running"]) for r in self.replicas]

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from loadtest import http_client
 from loadtest.procs import Proc, free_port, port_open
 from loadtest.rawclient import cpu_seconds, one_stream
 from loadtest.stack import Stack, StackOptions, health_ok
@@ -98,7 +99,7 @@ async def short_request_throughput(stack: Stack, url: str, seconds: float) -> No
     loop = asyncio.get_running_loop()
     stop_at = loop.time() + seconds
     cpu_before = cpu_seconds(stack.picker.pid)
-    async with httpx.AsyncClient(limits=limits, timeout=10) as client:
+    async with http_client.AsyncClient(limits=limits, timeout=10) as client:
 
         async def worker() -> None:
             nonlocal done
@@ -166,7 +167,7 @@ async def tls_cost(tls_stack: Stack, plain_stack: Stack, levels: list[int], roun
             "picker CPU per request"
         )
     url = f"http://127.0.0.1:{tls_stack.admin_port}/stats?filter=cluster.picker.ssl.handshake"
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with http_client.AsyncClient(timeout=5) as client:
         handshakes = (await client.get(url)).text.strip()
     print(f"  TLS handshakes Envoy made to the picker in the whole run: {handshakes or 'none'}")
 

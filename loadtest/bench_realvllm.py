@@ -31,8 +31,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
+from loadtest import http_client
 from loadtest.bench_picker import start_baseline_envoy
 from loadtest.procs import Proc
 from loadtest.rawclient import StreamStats, cpu_seconds, one_stream
@@ -141,7 +140,7 @@ def engine_counters(servers: Sequence[launcher.RealVllm]) -> list[dict[str, floa
     whether the engine itself had to queue requests (its scheduler's wait for a free slot)."""
     out = []
     for server in servers:
-        samples = parse_metrics(httpx.get(f"{server.url}/metrics", timeout=5).text)
+        samples = parse_metrics(http_client.get(f"{server.url}/metrics", timeout=5).text)
         out.append({c: sum(v for (name, _), v in samples.items() if name == c) for c in ENGINE_COUNTERS})
     return out
 

@@ -29,8 +29,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import aiohttp
-import httpx
 
+from loadtest import http_client
 from loadtest.bench_picker import start_baseline_envoy
 from loadtest.bench_realvllm import load
 from loadtest.procs import Proc
@@ -75,7 +75,7 @@ async def one(session: aiohttp.ClientSession, url: str, prompt: str) -> float | 
 def counters(servers: Sequence[launcher.RealVllm]) -> tuple[float, float]:
     queries = hits = 0.0
     for server in servers:
-        page = parse_metrics(httpx.get(f"{server.url}/metrics", timeout=10).text)
+        page = parse_metrics(http_client.get(f"{server.url}/metrics", timeout=10).text)
         queries += sum(v for (n, _), v in page.items() if n == "vllm:prefix_cache_queries_total")
         hits += sum(v for (n, _), v in page.items() if n == "vllm:prefix_cache_hits_total")
     return queries, hits
@@ -84,7 +84,7 @@ def counters(servers: Sequence[launcher.RealVllm]) -> tuple[float, float]:
 def reset_caches(servers: Sequence[launcher.RealVllm]) -> None:
     """vLLM's POST /reset_prefix_cache (served with VLLM_SERVER_DEV_MODE=1)."""
     for server in servers:
-        httpx.post(f"{server.url}/reset_prefix_cache", timeout=30).raise_for_status()
+        http_client.post(f"{server.url}/reset_prefix_cache", timeout=30).raise_for_status()
 
 
 async def replay(url: str, texts: list[str], rate: float, count: int, seed: int) -> list[float | None]:
@@ -151,7 +151,7 @@ async def run(args: argparse.Namespace) -> None:
     print(f"bench_realvllm_affinity on {os.cpu_count()} cores, load {load()} at start", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-realvllm-affinity-") as tmp:
         workdir = Path(tmp)
-        ports = [launcher.free_port(), launcher.free_port()]
+        ports = [launcher.free_port(KV_OFFSET), launcher.free_port(KV_OFFSET)]
         extra_common = [
             "--num-gpu-blocks-override", str(args.blocks), "--max-model-len", "4096",
             "--enable-prompt-tokens-details", "--enable-force-include-usage",

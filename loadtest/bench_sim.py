@@ -31,6 +31,8 @@ from typing import cast
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import http_client
+
 SATURATED_CPU = 0.95  # a level using more than this share of the simulator's core is not sustained
 SATURATED_P99_MS = 5.0  # nor one whose p99 ITL error exceeds this
 TIME_BUDGET_S = 55.0
@@ -164,7 +166,7 @@ async def run_level(
         _, protocol = await loop.create_connection(lambda: StreamProtocol(request, window), host, port)
         protocols.append(protocol)
     await asyncio.sleep(0.5)  # let the last streams pass their first token before measuring
-    async with httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=10) as http:
+    async with http_client.AsyncClient(base_url=f"http://{host}:{port}", timeout=10) as http:
         late_before = await lateness_buckets(http)
         cpu_before, client_before = cpu_seconds(pid), resource.getrusage(resource.RUSAGE_SELF)
         window.start = time.perf_counter()

@@ -28,8 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
+from loadtest import http_client
 from loadtest.bench_cost import load, one_stream, stream_request
 from loadtest.rawclient import cpu_seconds
 from loadtest.stack import Stack, StackOptions
@@ -169,7 +168,7 @@ def envoy_overflows(stack: Stack) -> dict[str, int]:
     """Envoy's non-zero overflow counters (a circuit breaker refused a request or a stream) and failed
     upstream connects (e.g. out of file descriptors)."""
     url = f"http://127.0.0.1:{stack.admin_port}/stats?filter=(overflow|connect_fail)$"
-    text = httpx.get(url, timeout=5).text
+    text = http_client.get(url, timeout=5).text
     pairs = (line.split(": ", 1) for line in text.splitlines() if ": " in line)
     return {name: int(value) for name, value in pairs if value.isdigit() and int(value) > 0}
 

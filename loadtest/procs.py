@@ -29,31 +29,51 @@ _ISSUED: dict[int, None] = {}  # ports handed out by this process, oldest first
 _ISSUED_KEPT = 2000
 
 
-def free_port() -> int:
+def _worker_slice(start: int, end: int) -> tuple[int, int]:
+    """This pytest-xdist worker's part of [start, end) (all of it outside xdist)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        index, count = int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    except (KeyError, ValueError):
+        return start, end
+    size = (end - start) // max(1, count)
+    return start + index * size, start + (index + 1) * size
+
+
+def free_port(paired: int = 0) -> int:
     """A free port on 127.0.0.1 for a child to bind, chosen below the kernel's ephemeral range.
 
     A port from bind(0) comes from the ephemeral range, which outgoing connections also draw on:
     between our close and the child's bind, any connect() on the machine may take it. Below that
     range only another explicit bind can, and a random pick makes that unlikely. A port this
     process already handed out is never handed out again soon: a stack takes several ports before
-    its children bind any of them, and two of those must not be the same.
+    its children bind any of them, and two of those must not be the same. Under pytest-xdist each
+    worker draws from its own slice of the range, so two workers never hand out the same port.
+    `paired`: the child also binds the port this far above (vLLM's KV events at the port + an
+    offset): that one is free, in the same slice and handed out, too.
     """
     low, _ = _ephemeral_range()
-    start = max(1024, low - 20000)
+    start, end = _worker_slice(max(1024, low - 20000), low)
     for _ in range(200):
-        port = random.randrange(start, low)
-        if port in _ISSUED:
+        port = random.randrange(start, end - paired)
+        ports = (port, port + paired) if paired else (port,)
+        if any(p in _ISSUED for p in ports) or not all(_bindable(p) for p in ports):
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _ISSUED[port] = None
-        if len(_ISSUED) > _ISSUED_KEPT:
+        for p in ports:
+            _ISSUED[p] = None
+        while len(_ISSUED) > _ISSUED_KEPT:
             del _ISSUED[next(iter(_ISSUED))]
         return port
-    raise RuntimeError(f"no free port found in {start}-{low}")
+    raise RuntimeError(f"no free port found in {start}-{end}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_until(

@@ -2,7 +2,7 @@
 
 Generic over any OpenAI-compatible server (the simulator, a real vLLM, the picker in front of them):
 
-    async with httpx.AsyncClient() as client:
+    async with http_client.AsyncClient() as client:
         result = await stream_request(client, base_url + "/v1/completions", {"prompt": "hi", "stream": True})
     result.end            # "done" | "eof" | "disconnected" | "timeout" | "error" | "refused"
     result.finish_reason  # of the last chunk carrying one ("length", "stop", "abort", ...)

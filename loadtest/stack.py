@@ -16,6 +16,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import http_client
 from loadtest.procs import Proc, free_port, port_open, wait_until
 from picker.envoyconf import SHIPPED, EnvoyParams, envoy_binary, render, shape_template
 
@@ -49,6 +50,7 @@ class StackOptions:
     picker_env: dict[str, str] | None = None  # extra environment for the picker(s) (OTEL_*, ...)
     peers: bool = False  # with pickers > 1: one set of books over the channel between them (issue 23)
     args_at: tuple[tuple[str, ...], ...] = ()  # more arguments for picker i (its own kubeconfig, ...)
+    paired_port: int = 0  # each replica also binds its port + this (vLLM's KV events): kept free too
 
 
 def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
@@ -79,7 +81,7 @@ def serve_argv(grpc_port: int, health_port: int, metrics_port: int, *extra: str)
 
 def health_ok(port: int, path: str = "/health") -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=0.5).status_code == 200
+        return http_client.get(f"http://127.0.0.1:{port}{path}", timeout=0.5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -144,7 +146,7 @@ class Stack:
     def __init__(self, workdir: Path, options: StackOptions | None = None) -> None:
         self.workdir = workdir
         self.options = options or StackOptions()
-        self.replica_ports = [free_port() for _ in range(self.options.replicas)]
+        self.replica_ports = [free_port(self.options.paired_port) for _ in range(self.options.replicas)]
         self.listen_port, self.admin_port = free_port(), free_port()
         self.grpc_port, self.health_port, self.metrics_port = free_port(), free_port(), free_port()
         # every picker's (grpc, health, metrics) ports, the first one's being the three above
@@ -273,7 +275,7 @@ class Stack:
         )
 
     def picker_metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        text = http_client.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
         return parse_metrics(text)
 
     def picker_value(self, name: str, **labels: str) -> float:
@@ -281,19 +283,19 @@ class Stack:
 
     def sim_requests(self, replica: str) -> list[dict[str, object]]:
         """The replica's request log (GET /sim/requests), oldest first."""
-        return httpx.get(f"http://{replica}/sim/requests", timeout=5).json()  # type: ignore[no-any-return]
+        return http_client.get(f"http://{replica}/sim/requests", timeout=5).json()  # type: ignore[no-any-return]
 
     def sim_value(self, name: str) -> float:
         """A simulator metric summed over every replica and label set."""
         total = 0.0
         for replica in self.replicas:
-            samples = parse_metrics(httpx.get(f"http://{replica}/metrics", timeout=5).text)
+            samples = parse_metrics(http_client.get(f"http://{replica}/metrics", timeout=5).text)
             total += sum(v for (n, _), v in samples.items() if n == name)
         return total
 
     def set_fault(self, replica: str, **spec: object) -> None:
         """A server-wide fault on one replica (POST /sim/faults), e.g. status=503 or reset_after=3."""
-        httpx.post(f"http://{replica}/sim/faults", json=spec, timeout=5).raise_for_status()
+        http_client.post(f"http://{replica}/sim/faults", json=spec, timeout=5).raise_for_status()
 
     def wait_no_leaks(self, timeout: float = 10.0) -> None:
         """Every request the picker admitted has ended: its in-flight count is back to exactly 0."""

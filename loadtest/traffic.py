@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from loadtest import http_client
 from loadtest.sse_client import stream_request
 
 REPLICA_HEADER = "x-sim-replica"
@@ -130,7 +131,9 @@ async def run_closed_loop(
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     timeout = httpx.Timeout(30.0, connect=5.0)
 
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, http1=not http2, http2=http2) as client:
+    async with http_client.AsyncClient(
+        limits=limits, timeout=timeout, http1=not http2, http2=http2
+    ) as client:
 
         async def worker() -> None:
             nonlocal issued

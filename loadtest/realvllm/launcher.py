@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from loadtest import http_client
 from loadtest.procs import free_port as free_port  # re-exported: the tier's tests allocate with it
 from loadtest.procs import wait_until
 
@@ -167,7 +168,7 @@ def server_env(workdir: Path) -> dict[str, str]:
 
 def _healthy(server: RealVllm) -> bool:
     try:
-        return httpx.get(f"{server.url}/health", timeout=2.0).status_code == 200
+        return http_client.get(f"{server.url}/health", timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 

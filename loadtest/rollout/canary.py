@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from loadtest import http_client
 from loadtest.procs import Proc, free_port
 from loadtest.proxy_stack import ProxyStack
 from loadtest.rollout.timeline import Panel, TimelineEvent, draw, mark_event, state_event, stream_event
@@ -68,7 +67,7 @@ class CanaryStack:
         self.sim.stop()
 
     def admin(self, path: str) -> dict[str, Any]:
-        return httpx.get(f"http://127.0.0.1:{self.stack.metrics_port}{path}", timeout=5).json()  # type: ignore[no-any-return]
+        return http_client.get(f"http://127.0.0.1:{self.stack.metrics_port}{path}", timeout=5).json()  # type: ignore[no-any-return]
 
     def rollout(self) -> dict[str, Any]:
         return self.admin("/admin/rollout")["rollout"]  # type: ignore[no-any-return]
@@ -88,7 +87,7 @@ async def closed_loop(
     """Short streams one after another per worker; each with the wall time it was sent."""
     out: list[tuple[float, Result]] = []
     stop_at = time.monotonic() + deadline_s
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with http_client.AsyncClient(timeout=30) as client:
 
         async def worker() -> None:
             while len(out) < max_requests and time.monotonic() < stop_at:

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import httpx
 
+from loadtest import http_client
 from loadtest.procs import Proc, free_port
 from loadtest.realvllm.launcher import RealVllm, real_vllm
 from loadtest.rollout.attribution import engine_requests
@@ -188,7 +189,7 @@ class Fleet:
 
     async def sample(self, stop: asyncio.Event, interval_s: float = SAMPLE_INTERVAL_S) -> None:
         """Until `stop`: every `interval_s`, each ready or draining replica's own count of requests."""
-        async with httpx.AsyncClient(timeout=1.0) as client:
+        async with http_client.AsyncClient(timeout=1.0) as client:
 
             async def one(address: str) -> None:
                 try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from loadtest import http_client
 from loadtest.rollout.attribution import request_id
 from loadtest.rollout.timeline import TimelineEvent, error_event, stream_event
 from loadtest.sse_client import StreamResult, stream_request
@@ -163,7 +164,7 @@ async def replay(
         )
         report.outcomes.append(Outcome(sent, result, rid))
 
-    async with httpx.AsyncClient(limits=limits) as client, asyncio.TaskGroup() as group:
+    async with http_client.AsyncClient(limits=limits) as client, asyncio.TaskGroup() as group:
         for index, arrival in enumerate(arrivals):
             group.create_task(one(client, index, arrival))
     report.outcomes.sort(key=lambda o: o.sent_s)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from loadtest import http_client
 from loadtest.procs import Proc, free_port, port_open, wait_until
 from loadtest.rollout.attribution import upstreams_from_file
 from loadtest.rollout.fleet import Fleet
@@ -118,7 +119,7 @@ class RoundRobinSetup:
 
     def _healthy(self) -> set[str]:
         try:
-            text = httpx.get(f"http://127.0.0.1:{self.admin_port}/clusters", timeout=2).text
+            text = http_client.get(f"http://127.0.0.1:{self.admin_port}/clusters", timeout=2).text
         except httpx.HTTPError:
             return set()
         return {
@@ -225,11 +226,11 @@ class PickerSetup:
         _replace(self.endpoints_path, json.dumps(entries), self.workdir)
 
     def _states(self) -> dict[str, str]:
-        view = httpx.get(self.admin_url + "/admin/endpoints", timeout=5).json()
+        view = http_client.get(self.admin_url + "/admin/endpoints", timeout=5).json()
         return {e["address"]: e["state"] for e in view["endpoints"]}
 
     async def _post(self, address: str, verb: str) -> None:
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with http_client.AsyncClient(timeout=5) as client:
             (await client.post(f"{self.admin_url}/admin/endpoints/{address}/{verb}")).raise_for_status()
 
     async def _until_state(self, address: str, state: str) -> None:

@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 import picker.drain.wait as drain_wait
+from loadtest import http_client
 from loadtest.procs import Proc, free_port, wait_until
 from loadtest.stack import health_ok, sim_argv
 from loadtest.traffic import completion_body
@@ -45,7 +46,7 @@ def sim_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 
 
 def running(port: int) -> int:
-    return int(httpx.get(f"http://127.0.0.1:{port}/sim/state", timeout=2).json()["running"])
+    return int(http_client.get(f"http://127.0.0.1:{port}/sim/state", timeout=2).json()["running"])
 
 
 class Streams:
@@ -68,7 +69,7 @@ class Streams:
     def _one(self, tokens: int) -> None:
         url = f"http://127.0.0.1:{self.port}/v1/completions"
         try:
-            with httpx.stream("POST", url, json=completion_body(tokens), timeout=30) as response:
+            with http_client.stream("POST", url, json=completion_body(tokens), timeout=30) as response:
                 for index, _ in enumerate(response.iter_bytes()):
                     if index == 0:
                         self.first_chunks += 1
@@ -133,7 +134,7 @@ def test_new_arrivals_hold_the_propagation_phase_until_the_allowance(sim_port: i
         # Requests back to back (~120 ms each): one arrives in every quiet interval, until the
         # allowance is over (then the engine goes idle). Bounded in count and time.
         stop_at = time.monotonic() + 2.0
-        with httpx.Client(timeout=10) as client:
+        with http_client.Client(timeout=10) as client:
             for _ in range(100):
                 if not proc.alive() or time.monotonic() > stop_at:
                     break

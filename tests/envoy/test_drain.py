@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import Proc, wait_until
 from loadtest.stack import Stack, StackOptions, sim_argv
 from loadtest.traffic import run_closed_loop
@@ -105,7 +106,7 @@ class PodStack(Stack):
 
 def _health(address: str) -> bool:
     try:
-        return httpx.get(f"http://{address}/health", timeout=0.5).status_code == 200
+        return http_client.get(f"http://{address}/health", timeout=0.5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -189,7 +190,7 @@ class AdminSource:
 
     async def _post(self, stack: Stack, address: str, verb: str) -> None:
         url = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{address}/{verb}"
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with http_client.AsyncClient(timeout=5) as client:
             response = await client.post(url)
         assert response.status_code == 200, response.text
 
@@ -207,7 +208,7 @@ SOURCES = {"kube": KubeSource, "pool": PoolSource, "file": FileSource, "admin": 
 
 
 def admin_view(stack: Stack) -> dict[str, Any]:
-    return httpx.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints", timeout=5).json()
+    return http_client.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints", timeout=5).json()
 
 
 def endpoint_view(stack: Stack, address: str) -> dict[str, Any] | None:
@@ -250,7 +251,7 @@ async def test_drain_mid_traffic_cuts_nothing_and_sends_nothing_new(tmp_path: Pa
             10,
             "the picker to see it",
         )
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with http_client.AsyncClient(timeout=5) as client:
             # From now on the replica behaves like a draining vLLM: new completions get HTTP 500.
             fault = await client.post(f"http://{drained}/sim/faults", json={"status": 500})
             assert fault.status_code == 200
@@ -340,7 +341,7 @@ async def test_watch_faults_keep_routing_on_the_last_good_view(tmp_path: Path) -
         fake.delete_slice("vllm-1")  # deleted and recreated (e.g. the controller reshuffling slices)
         source._slice(stack, 1, endpoint("127.0.0.1"))
         report = await traffic
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with http_client.AsyncClient(timeout=5) as client:
             arrivals = (await client.get(f"http://{removed}/sim/requests")).json()
         assert report.failures() == [], report.failures()[:3]
         assert len(report.results) > 50

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body
@@ -20,7 +20,7 @@ REQUESTS = 30  # round robin over 3 replicas would send ~10 of them to each
 
 def envoy_health(stack: Stack) -> dict[str, str]:
     """Envoy's pool members and their health flags (GET /clusters)."""
-    text = httpx.get(f"http://127.0.0.1:{stack.admin_port}/clusters", timeout=5).text
+    text = http_client.get(f"http://127.0.0.1:{stack.admin_port}/clusters", timeout=5).text
     out = {}
     for line in text.splitlines():
         parts = line.split("::")
@@ -31,7 +31,7 @@ def envoy_health(stack: Stack) -> dict[str, str]:
 
 def admin(stack: Stack, address: str, verb: str) -> None:
     url = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{address}/{verb}"
-    httpx.post(url, timeout=5).raise_for_status()
+    http_client.post(url, timeout=5).raise_for_status()
 
 
 def served_by_drained_after_picker_loss(stack: Stack) -> int:
@@ -40,11 +40,11 @@ def served_by_drained_after_picker_loss(stack: Stack) -> int:
     admin(stack, drained, "drain")
     if stack.options.eds is not False:
         wait_until(lambda: "eds_status_draining" in envoy_health(stack).get(drained, ""), 10, what="EDS push")
-    httpx.delete(f"http://{drained}/sim/requests", timeout=5).raise_for_status()
+    http_client.delete(f"http://{drained}/sim/requests", timeout=5).raise_for_status()
     assert stack.picker is not None
     stack.picker.stop()
     statuses = [
-        httpx.post(
+        http_client.post(
             f"{stack.url}/v1/completions", json=completion_body(2, stream=False), timeout=20
         ).status_code
         for _ in range(REQUESTS)
@@ -87,7 +87,7 @@ def test_envoy_follows_the_pool_and_a_restarted_picker(tmp_path: Path) -> None:
         assert "eds_status_draining" in envoy_health(stack)[second]  # Envoy keeps the last view
         stack.start_picker()
         wait_until(lambda: envoy_health(stack)[second] == "healthy", 20, what="restarted picker's view")
-        response = httpx.post(
+        response = http_client.post(
             f"{stack.url}/v1/completions", json=completion_body(2, stream=False), timeout=20
         )
         assert response.status_code == 200
@@ -104,13 +104,13 @@ def test_envoy_started_before_the_picker(tmp_path: Path) -> None:
         stack.start_sims()
         stack.start_envoy()  # waits for Envoy's /ready: only after the initial fetch gave up
         body = completion_body(2, stream=False)
-        before = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=20)
+        before = http_client.post(f"{stack.url}/v1/completions", json=body, timeout=20)
         assert before.status_code == 503
         assert before.headers["x-picker-dropped-reason"] == "picker-unavailable"
         stack.start_picker()
 
         def routed() -> bool:
-            return httpx.post(f"{stack.url}/v1/completions", json=body, timeout=20).status_code == 200
+            return http_client.post(f"{stack.url}/v1/completions", json=body, timeout=20).status_code == 200
 
         wait_until(routed, 10, what="routing once the picker is up")
         assert envoy_health(stack) == {stack.replicas[0]: "healthy"}
@@ -125,13 +125,13 @@ def test_an_admin_drain_answers_once_envoy_holds_it(tmp_path: Path) -> None:
     try:
         drained = stack.replicas[0]
         url = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{drained}/drain"
-        answer = httpx.post(url, timeout=10)
+        answer = http_client.post(url, timeout=10)
         assert answer.status_code == 200
         assert stack.picker is not None
         stack.picker.kill()  # at once: no propagation wait of the test's own
-        httpx.delete(f"http://{drained}/sim/requests", timeout=5).raise_for_status()
+        http_client.delete(f"http://{drained}/sim/requests", timeout=5).raise_for_status()
         statuses = [
-            httpx.post(f"{stack.url}/v1/completions", json=completion_body(2, stream=False), timeout=20)
+            http_client.post(f"{stack.url}/v1/completions", json=completion_body(2, stream=False), timeout=20)
             for _ in range(9)
         ]
         assert [r.status_code for r in statuses] == [200] * 9

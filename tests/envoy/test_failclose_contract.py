@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.envoy
 
 
 def _post(stack: Stack) -> httpx.Response:
-    return httpx.post(f"{stack.url}/v1/completions", json=completion_body(3, stream=False), timeout=20)
+    return http_client.post(f"{stack.url}/v1/completions", json=completion_body(3, stream=False), timeout=20)
 
 
 def _is_contract_reply(response: httpx.Response, outcome: Outcome) -> bool:
@@ -66,9 +67,9 @@ def test_other_503s_keep_their_meaning(tmp_path: Path) -> None:
         assert headers.DROPPED_REASON not in response.headers
         assert "picker-unavailable" not in response.text
         assert stack.sim_requests(replica), "the replica's 503 came from the replica"
-        httpx.delete(f"http://{replica}/sim/faults", timeout=5).raise_for_status()
+        http_client.delete(f"http://{replica}/sim/faults", timeout=5).raise_for_status()
         # The picker's own rejected-no-endpoints 503 reaches the client unchanged.
-        drained = httpx.post(
+        drained = http_client.post(
             f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{replica}/drain", timeout=5
         )
         assert drained.status_code == 200, drained.text

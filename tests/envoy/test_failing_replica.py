@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.sse_client import stream_request
 from loadtest.stack import Stack, StackOptions
@@ -57,7 +58,7 @@ class Traffic:
     async def _run(self) -> None:
         limits = httpx.Limits(max_connections=CONCURRENCY + 4)
         deadline = time.monotonic() + DEADLINE_S
-        async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(20.0, connect=5.0)) as client:
+        async with http_client.AsyncClient(limits=limits, timeout=httpx.Timeout(20.0, connect=5.0)) as client:
 
             async def worker() -> None:
                 while not self._stop.is_set() and len(self.results) < MAX_REQUESTS:
@@ -86,7 +87,7 @@ def write_endpoints(path: Path, replicas: list[str], draining: str | None = None
 
 
 def drain_record(stack: Stack, address: str) -> dict[str, Any] | None:
-    view = httpx.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints", timeout=5).json()
+    view = http_client.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints", timeout=5).json()
     endpoint = next((e for e in view["endpoints"] if e["address"] == address), None)
     return None if endpoint is None else endpoint["drain"]  # type: ignore[no-any-return]
 
@@ -125,7 +126,7 @@ async def late_learning(
         async with Traffic(stack.url) as traffic:
             await traffic.run_for(30)  # every replica serving
             sigterm_at = time.time()
-            async with httpx.AsyncClient(timeout=5) as admin:
+            async with http_client.AsyncClient(timeout=5) as admin:
                 response = await admin.post(f"http://{failing}/sim/shutdown", json={})
             assert response.status_code == 202, response.text
             deadline = time.monotonic() + LEARN_LATE_S
@@ -208,7 +209,7 @@ async def test_streams_the_engine_stopped_sending_count_as_cut_when_the_client_l
     stack.start()
     try:
         replica = stack.replicas[0]
-        async with httpx.AsyncClient(timeout=10) as http:
+        async with http_client.AsyncClient(timeout=10) as http:
             flowing = [asyncio.Event() for _ in range(3)]
             streams = [
                 asyncio.create_task(

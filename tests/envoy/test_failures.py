@@ -9,9 +9,9 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import free_port, wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import REPLICA_HEADER, completion_body, stream_one
@@ -61,7 +61,7 @@ BAD_INPUTS = [
 async def test_bad_input_gets_status_json_and_reason(
     small_limit_stack: Stack, body: bytes, content_type: str, status: int, reason: str
 ) -> None:
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         response = await client.post(
             small_limit_stack.url + "/v1/completions", content=body, headers={"content-type": content_type}
         )
@@ -87,7 +87,7 @@ async def test_dead_replica_listed_first_is_skipped_by_envoy(tmp_path: Path) -> 
     stack.options.picker_endpoints = [*stack.replicas, dead]
     stack.start()
     try:
-        async with httpx.AsyncClient(timeout=20) as client:
+        async with http_client.AsyncClient(timeout=20) as client:
             # One long stream holds the live replica, so least-in-flight must put the dead one first.
             holder = asyncio.create_task(stream_one(client, stack.url, completion_body(60)))
             await asyncio.to_thread(
@@ -119,7 +119,7 @@ async def test_forged_destination_header_neither_steers_nor_reaches(tmp_path: Pa
     stack.start()
     try:
         forged = {"x-gateway-destination-endpoint": outsider, "x-picker-request-id": "forged"}
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             results = [await stream_one(client, stack.url, completion_body(2), forged) for _ in range(10)]
             outsider_log = (await client.get(f"http://{outsider}/sim/requests")).json()
         assert all(r.ok for r in results)
@@ -136,7 +136,7 @@ async def test_picker_down_follows_the_failure_mode(tmp_path: Path, fail_open: b
     try:
         assert stack.picker is not None
         stack.picker.kill()
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             result = await stream_one(client, stack.url, completion_body(3))
         if fail_open:
             assert result.ok and result.replica in stack.replicas

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import Result, completion_body, stream_one
@@ -65,7 +66,7 @@ async def test_saturation_queues_in_the_picker_not_on_the_engines(saturated_stac
         lambda: stack.picker_value("picker_endpoint_engine_running", endpoint=stack.replicas[0]) == 0,
         10,
     )
-    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=40)) as client:
+    async with http_client.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=40)) as client:
         results = await asyncio.gather(
             *(stream_one(client, stack.url, completion_body(20)) for _ in range(24))
         )
@@ -101,7 +102,7 @@ async def test_shutdown_evicts_queued_with_503_and_lets_streams_finish(tmp_path:
     )
     try:
         assert stack.picker is not None
-        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=40)) as client:
+        async with http_client.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=40)) as client:
             streams = await hold(client, stack, 10, tokens=100)  # 2 s each
             queued = [
                 asyncio.create_task(stream_one(client, stack.url, completion_body(5))) for _ in range(20)

@@ -24,10 +24,10 @@ from pathlib import Path
 import h2.config
 import h2.connection
 import h2.events
-import httpx
 import pytest
 from aiohttp import web
 
+from loadtest import http_client
 from loadtest.procs import free_port, wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import REPLICA_HEADER
@@ -97,7 +97,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def _admin(stack: Stack, address: str, action: str) -> None:
     url = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{address}/{action}"
-    httpx.post(url, timeout=5).raise_for_status()
+    http_client.post(url, timeout=5).raise_for_status()
 
 
 def _contract_reason(status: int, reply_headers: dict[str, str], body: bytes) -> str:
@@ -119,7 +119,7 @@ def test_no_framing_lets_a_request_reach_a_drained_replica(stack: Stack) -> None
                 reply = h2_post(stack.listen_port, BODY, trailers=trailers)
                 assert reply.status == 200, (trailers, reply)
                 served.append(reply.headers[REPLICA_HEADER])
-            chunked = httpx.post(
+            chunked = http_client.post(
                 stack.url + "/v1/completions",
                 content=iter([BODY[:9], BODY[9:]]),  # no content-length: h1 chunked
                 headers={"content-type": "application/json"},
@@ -158,7 +158,7 @@ def test_body_size_is_routed_below_the_limit_and_413_above(
     stack: Stack, size: int, refused_by: str | None
 ) -> None:
     # picker limit 8 MiB (requests.max_body_bytes default); Envoy's buffer 16 MiB (shipped config)
-    reply = httpx.post(
+    reply = http_client.post(
         stack.url + "/v1/completions",
         content=_sized(size),
         headers={"content-type": "application/json"},
@@ -221,7 +221,7 @@ def test_client_scheduling_headers_never_reach_the_model_server(
     try:
         hints = {headers.FAIRNESS_ID: "tenant-a", headers.PRIORITY: "1"}
         for http2 in (False, True):
-            with httpx.Client(http1=not http2, http2=http2, timeout=10) as client:
+            with http_client.Client(http1=not http2, http2=http2, timeout=10) as client:
                 reply = client.post(stack.url + "/v1/completions", content=BODY, headers=hints)
             assert reply.status_code == 200, reply.text
         wait_until(lambda: len(seen) == 2, 5, what="both requests at the upstream")
@@ -229,7 +229,7 @@ def test_client_scheduling_headers_never_reach_the_model_server(
             assert headers.FAIRNESS_ID not in got and headers.PRIORITY not in got, got
             assert got[headers.DESTINATION] == upstream
         long_id = {headers.FAIRNESS_ID: "f" * 10_000}
-        reply = httpx.post(stack.url + "/v1/completions", content=BODY, headers=long_id, timeout=10)
+        reply = http_client.post(stack.url + "/v1/completions", content=BODY, headers=long_id, timeout=10)
         assert reply.status_code == 400
         assert _contract_reason(400, dict(reply.headers), reply.content) == "bad-request"
         assert len(seen) == 2
@@ -264,7 +264,7 @@ def test_gateway_shapes_decide_every_framing(tmp_path: Path, shape: str) -> None
             reply = h2_post(stack.listen_port, BODY, trailers=False)
             assert reply.status == 200, reply
             served.append(reply.headers[REPLICA_HEADER])
-            chunked = httpx.post(
+            chunked = http_client.post(
                 stack.url + "/v1/completions",
                 content=iter([BODY[:9], BODY[9:]]),
                 headers={"content-type": "application/json"},
@@ -286,7 +286,7 @@ def test_without_an_observer_a_long_stream_keeps_its_slot(tmp_path: Path) -> Non
     body = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 120, "ignore_eos": True, "stream": True}
     try:
         with (
-            httpx.Client(timeout=30) as client,
+            http_client.Client(timeout=30) as client,
             client.stream("POST", stack.url + "/v1/completions", json=body) as response,
         ):
             assert response.status_code == 200
@@ -315,7 +315,7 @@ def test_original_dst_gateway_needs_the_primary_alone(tmp_path: Path, fallbacks:
     stack = Stack(tmp_path, options).start()
     try:
         for _ in range(3):
-            reply = httpx.post(stack.url + "/v1/completions", content=BODY, timeout=10)
+            reply = http_client.post(stack.url + "/v1/completions", content=BODY, timeout=10)
             assert reply.status_code == status, reply.text[:200]
             assert headers.DROPPED_REASON not in reply.headers  # Envoy's answer, not the picker's
         stack.wait_no_leaks()

@@ -49,6 +49,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import REPLICA_HEADER, Result, completion_body, stream_one
@@ -123,12 +124,12 @@ def picks(stack: Stack) -> dict[str, float]:
 
 def admin(stack: Stack, replica: str, verb: str) -> None:
     url = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{replica}/{verb}"
-    response = httpx.post(url, timeout=5)
+    response = http_client.post(url, timeout=5)
     assert response.status_code == 200, response.text
 
 
 def state_of(stack: Stack, replica: str) -> str:
-    view = httpx.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints", timeout=5).json()
+    view = http_client.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints", timeout=5).json()
     return str(next(e["state"] for e in view["endpoints"] if e["address"] == replica))
 
 
@@ -224,7 +225,7 @@ class TestBehindTheGateway:
         _, stack = gw
         body = big_body(stream)
         assert len(json.dumps(body)) > 200_000
-        async with httpx.AsyncClient(timeout=20, http1=not http2, http2=http2) as client:
+        async with http_client.AsyncClient(timeout=20, http1=not http2, http2=http2) as client:
             if stream:
                 result = await stream_one(client, stack.url, body)
                 status, replica = result.status, result.replica
@@ -242,7 +243,7 @@ class TestBehindTheGateway:
 
     async def test_served_endpoint_is_the_pickers_choice(self, gw: tuple[Shape, Stack]) -> None:
         _, stack = gw
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             # One long stream holds a replica: a picker that is followed keeps new work off it.
             flowing = asyncio.Event()
             holder = asyncio.create_task(
@@ -267,7 +268,7 @@ class TestBehindTheGateway:
         await set_states(stack, [drained], "drain", "draining")
         try:
             seen_before = len(stack.sim_requests(drained))
-            async with httpx.AsyncClient(timeout=10) as client:
+            async with http_client.AsyncClient(timeout=10) as client:
                 streams = [await stream_one(client, stack.url, completion_body(2)) for _ in range(5)]
                 plain = [
                     await client.post(stack.url + "/v1/completions", json=completion_body(2, stream=False))
@@ -284,7 +285,7 @@ class TestBehindTheGateway:
     async def test_client_disconnect_aborts_at_the_replica(self, gw: tuple[Shape, Stack]) -> None:
         _, stack = gw
         async with (
-            httpx.AsyncClient(timeout=10) as client,
+            http_client.AsyncClient(timeout=10) as client,
             client.stream("POST", stack.url + "/v1/completions", json=completion_body(2000)) as response,
         ):
             assert response.status_code == 200
@@ -305,7 +306,7 @@ class TestBehindTheGateway:
     async def test_contract_replies_reach_the_client(self, gw: tuple[Shape, Stack]) -> None:
         _, stack = gw
         too_large = json.dumps({"model": "tiny-llama", "prompt": "x" * (MAX_BODY + 1000)}).encode()
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             cases = [
                 (b"{this is not json", 400, "bad-request"),
                 (too_large, 413, "too-large"),
@@ -338,7 +339,7 @@ class TestBehindTheGateway:
                 (r, e) for r in stack.replicas for e in stack.sim_requests(r) if e["outcome"] == "in-flight"
             ]
 
-        async with httpx.AsyncClient(timeout=20) as client:
+        async with http_client.AsyncClient(timeout=20) as client:
             task = asyncio.create_task(stream_one(client, stack.url, completion_body(160)))
             # 100 tokens at 25 ms: the stream has run 2.5 s
             await asyncio.to_thread(
@@ -364,7 +365,7 @@ class TestBehindTheGateway:
         """Last in the class: it kills the picker of this shape's stack."""
         shape, stack = gw
         assert stack.picker is not None
-        async with httpx.AsyncClient(
+        async with http_client.AsyncClient(
             timeout=30, limits=httpx.Limits(max_connections=KILL_STREAMS + 4)
         ) as client:
             flowing = [asyncio.Event() for _ in range(KILL_STREAMS)]
@@ -390,7 +391,7 @@ class TestBehindTheGateway:
         FailOpen serves from its fallback policy once the health check has seen the picker gone."""
         shape, stack = gw
         assert stack.picker is not None and not stack.picker.alive()  # still dead
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             if not shape.fail_open:
                 result = await stream_one(client, stack.url, completion_body(2))
                 assert result.status == 500 and not result.replica, result

@@ -10,9 +10,9 @@ import asyncio
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.sse_client import stream_request
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body, stream_one
@@ -28,7 +28,7 @@ async def test_the_request_ends_when_its_response_ends_not_a_grace_later(tmp_pat
     try:
         (replica,) = stack.replicas
         admin = f"http://127.0.0.1:{stack.metrics_port}"
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with http_client.AsyncClient(timeout=30) as http:
             flowing = asyncio.Event()
             stream = asyncio.create_task(
                 stream_one(
@@ -84,7 +84,7 @@ async def test_with_a_grpc_access_log_each_end_has_its_reason_and_its_real_time(
     try:
         (replica,) = stack.replicas
         admin = f"http://127.0.0.1:{stack.metrics_port}"
-        async with httpx.AsyncClient(timeout=30) as http:
+        async with http_client.AsyncClient(timeout=30) as http:
             for case, extra, leave_after, reason, drain_end in ENDINGS:
                 request_id = f"kg-{case}"
                 flowing = asyncio.Event()

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.sse_client import stream_request
 from loadtest.stack import Stack, StackOptions
@@ -37,7 +37,7 @@ def ends(stack: Stack, reason: str) -> float:
 
 async def test_streams_longer_than_the_grace_end_completed_from_the_access_log(lean: Stack) -> None:
     before = ends(lean, "completed")
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with http_client.AsyncClient(timeout=30) as client:
         # 300 tokens x 10 ms: the stream outlives the observer grace (2 s), so it is the log's to end
         results = await asyncio.gather(
             stream_one(client, lean.url, completion_body(300)),
@@ -51,7 +51,7 @@ async def test_streams_longer_than_the_grace_end_completed_from_the_access_log(l
 
 async def test_client_disconnect_and_truncation_are_told_apart(lean: Stack) -> None:
     disconnects, truncations = ends(lean, "client-disconnect"), ends(lean, "upstream-truncated")
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         left = await stream_request(  # the client leaves mid-stream
             client, lean.url + "/v1/completions", completion_body(2000), disconnect_after_events=3
         )

@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import Result, completion_body, stream_one
@@ -157,7 +158,7 @@ def assert_waited_as_told(attempts: list[Attempt]) -> None:
 
 async def test_sdk_retries_honour_retry_after_on_429(saturable: Stack) -> None:
     stack, log = saturable, AttemptLog()
-    async with httpx.AsyncClient(timeout=30) as raw, sdk(stack, log, max_retries=5) as client:
+    async with http_client.AsyncClient(timeout=30) as raw, sdk(stack, log, max_retries=5) as client:
         holders = await hold(raw, stack, 2, tokens=40)  # the slot and the engine's queue place: ~1 s
         queued = asyncio.create_task(
             client.completions.create(
@@ -191,7 +192,7 @@ async def test_picker_sigterm_with_queued_sdk_calls_ends_in_success_after_retrie
     log, calls = AttemptLog(), 4
     try:
         assert stack.picker is not None
-        async with httpx.AsyncClient(timeout=30) as raw, sdk(stack, log, max_retries=10) as client:
+        async with http_client.AsyncClient(timeout=30) as raw, sdk(stack, log, max_retries=10) as client:
             holders = await hold(raw, stack, 3, tokens=60)  # ~1.5 s each: the old picker waits for them
             pending = [
                 asyncio.create_task(
@@ -228,7 +229,7 @@ def replica_log(stack: Stack) -> list[dict[str, Any]]:
 
 def clear_replica_logs(stack: Stack) -> None:
     for replica in stack.replicas:
-        httpx.delete(f"http://{replica}/sim/requests", timeout=5).raise_for_status()
+        http_client.delete(f"http://{replica}/sim/requests", timeout=5).raise_for_status()
 
 
 async def test_sdk_cancel_and_timeout_abort_the_request_at_the_replica(stack: Stack) -> None:

@@ -16,9 +16,9 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.bench_cost import stream_request
 from loadtest.bench_soak import HOLD_TOKENS, close_all, fds_needed, open_batch, raise_open_files, start_stack
 from loadtest.procs import wait_until
@@ -47,7 +47,7 @@ def scale_stack(tmp_path: Path) -> Iterator[Stack]:
 
 def envoy_counter(stack: Stack, name: str) -> int:
     """One Envoy stat from the admin port; a missing stat fails (a rename must not pass as 0)."""
-    text = httpx.get(f"http://127.0.0.1:{stack.admin_port}/stats?filter=^{name}$", timeout=5).text
+    text = http_client.get(f"http://127.0.0.1:{stack.admin_port}/stats?filter=^{name}$", timeout=5).text
     values = {k: v for k, _, v in (line.partition(": ") for line in text.splitlines())}
     assert name in values, text[:500]
     return int(values[name])

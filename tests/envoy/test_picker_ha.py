@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import async_wait_until, wait_until
 from loadtest.stack import Stack, StackOptions, parse_metrics
 from loadtest.traffic import Result, completion_body, stream_one
@@ -52,7 +53,7 @@ def two_pickers(tmp_path: Path, peers: bool = False) -> Stack:
 
 def picker_health(stack: Stack) -> dict[int, str]:
     """Envoy's health flags of each picker host, by its gRPC port."""
-    text = httpx.get(f"http://127.0.0.1:{stack.admin_port}/clusters", timeout=5).text
+    text = http_client.get(f"http://127.0.0.1:{stack.admin_port}/clusters", timeout=5).text
     flags = {}
     for line in text.splitlines():
         parts = line.split("::")
@@ -95,7 +96,7 @@ async def open_loop(
 
 
 def picker_in_flight(metrics_port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    text = http_client.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
     return parse_metrics(text).get(("picker_in_flight", ()), 0.0)
 
 
@@ -105,12 +106,12 @@ def failed(sent: list[Sent]) -> list[Sent]:
 
 def client() -> httpx.AsyncClient:
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=400)
-    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
+    return http_client.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0, connect=5.0))
 
 
 def survivor_books(stack: Stack) -> tuple[float, float]:
     """(what the surviving picker counts on the replicas, its own and its peers', what they run)."""
-    values = parse_metrics(httpx.get(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=5).text)
+    values = parse_metrics(http_client.get(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=5).text)
     counted = sum(
         v
         for (name, _), v in values.items()

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import Proc, free_port, wait_until
 from loadtest.stack import StackOptions, sim_argv
 from loadtest.traffic import run_closed_loop
@@ -44,12 +44,12 @@ class RankedPodStack(PodStack):
 
 
 def live_endpoints(stack: PodStack) -> set[str]:
-    view = httpx.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints", timeout=5).json()
+    view = http_client.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints", timeout=5).json()
     return {e["address"] for e in view["endpoints"] if e["state"] != "gone"}
 
 
 def arrivals(address: str) -> list[dict[str, Any]]:
-    return httpx.get(f"http://{address}/sim/requests", timeout=5).json()  # type: ignore[no-any-return]
+    return http_client.get(f"http://{address}/sim/requests", timeout=5).json()  # type: ignore[no-any-return]
 
 
 async def until(predicate: Any, within: float, what: str) -> None:

@@ -9,6 +9,7 @@ import signal
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack
 from loadtest.traffic import REPLICA_HEADER, completion_body, run_closed_loop, stream_one
@@ -29,7 +30,7 @@ def chat_body(stream: bool) -> dict[str, object]:
 
 @pytest.mark.parametrize("http2", [False, True], ids=["http1", "h2c"])
 async def test_streaming_completion(clean_stack: Stack, http2: bool) -> None:
-    async with httpx.AsyncClient(http1=not http2, http2=http2, timeout=10) as client:
+    async with http_client.AsyncClient(http1=not http2, http2=http2, timeout=10) as client:
         result = await stream_one(client, clean_stack.url, completion_body(8))
     assert result.ok, result
     assert result.chunks == 8
@@ -38,7 +39,7 @@ async def test_streaming_completion(clean_stack: Stack, http2: bool) -> None:
 
 @pytest.mark.parametrize("http2", [False, True], ids=["http1", "h2c"])
 async def test_non_streaming_completion_and_chat(clean_stack: Stack, http2: bool) -> None:
-    async with httpx.AsyncClient(http1=not http2, http2=http2, timeout=10) as client:
+    async with http_client.AsyncClient(http1=not http2, http2=http2, timeout=10) as client:
         response = await client.post(
             clean_stack.url + "/v1/completions", json=completion_body(6, stream=False)
         )
@@ -55,7 +56,7 @@ async def test_non_streaming_completion_and_chat(clean_stack: Stack, http2: bool
 async def test_streaming_chat_with_usage(clean_stack: Stack) -> None:
     events: list[str] = []
     async with (
-        httpx.AsyncClient(timeout=10) as client,
+        http_client.AsyncClient(timeout=10) as client,
         client.stream(
             "POST", clean_stack.url + "/v1/chat/completions", json=chat_body(stream=True)
         ) as response,
@@ -68,7 +69,7 @@ async def test_streaming_chat_with_usage(clean_stack: Stack) -> None:
 
 
 async def test_models_endpoint_is_routed_without_a_body(clean_stack: Stack) -> None:
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         response = await client.get(clean_stack.url + "/v1/models")
     assert response.status_code == 200
     assert response.json()["data"][0]["id"] == "tiny-llama"
@@ -77,7 +78,7 @@ async def test_models_endpoint_is_routed_without_a_body(clean_stack: Stack) -> N
 async def test_concurrent_long_streams_spread_by_in_flight(clean_stack: Stack) -> None:
     # 30 streams start together and each lasts ~1 s: a picker that counted only the time to response
     # headers (or routed at random) would pile more than 12 on some replica.
-    async with httpx.AsyncClient(timeout=20, limits=httpx.Limits(max_connections=40)) as client:
+    async with http_client.AsyncClient(timeout=20, limits=httpx.Limits(max_connections=40)) as client:
         results = await asyncio.gather(
             *(stream_one(client, clean_stack.url, completion_body(40)) for _ in range(30))
         )
@@ -102,7 +103,7 @@ async def test_response_headers_do_not_wait_for_the_picker(clean_stack: Stack) -
     # first token). Proof: with the picker frozen (SIGSTOP) after it routed a request, the response
     # still arrives. Were the routing filter still waiting for the picker's answer to the response
     # headers, Envoy would give up after its message_timeout (2 s) and answer 504 (measured).
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with http_client.AsyncClient(timeout=30) as client:
         warm = await stream_one(client, clean_stack.url, completion_body(2))  # its observer reports
         assert warm.ok, warm
         running = clean_stack.sim_value("vllm:num_requests_running")
@@ -128,7 +129,7 @@ async def test_response_headers_do_not_wait_for_the_picker(clean_stack: Stack) -
 async def test_the_access_log_times_the_pickers_part_of_each_request(clean_stack: Stack) -> None:
     # Operators see, per request, how long the routing filter waited for the picker in each phase
     # and how long the request took to leave for its replica (config/envoy.yaml's file access log).
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         result = await stream_one(client, clean_stack.url, completion_body(2), {"x-request-id": "timed-1"})
         assert result.ok, result
 

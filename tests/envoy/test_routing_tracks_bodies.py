@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.sse_client import stream_request
 from loadtest.stack import Stack, StackOptions
@@ -44,7 +44,7 @@ def tokens(stack: Stack) -> float:
 
 async def test_a_stream_is_counted_from_its_body_and_completes(streamed: Stack) -> None:
     completed, counted = ends(streamed, "completed"), tokens(streamed)
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with http_client.AsyncClient(timeout=30) as client:
         result = await stream_one(client, streamed.url, completion_body(40))
     assert result.ok, result
     await asyncio.to_thread(wait_until, lambda: ends(streamed, "completed") == completed + 1, 10)
@@ -55,7 +55,7 @@ async def test_a_stream_is_counted_from_its_body_and_completes(streamed: Stack) 
 async def test_disconnect_truncation_and_error_event_are_told_apart(streamed: Stack) -> None:
     reasons = ("client-disconnect", "upstream-truncated", "upstream-error-event")
     before = {r: ends(streamed, r) for r in reasons}
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         left = await stream_request(  # the client leaves mid-stream
             client, streamed.url + "/v1/completions", completion_body(2000), disconnect_after_events=3
         )

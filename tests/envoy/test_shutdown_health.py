@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body, stream_one
@@ -65,7 +65,7 @@ def test_phase_one_flips_readiness_keeps_liveness_and_admits(stack: Stack) -> No
     # request that arrives (the load balancer has not noticed yet) is admitted and served.
     assert {name: health(stack, name) for name in READY_NAMES} == dict.fromkeys(READY_NAMES, NOT_SERVING)
     assert health(stack, "liveness") == SERVING
-    reply = httpx.post(f"{stack.url}/v1/completions", json=completion_body(5, stream=False), timeout=20)
+    reply = http_client.post(f"{stack.url}/v1/completions", json=completion_body(5, stream=False), timeout=20)
     assert reply.status_code == 200, (reply.status_code, reply.headers, reply.text[:300])
     assert "x-picker-dropped-reason" not in reply.headers
     assert health(stack, "liveness") == SERVING  # the picker is still alive and still in its drain
@@ -82,7 +82,7 @@ def test_phase_one_flips_readiness_keeps_liveness_and_admits(stack: Stack) -> No
 )
 async def test_second_signal_skips_to_the_end(stack: Stack) -> None:
     assert stack.picker is not None
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with http_client.AsyncClient(timeout=120) as client:
         held = asyncio.create_task(stream_one(client, stack.url, completion_body(2000)))  # 50 s
         try:
             await asyncio.to_thread(

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import Result, completion_body, stream_one
@@ -43,7 +44,7 @@ def ends(stack: Stack, reason: str) -> float:
 async def test_reset_after_first_tokens_is_never_retried(fault_stack: Stack) -> None:
     stack = fault_stack
     before_logged, before_truncated = logged(stack), ends(stack, "upstream-truncated")
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         result = await stream_one(client, stack.url, completion_body(20), {"x-sim-fault": "reset-after=3"})
     assert result.status == 200 and not result.done and result.chunks == 3  # truncated, once
     await asyncio.to_thread(wait_until, lambda: ends(stack, "upstream-truncated") == before_truncated + 1, 5)
@@ -56,7 +57,7 @@ async def test_vllm_silent_truncation_counts_as_truncated(fault_stack: Stack) ->
     # What a default-mode vLLM SIGTERM looks like: finish_reason "abort", usage, [DONE], HTTP 200.
     stack = fault_stack
     before = ends(stack, "upstream-truncated")
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         holder = asyncio.create_task(stream_one(client, stack.url, completion_body(300)))
         await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_in_flight") == 1, 5)
         replica = next(
@@ -75,7 +76,7 @@ async def test_vllm_silent_truncation_counts_as_truncated(fault_stack: Stack) ->
 
 async def test_error_event_is_counted_as_such(fault_stack: Stack) -> None:
     before = ends(fault_stack, "upstream-error-event")
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         result = await stream_one(
             client, fault_stack.url, completion_body(10), {"x-sim-fault": "error-after=2"}
         )
@@ -98,7 +99,7 @@ async def test_failure_before_the_first_byte_moves_to_the_fallback(
     try:
         bad, good = stack.replicas
         stack.set_fault(bad, **fault)
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             # Equal endpoints are picked at random: send until the bad one was the primary twice.
             for _ in range(30):
                 if stack.picker_value("picker_picks_total", endpoint=bad) >= 2:
@@ -125,7 +126,7 @@ async def test_failure_before_the_first_byte_moves_to_the_fallback(
 async def test_stalled_stream_is_detected_and_ended_by_the_client(fault_stack: Stack) -> None:
     stack = fault_stack
     before = stack.picker_value("picker_request_ends_total", reason="stalled")
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         task = asyncio.create_task(
             stream_one(client, stack.url, completion_body(20), {"x-sim-fault": "stall-after=2"})
         )
@@ -150,7 +151,7 @@ async def test_picker_crash_cuts_no_stream(tmp_path: Path, fail_open: bool) -> N
     ).start()
     try:
         assert stack.picker is not None
-        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=60)) as client:
+        async with http_client.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=60)) as client:
             flowing = [asyncio.Event() for _ in range(50)]
             streams = [
                 asyncio.create_task(stream_one(client, stack.url, completion_body(75), first_event=event))

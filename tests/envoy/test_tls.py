@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body
@@ -65,14 +65,14 @@ def health_status(port: int, service: str) -> int:
 
 def routed_ok(stack: Stack, count: int = 5) -> bool:
     body = {**completion_body(3), "stream": False}
-    with httpx.Client(timeout=10) as client:
+    with http_client.Client(timeout=10) as client:
         return all(
             client.post(stack.url + "/v1/completions", json=body).status_code == 200 for _ in range(count)
         )
 
 
 def envoy_stat(stack: Stack, name: str) -> int | None:
-    text = httpx.get(f"http://127.0.0.1:{stack.admin_port}/stats?filter=^{name}$", timeout=5).text
+    text = http_client.get(f"http://127.0.0.1:{stack.admin_port}/stats?filter=^{name}$", timeout=5).text
     for line in text.splitlines():
         key, _, value = line.partition(": ")
         if key == name:

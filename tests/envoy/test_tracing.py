@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.otlp_collector import Collector
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
@@ -31,7 +31,7 @@ def test_a_request_is_one_trace_from_client_to_replica(tmp_path: Path) -> None:
     stack = Stack(tmp_path, options).start()
     try:
         traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
-        with httpx.stream(
+        with http_client.stream(
             "POST",
             f"{stack.url}/v1/completions",
             json=completion_body(5),

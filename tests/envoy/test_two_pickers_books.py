@@ -8,9 +8,9 @@ import asyncio
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.stack import Stack, StackOptions, parse_metrics
 from loadtest.traffic import completion_body, stream_one
 from tests.envoy.test_picker_ha import client, until_healthy
@@ -27,7 +27,7 @@ def two_pickers(tmp_path: Path, peers: bool) -> Stack:
 
 
 def picker_metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return parse_metrics(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)
+    return parse_metrics(http_client.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text)
 
 
 def books(stack: Stack) -> dict[str, tuple[float, float]]:
@@ -38,7 +38,7 @@ def books(stack: Stack) -> dict[str, tuple[float, float]]:
             picker_metrics(metrics).get(("picker_endpoint_in_flight", (("endpoint", replica),)), 0.0)
             for _, _, metrics in stack.picker_ports
         )
-        engine = parse_metrics(httpx.get(f"http://{replica}/metrics", timeout=5).text)
+        engine = parse_metrics(http_client.get(f"http://{replica}/metrics", timeout=5).text)
         running = sum(v for (n, _), v in engine.items() if n == "vllm:num_requests_running")
         out[replica] = (counted, running)
     return out

@@ -9,9 +9,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import run_closed_loop
 from picker.drain import scorecard
@@ -25,7 +25,7 @@ TRAFFIC_S = 9.0
 
 def pool_drains(metrics_port: int) -> list[dict[str, Any]]:
     url = f"http://127.0.0.1:{metrics_port}/admin/drains?scope=pool"
-    drains = httpx.get(url, timeout=5).json()["drains"]
+    drains = http_client.get(url, timeout=5).json()["drains"]
     assert isinstance(drains, list)
     return drains
 
@@ -34,7 +34,7 @@ def in_flight_everywhere(stack: Stack, address: str) -> int:
     """The replica's streams as the pickers count them, each its own (their sum: every stream)."""
     total = 0
     for _, _, metrics_port in stack.picker_ports:
-        view = httpx.get(f"http://127.0.0.1:{metrics_port}/admin/endpoints", timeout=5).json()
+        view = http_client.get(f"http://127.0.0.1:{metrics_port}/admin/endpoints", timeout=5).json()
         total += sum(e["in_flight"] for e in view["endpoints"] if e["address"] == address)
     return total
 
@@ -61,7 +61,7 @@ async def test_the_pools_drain_record_is_every_stream_on_the_replica(tmp_path: P
         await until(lambda: in_flight_everywhere(stack, drained) >= 10, 15, "the replica to carry streams")
         await source.drain(stack, 0)
         await until(lambda: bool(pool_drains(stack.metrics_port)), 10, "both pickers to open the drain")
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with http_client.AsyncClient(timeout=5) as client:
             await client.post(f"http://{drained}/sim/faults", json={"status": 500})  # as a draining vLLM
             await until(lambda: in_flight_everywhere(stack, drained) == 0, 15, "its streams to end")
             await client.delete(f"http://{drained}/sim/faults")

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import REPLICA_HEADER
@@ -28,7 +29,7 @@ SYSTEM = "You answer questions about the deployment guide. " * 60  # ~3,000 byte
 
 def ask(stack: Stack, prompt: str, model: str = "tiny-llama", **headers: str) -> httpx.Response:
     body = {"model": model, "prompt": prompt, "max_tokens": 2, "stream": False}
-    response = httpx.post(f"{stack.url}/v1/completions", json=body, headers=headers, timeout=20)
+    response = http_client.post(f"{stack.url}/v1/completions", json=body, headers=headers, timeout=20)
     assert response.status_code == 200, response.text
     return response
 
@@ -38,7 +39,7 @@ def served(response: httpx.Response) -> str:
 
 
 def admin(stack: Stack, address: str, verb: str) -> None:
-    httpx.post(
+    http_client.post(
         f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{address}/{verb}", timeout=10
     ).raise_for_status()
 
@@ -65,6 +66,7 @@ def precise(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         replicas=3,
         sim_args=SIM,
         picker_args=("--prefix-affinity", "precise", "--kv-events-port-offset", str(KV_OFFSET)),
+        paired_port=KV_OFFSET,
     )
     kind = ProxyStack if request.param == "proxy" else Stack
     stack = kind(tmp_path_factory.mktemp(f"precise-{request.param}"), options)
@@ -81,7 +83,7 @@ def precise(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 def reset(stack: Stack) -> None:
     for replica in stack.replicas:
-        httpx.post(f"http://{replica}/reset_prefix_cache", timeout=5).raise_for_status()
+        http_client.post(f"http://{replica}/reset_prefix_cache", timeout=5).raise_for_status()
 
 
 def test_a_shared_prefix_stays_on_one_replica_and_hits_its_cache(approx: Stack) -> None:
@@ -102,7 +104,9 @@ def test_a_draining_replica_gets_no_affinity_pick_and_its_prefix_rehomes(approx:
     try:
         moved = [served(ask(approx, prompt + f"turn {i}")) for i in range(6)]
         assert home not in moved and len(set(moved)) == 1  # re-homed onto one replica
-        late = httpx.get(f"http://127.0.0.1:{approx.metrics_port}/admin/endpoints/{home}", timeout=5).json()
+        late = http_client.get(
+            f"http://127.0.0.1:{approx.metrics_port}/admin/endpoints/{home}", timeout=5
+        ).json()
         assert late["endpoint"]["drain"]["picks_after_start"] == 0
     finally:
         admin(approx, home, "undrain")
@@ -125,7 +129,7 @@ def test_a_session_sticks_until_its_replica_drains(approx: Stack) -> None:
 def test_an_adapter_request_goes_where_the_adapter_runs(approx: Stack) -> None:
     # a long request keeps "sql" running on one replica (max-loras 1: one adapter at a time there)
     body = {"model": "sql", "prompt": "warm", "max_tokens": 1500, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{approx.url}/v1/completions", json=body, timeout=30) as stream:
+    with http_client.stream("POST", f"{approx.url}/v1/completions", json=body, timeout=30) as stream:
         running_on = stream.headers[REPLICA_HEADER]
         next(stream.iter_bytes())
         # once a scrape has seen the adapter running there, every "sql" request goes there

@@ -11,9 +11,9 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import Proc, async_wait_until, free_port
 from loadtest.stack import Stack, StackOptions, health_ok, sim_argv
 from tests.frontends.conftest import FAST, FRONTENDS, start_stack
@@ -65,12 +65,12 @@ async def test_nothing_reaches_a_replica_that_cannot_serve_it(tmp_path: Path, fr
         admin = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints"
 
         def all_read() -> bool:
-            return all(e["served"] for e in httpx.get(admin, timeout=5).json()["endpoints"])
+            return all(e["served"] for e in http_client.get(admin, timeout=5).json()["endpoints"])
 
         await async_wait_until(all_read, 15, 0.05, "the picker to read every /v1/models")
         seen: Counter[tuple[int, str, str]] = Counter()  # (kind index, status, replica or reason)
         queue = list(range(REQUESTS))
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with http_client.AsyncClient(timeout=30) as client:
 
             async def worker() -> None:
                 while queue:

@@ -69,6 +69,9 @@ async def test_a_good_candidate_is_promoted_step_by_step_at_its_weights(
         "step_min_requests": 1000,
         "window_s": 5,
         "min_samples": 10,
+        # the candidate is the stable's twin: its gates pass unless it is 0.1 s slower at p95 (a
+        # p95 of some 50 samples on two busy cores strays by tens of milliseconds either way)
+        "latency_floor_s": 0.1,
     }
     canary = CanaryStack(tmp_path, frontend, STABLE_SIM, rollout)
     canary.start()

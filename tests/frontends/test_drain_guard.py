@@ -12,9 +12,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import Proc, free_port
 from loadtest.proxy_stack import ProxyStack
 from loadtest.stack import Stack, StackOptions, health_ok, sim_argv
@@ -35,7 +35,7 @@ def write_endpoints(path: Path, replicas: list[str], draining: frozenset[str] = 
 
 async def load(url: str, stop: asyncio.Event, statuses: Counter[int]) -> None:
     body = {"model": "m", "prompt": "hi", "max_tokens": 20, "stream": True}
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with http_client.AsyncClient(timeout=30) as client:
 
         async def worker() -> None:
             while not stop.is_set() and statuses.total() < MAX_REQUESTS:
@@ -78,7 +78,7 @@ async def test_a_drain_that_would_starve_the_pool_waits_for_a_replacement(
         statuses: Counter[int] = Counter()
         stop = asyncio.Event()
         traffic = asyncio.create_task(load(stack.url, stop, statuses))
-        async with httpx.AsyncClient(timeout=60) as client:
+        async with http_client.AsyncClient(timeout=60) as client:
 
             async def demand() -> float:
                 page = (await client.get(f"{admin}/metrics")).text

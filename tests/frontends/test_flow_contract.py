@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import Result, completion_body, stream_one
@@ -39,7 +40,7 @@ async def test_full_queue_and_ttl_expiry_get_429_with_reason_and_retry_after(
 ) -> None:
     stack = one_slot_stack(frontend, tmp_path)
     try:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with http_client.AsyncClient(timeout=30) as client:
             holders = await hold(client, stack, 2)  # the engine's slot and its one queue place
             waiting = asyncio.create_task(
                 client.post(stack.url + "/v1/completions", json=completion_body(1, stream=False))
@@ -67,7 +68,7 @@ async def test_full_queue_and_ttl_expiry_get_429_with_reason_and_retry_after(
 async def test_client_gone_while_queued_frees_its_place_at_once(tmp_path: Path, frontend: str) -> None:
     stack = one_slot_stack(frontend, tmp_path)
     try:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with http_client.AsyncClient(timeout=30) as client:
             holders = await hold(client, stack, 2)
             queued = asyncio.create_task(stream_one(client, stack.url, completion_body(5)))
             await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 1, 10)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack
 from loadtest.traffic import REPLICA_HEADER, completion_body, stream_one
@@ -39,13 +40,13 @@ def logged(stack: Stack) -> int:
 def faults_cleared(stack: Stack) -> Iterator[Stack]:
     yield stack
     for replica in stack.replicas:
-        httpx.delete(f"http://{replica}/sim/faults", timeout=5)
+        http_client.delete(f"http://{replica}/sim/faults", timeout=5)
     stack.wait_no_leaks()
 
 
 async def test_each_request_goes_where_the_picker_picked(faults_cleared: Stack) -> None:
     stack = faults_cleared
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         for stream in (True, False, True, False, True, False):
             before = picks(stack)
             if stream:
@@ -67,7 +68,7 @@ async def test_drained_endpoint_gets_no_new_request(faults_cleared: Stack) -> No
     stack = faults_cleared
     drained, other = stack.replicas
     admin = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{drained}"
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         (await client.post(admin + "/drain")).raise_for_status()
         try:
             served = {(await stream_one(client, stack.url, completion_body(2))).replica for _ in range(12)}
@@ -95,7 +96,7 @@ async def test_contract_replies(
     faults_cleared: Stack, body: bytes, content_type: str, status: int, reason: str
 ) -> None:
     stack = faults_cleared
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         response = await client.post(
             stack.url + "/v1/completions", content=body, headers={"content-type": content_type}
         )
@@ -114,7 +115,7 @@ async def test_refusal_before_the_first_byte_moves_to_the_next_pick(
     stack.set_fault(bad, status=503)
     before = stack.picker_value("picker_upstream_retries_total", endpoint=good)
     bad_picks = stack.picker_value("picker_picks_total", endpoint=bad)
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         for _ in range(30):  # equal endpoints are picked at random: until the bad one was first twice
             if stack.picker_value("picker_picks_total", endpoint=bad) >= bad_picks + 2:
                 break
@@ -137,7 +138,7 @@ async def test_refusal_before_the_first_byte_moves_to_the_next_pick(
 async def test_reset_after_the_first_byte_is_never_retried(faults_cleared: Stack) -> None:
     stack = faults_cleared
     before_logged, before_truncated = logged(stack), ends(stack, "upstream-truncated")
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         result = await stream_one(client, stack.url, completion_body(20), {"x-sim-fault": "reset-after=3"})
     assert result.status == 200 and not result.done and result.chunks == 3
     await asyncio.to_thread(wait_until, lambda: ends(stack, "upstream-truncated") == before_truncated + 1, 5)
@@ -148,7 +149,7 @@ async def test_client_disconnect_aborts_the_stream_at_the_engine(faults_cleared:
     stack = faults_cleared
     before = ends(stack, "client-disconnect")
     async with (
-        httpx.AsyncClient(timeout=10) as client,
+        http_client.AsyncClient(timeout=10) as client,
         client.stream("POST", stack.url + "/v1/completions", json=completion_body(2000)) as response,
     ):
         replica = response.headers[REPLICA_HEADER]
@@ -168,7 +169,7 @@ async def test_client_disconnect_aborts_a_non_streaming_request(faults_cleared: 
     stack = faults_cleared
     before = ends(stack, "client-disconnect")
     with pytest.raises(httpx.ReadTimeout):
-        async with httpx.AsyncClient(timeout=httpx.Timeout(10, read=0.3)) as client:
+        async with http_client.AsyncClient(timeout=httpx.Timeout(10, read=0.3)) as client:
             await client.post(stack.url + "/v1/completions", json=completion_body(2000, stream=False))
     gone_at = time.time()
     await asyncio.to_thread(wait_until, lambda: stack.sim_value("vllm:num_requests_running") == 0, 5)
@@ -184,8 +185,10 @@ async def test_thousand_mixed_requests_leave_no_leaks(faults_cleared: Stack) -> 
     metrics = stack.picker_metrics()
     admitted_before = sum(v for (n, _), v in metrics.items() if n == "picker_requests_total")
     ends_before = sum(v for (n, _), v in metrics.items() if n == "picker_request_ends_total")
+    leaving = 0  # clients that go away mid-request (how many: the tasks' order draws the rolls)
 
     async def one(client: httpx.AsyncClient) -> None:
+        nonlocal leaving
         roll = rng.random()
         headers: dict[str, str] = {}
         if roll < 0.1:
@@ -195,6 +198,7 @@ async def test_thousand_mixed_requests_leave_no_leaks(faults_cleared: Stack) -> 
         elif roll < 0.25:
             headers["x-sim-fault"] = rng.choice(["status=503", "status=500", "status=429"])
         if 0.25 <= roll < 0.4:  # the client goes away mid-request
+            leaving += 1
             try:
                 async with asyncio.timeout(rng.uniform(0.005, 0.06)):
                     await stream_one(client, stack.url, completion_body(8), headers)
@@ -207,7 +211,7 @@ async def test_thousand_mixed_requests_leave_no_leaks(faults_cleared: Stack) -> 
         else:
             await stream_one(client, stack.url, completion_body(rng.randint(1, 8)), headers)
 
-    async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=60)) as client:
+    async with http_client.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=60)) as client:
         semaphore = asyncio.Semaphore(40)
 
         async def bounded() -> None:
@@ -220,6 +224,6 @@ async def test_thousand_mixed_requests_leave_no_leaks(faults_cleared: Stack) -> 
     metrics = stack.picker_metrics()
     admitted = sum(v for (n, _), v in metrics.items() if n == "picker_requests_total") - admitted_before
     ended = sum(v for (n, _), v in metrics.items() if n == "picker_request_ends_total") - ends_before
-    assert 850 <= admitted <= 1000  # clients that left before their body was read were never admitted
+    assert 1000 - leaving <= admitted <= 1000  # clients that left before their body was read were not
     assert ended == admitted  # every admitted request has exactly one end reason
     assert metrics.get(("picker_request_ends_total", (("reason", "unobserved"),)), 0) == 0

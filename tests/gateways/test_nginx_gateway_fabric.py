@@ -9,9 +9,9 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.ngf_client import ShimClient
 from loadtest.procs import Proc, free_port, wait_until
 from loadtest.stack import health_ok, parse_metrics, serve_argv, sim_argv
@@ -48,12 +48,12 @@ class Deployment:
         return [f"127.0.0.1:{p}" for p in self.replica_ports]
 
     def metric(self, name: str) -> float:
-        text = httpx.get(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout=5).text
+        text = http_client.get(f"http://127.0.0.1:{self.ports[2]}/metrics", timeout=5).text
         return parse_metrics(text).get((name, ()), 0.0)
 
     def admin(self, address: str, verb: str) -> None:
         url = f"http://127.0.0.1:{self.ports[2]}/admin/endpoints/{address}/{verb}"
-        httpx.post(url, timeout=5).raise_for_status()
+        http_client.post(url, timeout=5).raise_for_status()
 
     def stop(self) -> None:
         self.picker.stop()
@@ -75,7 +75,7 @@ def body(max_tokens: int = 8) -> bytes:
 
 def test_every_request_gets_one_member_and_the_books_return_to_zero(ngf: Deployment) -> None:
     chosen: list[str] = []
-    with httpx.Client(timeout=20) as nginx:
+    with http_client.Client(timeout=20) as nginx:
         for _ in range(20):
             answer = ngf.client.ask(body())
             assert answer.status is None and answer.endpoint in ngf.replicas  # one member, not a list

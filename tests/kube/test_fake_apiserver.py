@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import async_wait_until
 from tests.kube.fake_apiserver import GROUP_PATH, FakeApiServer, endpoint, parse_selector
 
@@ -18,7 +19,7 @@ SELECTOR = {"labelSelector": "kubernetes.io/service-name=vllm"}
 
 def client(fake: FakeApiServer, token: str | None = None) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {token or fake.token}"}
-    return httpx.AsyncClient(base_url=fake.url, headers=headers, timeout=5)
+    return http_client.AsyncClient(base_url=fake.url, headers=headers, timeout=5)
 
 
 async def watch_lines(http: httpx.AsyncClient, params: dict[str, Any], count: int) -> list[dict[str, Any]]:

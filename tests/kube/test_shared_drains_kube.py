@@ -9,9 +9,9 @@ import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from picker.app import PickerApp
 from picker.config_sources import load_config
 from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
@@ -167,7 +167,7 @@ async def test_two_picker_apps_share_admin_drains(fake: FakeApiServer, kubeconfi
         await second.start()
         try:
             url = f"http://127.0.0.1:{first_ports.metrics}/admin/endpoints/{A}/drain"
-            async with httpx.AsyncClient() as client:
+            async with http_client.AsyncClient() as client:
                 response = await client.post(url, timeout=5)
             assert response.status_code == 200, response.text
             await until(lambda: second.pool.get(A) is not None and second.pool.admin_drained(A))

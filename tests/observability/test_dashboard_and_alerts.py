@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import http_client
 from loadtest.procs import Proc, free_port
 from loadtest.stack import serve_argv
 from picker.contract import Outcome
@@ -78,7 +78,7 @@ def exported() -> set[str]:
         picker = Proc("picker", argv, Path(tmp) / "picker.log")
         try:
             picker.wait_ready(lambda: "picker ready" in picker.log_text())
-            text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+            text = http_client.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
         finally:
             picker.stop()
     names = set()

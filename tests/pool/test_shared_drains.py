@@ -10,10 +10,10 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
+from loadtest import http_client
 from loadtest.procs import Proc, free_port, wait_until
 from loadtest.stack import Stack, StackOptions, serve_argv
 from loadtest.traffic import completion_body
@@ -155,7 +155,7 @@ def second_picker(workdir: Path, endpoints_file: Path) -> tuple[Proc, int]:
 
 def endpoint_state(metrics_port: int, address: str) -> str:
     url = f"http://127.0.0.1:{metrics_port}/admin/endpoints/{address}"
-    return str(httpx.get(url, timeout=5).json()["endpoint"]["state"])
+    return str(http_client.get(url, timeout=5).json()["endpoint"]["state"])
 
 
 @pytest.mark.envoy
@@ -173,22 +173,24 @@ def test_drain_through_one_picker_stops_the_other_picking(tmp_path: Path) -> Non
         stack.start()
         picker_a, a_metrics = second_picker(tmp_path, endpoints_file)
         drained, kept = stack.replicas
-        response = httpx.post(f"http://127.0.0.1:{a_metrics}/admin/endpoints/{drained}/drain", timeout=5)
+        response = http_client.post(
+            f"http://127.0.0.1:{a_metrics}/admin/endpoints/{drained}/drain", timeout=5
+        )
         assert response.status_code == 200, response.text
         asked = time.monotonic()
         assert response.json()["endpoint"]["state"] == "draining"
         wait_until(lambda: endpoint_state(stack.metrics_port, drained) == "draining", 10, what="B applies it")
         applied_s = time.monotonic() - asked
         print(f"drain through picker A applied by picker B after {applied_s:.2f} s (poll {POLL_S} s)")
-        httpx.delete(f"http://{drained}/sim/requests", timeout=5).raise_for_status()
+        http_client.delete(f"http://{drained}/sim/requests", timeout=5).raise_for_status()
         for _ in range(10):
             body = completion_body(2, stream=False)
-            result = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=20)
+            result = http_client.post(f"{stack.url}/v1/completions", json=body, timeout=20)
             assert result.status_code == 200
         assert stack.sim_requests(drained) == []
         assert len(stack.sim_requests(kept)) >= 10
         # Undrain through picker B: picker A follows.
-        response = httpx.post(
+        response = http_client.post(
             f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{drained}/undrain", timeout=5
         )
         assert response.status_code == 200, response.text

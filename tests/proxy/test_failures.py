@@ -8,8 +8,7 @@ import signal
 import socket
 from pathlib import Path
 
-import httpx
-
+from loadtest import http_client
 from loadtest.procs import free_port, wait_until
 from loadtest.proxy_stack import ProxyStack
 from loadtest.sse_client import stream_request
@@ -23,7 +22,7 @@ async def test_draining_engines_500_is_retried_on_the_next_pick(tmp_path: Path) 
         tmp_path, StackOptions(replicas=2, sim_args=FAST, picker_args=("--no-scrape",))
     ).start()
     try:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with http_client.AsyncClient(timeout=30) as client:
             # one long stream on each replica: equal in-flight counts, so either may be picked first
             flowing = [asyncio.Event(), asyncio.Event()]
             holders = [
@@ -57,7 +56,7 @@ async def test_no_endpoint_answering_gets_the_contracts_503(tmp_path: Path) -> N
         tmp_path, StackOptions(replicas=0, picker_endpoints=dead, picker_args=("--no-scrape",))
     ).start()
     try:
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             response = await client.post(stack.url + "/v1/completions", json=completion_body(2))
         assert response.status_code == 503
         assert response.headers["x-picker-dropped-reason"] == "rejected-no-endpoints"
@@ -110,7 +109,7 @@ async def test_drain_deadline_ends_streams_with_an_error_event_and_done(tmp_path
     stack = ProxyStack(tmp_path, StackOptions(replicas=1, sim_args=FAST, picker_args=args)).start()
     try:
         assert stack.picker is not None
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with http_client.AsyncClient(timeout=30) as client:
             flowing = asyncio.Event()
             stream = asyncio.create_task(
                 stream_request(
@@ -126,7 +125,7 @@ async def test_drain_deadline_ends_streams_with_an_error_event_and_done(tmp_path
             assert (await client.get(ready)).status_code == 200
             stack.picker.signal(signal.SIGTERM)
             await asyncio.to_thread(
-                wait_until, lambda: httpx.get(ready, timeout=2).status_code == 503, 5, what="not ready"
+                wait_until, lambda: http_client.get(ready, timeout=2).status_code == 503, 5, what="not ready"
             )
             streamed, answered = await asyncio.wait_for(asyncio.gather(stream, plain), 20)
         assert streamed.status == 200 and streamed.done  # [DONE] came, after ...

@@ -13,6 +13,7 @@ import httpx
 from h2.config import H2Configuration
 from h2.connection import H2Connection
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.proxy_stack import ProxyStack
 from loadtest.stack import StackOptions
@@ -23,7 +24,7 @@ ABORTED_WITHIN_S = 2.0  # the aborted stream would run 20 s; only a missing abor
 
 
 def h2_client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(http1=False, http2=True, timeout=10)
+    return http_client.AsyncClient(http1=False, http2=True, timeout=10)
 
 
 async def test_requests_and_streams_over_one_h2c_connection(proxy: ProxyStack) -> None:

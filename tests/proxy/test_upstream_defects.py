@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import httpx
 import pytest
 from aiohttp import web
 
+from loadtest import http_client
 from picker.config_sources import load_config
 from picker.contract import Outcome, reply_for
 from picker.proxy.app import ProxyApp
@@ -75,7 +75,7 @@ async def test_an_unparseable_upstream_response_gets_the_contracts_answer(
     server, address = await raw_server(answer)
     try:
         app, url = await proxy([address])
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             response = await client.post(url + "/v1/completions", json=BODY)
         assert response.status_code == 503
         assert response.headers["x-picker-dropped-reason"] == Outcome.REJECTED_NO_ENDPOINTS.value
@@ -96,7 +96,7 @@ async def test_an_unparseable_answer_moves_to_the_next_endpoint(proxy: Start) ->
     runner, good = await app_server(good_app)
     try:
         app, url = await proxy([broken, good])
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             answers = [await client.post(url + "/v1/completions", json=BODY) for _ in range(6)]
         assert all(r.status_code == 200 for r in answers)
         assert app.path.live == 0
@@ -116,7 +116,7 @@ async def test_a_large_5xx_body_passes_through_whole(proxy: Start) -> None:
     runner, address = await app_server(upstream)
     try:
         app, url = await proxy([address])
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             response = await client.post(url + "/v1/completions", json=BODY)
         assert response.status_code == 500
         assert response.content == text
@@ -142,7 +142,7 @@ async def test_a_cut_at_the_drain_deadline_is_not_the_replicas_truncation(proxy:
     runner, address = await app_server(upstream)
     try:
         app, url = await proxy([address])
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with http_client.AsyncClient(timeout=10) as client:
             async with client.stream("POST", url + "/v1/completions", json={**BODY, "stream": True}) as r:
                 chunks = r.aiter_bytes()
                 await anext(chunks)

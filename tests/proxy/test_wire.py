@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
-
+from loadtest import http_client
 from loadtest.proxy_stack import ProxyStack
 from loadtest.traffic import REPLICA_HEADER, completion_body, stream_one
 from tests.proxy.conftest import LIMIT
@@ -40,7 +39,7 @@ def request_bytes(body: bytes, extra: bytes = b"") -> bytes:
 
 
 async def test_response_names_who_served_and_the_request_id(proxy: ProxyStack) -> None:
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         response = await client.post(
             proxy.url + "/v1/completions",
             json=completion_body(2, stream=False),
@@ -54,7 +53,7 @@ async def test_response_names_who_served_and_the_request_id(proxy: ProxyStack) -
 
 
 async def test_models_are_answered_by_a_ready_endpoint(proxy: ProxyStack) -> None:
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         response = await client.get(proxy.url + "/v1/models")
     assert response.status_code == 200 and response.json()["data"][0]["id"]
     assert response.headers[REPLICA_HEADER] in proxy.replicas
@@ -74,7 +73,7 @@ async def test_oversized_body_is_refused_unread_and_the_proxy_keeps_serving(prox
         for _ in range(100):
             yield b"x" * 4096
 
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         response = await client.post(
             proxy.url + "/v1/completions", content=chunks(), headers={"content-type": "application/json"}
         )
@@ -91,7 +90,7 @@ async def test_garbage_gets_a_400_and_the_proxy_keeps_serving(proxy: ProxyStack)
         proxy.listen_port, request_bytes(b"{}", b"x-gateway-inference-priority: high\r\n"), until=b"}}"
     )
     assert bad_header.startswith(b"HTTP/1.1 400") and b"bad-request" in bad_header
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         assert (await stream_one(client, proxy.url, completion_body(2))).ok
     proxy.wait_no_leaks()
 
@@ -119,7 +118,7 @@ async def test_pipelined_requests_are_answered_in_order(proxy: ProxyStack) -> No
 
 
 async def test_oversized_hint_header_is_a_400(proxy: ProxyStack) -> None:
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with http_client.AsyncClient(timeout=10) as client:
         response = await client.post(
             proxy.url + "/v1/completions",
             json=completion_body(2, stream=False),

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.realvllm import launcher
 from loadtest.sse_client import StreamResult, stream_request
 from tests.sim import parity_checks as pc
@@ -63,7 +64,7 @@ IDLE_WITHIN_S = 180.0  # a leftover request runs < 60 s idle; the check timeout 
 async def engine_requests(server: launcher.RealVllm) -> float | None:
     """Requests the engine holds (running + waiting), or None when /metrics does not answer."""
     try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        async with http_client.AsyncClient(base_url=server.url, timeout=10) as client:
             text = await pc.scrape(client)
     except (httpx.HTTPError, AssertionError):
         return None
@@ -112,7 +113,7 @@ class TestServing:
     async def test_counters_follow_a_finished_request(self, vllm_server: launcher.RealVllm) -> None:
         """The counters a proxy reads move by exactly what the response's usage reports."""
         model = vllm_server.model
-        async with httpx.AsyncClient(base_url=vllm_server.url, timeout=60) as client:
+        async with http_client.AsyncClient(base_url=vllm_server.url, timeout=60) as client:
             before = await pc.scrape(client)
             target = target_of(vllm_server)
             response = await client.post("/v1/completions", json=pc.completion_body(target, 12, False))
@@ -184,12 +185,12 @@ async def post_on_new_connection(
     url: str, path: str, body: dict[str, Any], within_s: float = 30.0
 ) -> httpx.Response:
     """One request on a connection of its own: vLLM drops the connection of a drain-time 500."""
-    async with httpx.AsyncClient(base_url=url, timeout=within_s) as client:
+    async with http_client.AsyncClient(base_url=url, timeout=within_s) as client:
         return await client.post(path, json=body)
 
 
 async def get_on_new_connection(url: str, path: str) -> httpx.Response:
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    async with http_client.AsyncClient(base_url=url, timeout=30) as client:
         return await client.get(path)
 
 
@@ -221,7 +222,7 @@ async def drained_stream_tokens(target: pc.Target) -> int:
     """Tokens of the finishing stream: DRAIN_DECODE_S of decoding at this engine's measured speed."""
     body = pc.completion_body(target, DRAIN_PROBE_TOKENS, False)
     started = time.monotonic()
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=120) as client:
+    async with http_client.AsyncClient(base_url=target.base_url, timeout=120) as client:
         responses = await asyncio.gather(
             *(client.post("/v1/completions", json=body) for _ in range(DRAIN_CONCURRENCY))
         )
@@ -236,7 +237,7 @@ async def stream_to_the_end(
 ) -> StreamResult:
     """A streaming completion read to its end. A queued request's first token can take minutes:
     pass read_timeout=None for those (the caller ends them)."""
-    async with httpx.AsyncClient(base_url=target.base_url) as client:
+    async with http_client.AsyncClient(base_url=target.base_url) as client:
         body = pc.completion_body(target, tokens, True)
         return await stream_request(
             client, "/v1/completions", body, read_timeout=read_timeout, first_event=first_event

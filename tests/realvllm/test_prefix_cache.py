@@ -20,6 +20,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from loadtest import http_client
 from loadtest.procs import async_wait_until
 from loadtest.realvllm import launcher
 from picker.config import AffinityConfig
@@ -83,7 +84,7 @@ async def picker_view(vllm_with_events) -> AsyncIterator[tuple[object, KvEvents,
 async def test_the_pickers_view_matches_what_vllm_reports_cached(picker_view) -> None:  # type: ignore[no-untyped-def]
     server, events, pool = picker_view
     endpoint = pool.get(f"127.0.0.1:{server.port}")
-    async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+    async with http_client.AsyncClient(base_url=server.url, timeout=120) as http:
         for i in range(60):  # until the subscription has reached vLLM's publisher (ZMQ)
             await cached_tokens(http, words(1000 + i, 200))
             if events.messages:
@@ -111,7 +112,7 @@ async def test_vllms_raw_events_have_the_fields_the_simulator_sends(vllm_with_ev
     subscriber.setsockopt(zmq.SUBSCRIBE, b"kv@")
     subscriber.connect(f"tcp://127.0.0.1:{kv_port}")
     try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+        async with http_client.AsyncClient(base_url=server.url, timeout=120) as http:
             for i in range(60):
                 await cached_tokens(http, words(3000 + i, 300))
                 if await subscriber.poll(200):

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from simkit import SimProcess, fast_config
 
+from loadtest import http_client
 from loadtest.sim import Replica, run_sim
 
 
@@ -26,7 +27,7 @@ async def sim() -> AsyncIterator[Replica]:
 
 @pytest.fixture
 async def client(sim: Replica) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=sim.url, timeout=10) as http:
+    async with http_client.AsyncClient(base_url=sim.url, timeout=10) as http:
         yield http
 
 

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import http_client
 from loadtest.sse_client import StreamResult, stream_request
 
 DRAIN_REFUSAL = "cannot schedule new futures after shutdown"
@@ -188,7 +189,7 @@ def check_finished_stream(
 
 
 async def check_health_and_models(target: Target) -> None:
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as client:
+    async with http_client.AsyncClient(base_url=target.base_url, timeout=30) as client:
         health = await client.get("/health")
         models = await client.get("/v1/models")
     assert health.status_code == 200 and health.content == b""
@@ -199,7 +200,7 @@ async def check_health_and_models(target: Target) -> None:
 
 
 async def check_sse_format(target: Target, max_tokens: int = 16) -> None:
-    async with httpx.AsyncClient(base_url=target.base_url) as client:
+    async with http_client.AsyncClient(base_url=target.base_url) as client:
         completion = await stream_request(
             client, "/v1/completions", completion_body(target, max_tokens, True)
         )
@@ -214,7 +215,7 @@ async def check_sse_format(target: Target, max_tokens: int = 16) -> None:
 
 
 async def check_non_streaming(target: Target, max_tokens: int = 8) -> None:
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=60) as client:
+    async with http_client.AsyncClient(base_url=target.base_url, timeout=60) as client:
         completion = await client.post("/v1/completions", json=completion_body(target, max_tokens, False))
         chat = await client.post("/v1/chat/completions", json=chat_body(target, max_tokens, stream=False))
     for response, obj in ((completion, "text_completion"), (chat, "chat.completion")):
@@ -229,7 +230,7 @@ async def check_non_streaming(target: Target, max_tokens: int = 8) -> None:
 
 async def check_unknown_model_404(target: Target) -> None:
     nope = Target(target.base_url, model="nope")
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as client:
+    async with http_client.AsyncClient(base_url=target.base_url, timeout=30) as client:
         completion = await client.post("/v1/completions", json=completion_body(nope, 4, False))
         chat = await client.post("/v1/chat/completions", json=chat_body(nope, 4))
     for response in (completion, chat):
@@ -238,7 +239,7 @@ async def check_unknown_model_404(target: Target) -> None:
 
 
 async def check_malformed_json_400(target: Target) -> None:
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as client:
+    async with http_client.AsyncClient(base_url=target.base_url, timeout=30) as client:
         response = await client.post(
             "/v1/completions", content=b'{"model": ', headers={"content-type": "application/json"}
         )
@@ -246,7 +247,7 @@ async def check_malformed_json_400(target: Target) -> None:
 
 
 async def check_metric_names(target: Target) -> None:
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as client:
+    async with http_client.AsyncClient(base_url=target.base_url, timeout=30) as client:
         families = {f.name: f for f in text_string_to_metric_families(await scrape(client))}
     for name, kind in REQUIRED_METRICS.items():
         assert name in families, name
@@ -275,9 +276,9 @@ async def _abort_not_counted(client: httpx.AsyncClient, before: str, target: Tar
 
 async def check_stream_disconnect_aborts(target: Target, long_tokens: int, deadline_s: float = 10.0) -> float:
     """Closing a stream mid-way frees the request (running -> 0); returns seconds until seen."""
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as probe:
+    async with http_client.AsyncClient(base_url=target.base_url, timeout=30) as probe:
         before = await scrape(probe)
-        async with httpx.AsyncClient(base_url=target.base_url) as client:
+        async with http_client.AsyncClient(base_url=target.base_url) as client:
             result = await stream_request(
                 client,
                 "/v1/completions",
@@ -303,13 +304,13 @@ async def _idle(client: httpx.AsyncClient, target: Target) -> bool:
 async def check_non_streaming_disconnect_aborts(
     target: Target, long_tokens: int, deadline_s: float = 10.0, start_deadline_s: float = 30.0
 ) -> float:
-    async with httpx.AsyncClient(base_url=target.base_url, timeout=30) as probe:
+    async with http_client.AsyncClient(base_url=target.base_url, timeout=30) as probe:
         before = await scrape(probe)
         # A busy vLLM can take seconds to answer /metrics, and an idle one decodes a whole request in
         # that time: an attempt whose request finished before it was seen running proves nothing, and
         # is tried again (its completion counts as "length", so `before` is re-read).
         for _attempt in range(3):
-            async with httpx.AsyncClient(base_url=target.base_url, timeout=120) as client:
+            async with http_client.AsyncClient(base_url=target.base_url, timeout=120) as client:
                 request = asyncio.create_task(
                     client.post("/v1/completions", json=completion_body(target, long_tokens, False))
                 )
@@ -345,7 +346,7 @@ async def _flowing_streams(
     flowing = [asyncio.Event() for _ in range(count)]
 
     async def one(first_event: asyncio.Event) -> StreamResult:
-        async with httpx.AsyncClient(base_url=target.base_url) as client:
+        async with http_client.AsyncClient(base_url=target.base_url) as client:
             body = completion_body(target, tokens, True)
             return await stream_request(
                 client, "/v1/completions", body, read_timeout=read_timeout, first_event=first_event
@@ -384,7 +385,7 @@ async def check_drain_on_sigterm(
     try:
         # vLLM closes the connection after each drain 500: no keep-alive, one connection per probe.
         limits = httpx.Limits(max_keepalive_connections=0)
-        async with httpx.AsyncClient(base_url=target.base_url, timeout=30, limits=limits) as probe:
+        async with http_client.AsyncClient(base_url=target.base_url, timeout=30, limits=limits) as probe:
             target.sigterm()
             check_error(await _first_refusal(probe, target), 500, "InternalServerError", DRAIN_REFUSAL)
             chat = await probe.post("/v1/chat/completions", json=chat_body(target, 1))

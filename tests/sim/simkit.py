@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from loadtest import http_client
 from loadtest.sim import LatencyConfig, SimConfig
 
 # Fast timing so streams of tens of tokens take tens of milliseconds.
@@ -26,7 +25,7 @@ def fast_config(**changes: Any) -> SimConfig:
 
 
 async def sim_requests(base_url: str, request_id: str | None = None) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(base_url=base_url, timeout=10) as http:
+    async with http_client.AsyncClient(base_url=base_url, timeout=10) as http:
         params = {"request_id": request_id} if request_id else None
         response = await http.get("/sim/requests", params=params)
     assert response.status_code == 200

@@ -9,6 +9,7 @@ import parity_checks as pc
 import pytest
 from simkit import fast_config, sim_requests
 
+from loadtest import http_client
 from loadtest.sim import LatencyConfig, Replica, run_sim
 from loadtest.sse_client import stream_request
 
@@ -140,7 +141,7 @@ async def test_request_log_records_each_request(sim: Replica, client: httpx.Asyn
 async def test_request_log_is_bounded() -> None:
     async with (
         run_sim(fast_config(request_log_size=3)) as (replica,),
-        httpx.AsyncClient(base_url=replica.url) as http,
+        http_client.AsyncClient(base_url=replica.url) as http,
     ):
         for index in range(5):
             await http.post(
@@ -178,7 +179,7 @@ async def test_early_stop_is_seeded_and_deterministic() -> None:
     latency = dataclasses.replace(fast_config().latency, eos_rate=1.0, seed=7)
     async with (
         run_sim(fast_config(latency=latency)) as (replica,),
-        httpx.AsyncClient(base_url=replica.url) as http,
+        http_client.AsyncClient(base_url=replica.url) as http,
     ):
         body = {"prompt": "x", "max_tokens": 50, "stream": True}
         first = await stream_request(http, "/v1/completions", body, headers={"x-request-id": "same"})
@@ -195,7 +196,7 @@ async def test_tokens_per_chunk_batches_tokens() -> None:
     latency = LatencyConfig(ttft_ms=1, itl_ms=1, tokens_per_chunk=4)
     async with (
         run_sim(fast_config(latency=latency)) as (replica,),
-        httpx.AsyncClient(base_url=replica.url) as http,
+        http_client.AsyncClient(base_url=replica.url) as http,
     ):
         body = {"prompt": "x", "max_tokens": 10, "stream": True, "stream_options": {"include_usage": True}}
         result = await stream_request(http, "/v1/completions", body)

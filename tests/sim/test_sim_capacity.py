@@ -8,6 +8,7 @@ import httpx
 import parity_checks as pc
 from simkit import fast_config, sim_requests
 
+from loadtest import http_client
 from loadtest.sim import CapacityConfig, run_sim
 from loadtest.sim.engine import Admission, Engine, InFlight
 from loadtest.sim.requestlog import RequestRecord
@@ -61,7 +62,10 @@ async def metric(http: httpx.AsyncClient, name: str, **labels: str) -> float:
 
 async def test_queue_then_503_with_vllms_body() -> None:
     config = fast_config(capacity=CapacityConfig(max_num_seqs=2, max_num_queued_reqs=2))
-    async with run_sim(config) as (replica,), httpx.AsyncClient(base_url=replica.url, timeout=10) as http:
+    async with (
+        run_sim(config) as (replica,),
+        http_client.AsyncClient(base_url=replica.url, timeout=10) as http,
+    ):
         body = {"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True}
         streams = [
             asyncio.create_task(stream_request(http, "/v1/completions", body, read_timeout=5))
@@ -82,7 +86,10 @@ async def test_queue_then_503_with_vllms_body() -> None:
 
 async def test_queued_stream_gets_headers_at_once_and_first_token_when_a_slot_frees() -> None:
     config = fast_config(capacity=CapacityConfig(max_num_seqs=1))
-    async with run_sim(config) as (replica,), httpx.AsyncClient(base_url=replica.url, timeout=10) as http:
+    async with (
+        run_sim(config) as (replica,),
+        http_client.AsyncClient(base_url=replica.url, timeout=10) as http,
+    ):
         running = asyncio.create_task(
             stream_request(
                 http,
@@ -110,7 +117,10 @@ async def test_queued_stream_gets_headers_at_once_and_first_token_when_a_slot_fr
 
 async def test_kv_usage_follows_tokens_held() -> None:
     config = fast_config(capacity=CapacityConfig(kv_capacity_tokens=1000))
-    async with run_sim(config) as (replica,), httpx.AsyncClient(base_url=replica.url, timeout=10) as http:
+    async with (
+        run_sim(config) as (replica,),
+        http_client.AsyncClient(base_url=replica.url, timeout=10) as http,
+    ):
         body = {
             "prompt": "p" * 400,
             "max_tokens": 400,

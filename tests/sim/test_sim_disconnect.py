@@ -13,10 +13,10 @@ import asyncio
 import time
 from typing import Any
 
-import httpx
 import parity_checks as pc
 from simkit import fast_config, sim_requests
 
+from loadtest import http_client
 from loadtest.sim import CapacityConfig, Replica, run_sim
 from loadtest.sse_client import stream_request
 
@@ -35,7 +35,7 @@ async def aborted_entry(replica: Replica, request_id: str) -> dict[str, Any]:
 
 
 async def test_stream_disconnect_frees_the_slot_at_once(sim: Replica) -> None:
-    async with httpx.AsyncClient(base_url=sim.url) as http:
+    async with http_client.AsyncClient(base_url=sim.url) as http:
         result = await stream_request(
             http,
             "/v1/completions",
@@ -52,7 +52,7 @@ async def test_stream_disconnect_frees_the_slot_at_once(sim: Replica) -> None:
 
 
 async def test_non_streaming_disconnect_frees_the_slot_at_once(sim: Replica) -> None:
-    async with httpx.AsyncClient(base_url=sim.url, timeout=30) as http:
+    async with http_client.AsyncClient(base_url=sim.url, timeout=30) as http:
         request = asyncio.create_task(http.post("/v1/completions", json=LONG, headers={"x-request-id": "n1"}))
         assert await pc.wait_until(lambda: len(sim.state.engine.running) == 1, 5)
         request.cancel()
@@ -65,7 +65,10 @@ async def test_non_streaming_disconnect_frees_the_slot_at_once(sim: Replica) -> 
 
 async def test_queued_disconnect_leaves_the_queue() -> None:
     config = fast_config(capacity=CapacityConfig(max_num_seqs=1))
-    async with run_sim(config) as (replica,), httpx.AsyncClient(base_url=replica.url, timeout=30) as http:
+    async with (
+        run_sim(config) as (replica,),
+        http_client.AsyncClient(base_url=replica.url, timeout=30) as http,
+    ):
         holder = asyncio.create_task(stream_request(http, "/v1/completions", {**LONG, "stream": True}))
         assert await pc.wait_until(lambda: len(replica.state.engine.running) == 1, 5)
         queued = asyncio.create_task(
@@ -86,7 +89,7 @@ async def test_abort_counted_by_sim_counter_not_by_vllm_success(sim: Replica) ->
     target = pc.Target(sim.url)
     assert await pc.check_stream_disconnect_aborts(target, long_tokens=5000, deadline_s=2) < 2
     assert await pc.check_non_streaming_disconnect_aborts(target, long_tokens=5000, deadline_s=2) < 2
-    async with httpx.AsyncClient(base_url=sim.url) as http:
+    async with http_client.AsyncClient(base_url=sim.url) as http:
         exposition = await pc.scrape(http)
     assert pc.metric_value(exposition, "sim_requests_aborted_total") == 2
     assert pc.metric_value(exposition, "vllm:request_success_total", finished_reason="abort") == 0

@@ -11,6 +11,7 @@ import parity_checks as pc
 import pytest
 from simkit import fast_config, sim_requests
 
+from loadtest import http_client
 from loadtest.sim import Replica, parse_fault_header, run_sim
 from loadtest.sim.faults import FaultBoard, MidStreamFault
 from loadtest.sse_client import stream_request
@@ -155,7 +156,7 @@ async def test_bad_fault_admin_calls_are_400(client: httpx.AsyncClient, body: ob
 
 async def test_fault_from_config_applies_to_next_k() -> None:
     config = dataclasses.replace(fast_config(), faults=parse_fault_header("status=429"), fault_count=1)
-    async with run_sim(config) as (replica,), httpx.AsyncClient(base_url=replica.url) as http:
+    async with run_sim(config) as (replica,), http_client.AsyncClient(base_url=replica.url) as http:
         statuses = [(await http.post("/v1/completions", json={"prompt": "x"})).status_code for _ in range(2)]
     assert statuses == [429, 200]
 

@@ -7,6 +7,7 @@ import parity_checks as pc
 from prometheus_client.parser import text_string_to_metric_families
 from simkit import fast_config
 
+from loadtest import http_client
 from loadtest.sim import Replica, run_sim
 from loadtest.sse_client import stream_request
 
@@ -52,10 +53,10 @@ async def test_exposition_has_vllm_types_and_created_samples(client: httpx.Async
 
 async def test_each_replica_has_its_own_metrics() -> None:
     async with run_sim(fast_config(), ports=[0, 0]) as (first, second):
-        async with httpx.AsyncClient(base_url=first.url) as http:
+        async with http_client.AsyncClient(base_url=first.url) as http:
             await http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
             first_text = await pc.scrape(http)
-        async with httpx.AsyncClient(base_url=second.url) as http:
+        async with http_client.AsyncClient(base_url=second.url) as http:
             second_text = await pc.scrape(http)
     assert pc.metric_value(first_text, "sim_requests_received_total") == 1
     assert pc.metric_value(second_text, "sim_requests_received_total") == 0

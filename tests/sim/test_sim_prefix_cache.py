@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 import msgpack
 import pytest
 import zmq
 import zmq.asyncio
 from simkit import fast_config
 
+from loadtest import http_client
 from loadtest.procs import free_port
 from loadtest.sim import run_sim
 from loadtest.sim.config import CacheConfig, LatencyConfig
@@ -41,7 +41,7 @@ def test_the_cache_hits_leading_full_blocks_and_evicts_least_recently_used() -> 
 
 async def test_a_repeated_prompt_is_served_from_cache_and_counted() -> None:
     config = fast_config(cache=CacheConfig(block_size=16, prompt_tokens_details=True))
-    async with run_sim(config) as (replica,), httpx.AsyncClient(base_url=replica.url) as http:
+    async with run_sim(config) as (replica,), http_client.AsyncClient(base_url=replica.url) as http:
         body = {"model": "tiny-llama", "prompt": SYSTEM + "Question one?", "max_tokens": 2}
         first = (await http.post("/v1/completions", json=body)).json()
         second = (await http.post("/v1/completions", json={**body, "prompt": SYSTEM + "Another?"})).json()
@@ -66,7 +66,10 @@ async def test_prefill_is_shared_compute_and_cache_hits_free_it() -> None:
         latency=LatencyConfig(ttft_ms=1.0, itl_ms=1.0), cache=CacheConfig(prefill_tokens_per_s=rate)
     )
     prompt = "x" * 16_000  # 4,000 tokens
-    async with run_sim(config) as (replica,), httpx.AsyncClient(base_url=replica.url, timeout=20) as http:
+    async with (
+        run_sim(config) as (replica,),
+        http_client.AsyncClient(base_url=replica.url, timeout=20) as http,
+    ):
         body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 1}
         started = time.monotonic()
         await http.post("/v1/completions", json=body)
@@ -91,7 +94,7 @@ async def test_kv_events_follow_the_cache_with_sequence_numbers() -> None:
     try:
         async with (
             run_sim(config, kv_events_ports=[port]) as (replica,),
-            httpx.AsyncClient(base_url=replica.url) as http,
+            http_client.AsyncClient(base_url=replica.url) as http,
         ):
             for i in range(50):  # the subscription takes a moment to reach the publisher (ZMQ)
                 prompt = f"{i:04d}" + "z" * 636  # 160 tokens: 10 blocks, new each time
@@ -126,7 +129,10 @@ async def test_lora_adapters_are_served_listed_and_limited() -> None:
         latency=LatencyConfig(ttft_ms=1.0, itl_ms=20.0),
         cache=CacheConfig(lora_modules=("sql", "chat"), max_loras=1),
     )
-    async with run_sim(config) as (replica,), httpx.AsyncClient(base_url=replica.url, timeout=20) as http:
+    async with (
+        run_sim(config) as (replica,),
+        http_client.AsyncClient(base_url=replica.url, timeout=20) as http,
+    ):
         names = [card["id"] for card in (await http.get("/v1/models")).json()["data"]]
         assert names == ["tiny-llama", "sql", "chat"]
         long = {"prompt": "hi", "max_tokens": 20, "ignore_eos": True}
@@ -149,7 +155,7 @@ async def test_lora_adapters_are_served_listed_and_limited() -> None:
 
 @pytest.mark.parametrize("tools", [None, [{"type": "function", "function": {"name": "f"}}]])
 async def test_chat_tokens_count_the_template_and_tools(tools: object) -> None:
-    async with run_sim(fast_config()) as (replica,), httpx.AsyncClient(base_url=replica.url) as http:
+    async with run_sim(fast_config()) as (replica,), http_client.AsyncClient(base_url=replica.url) as http:
         messages = [{"role": "system", "content": "abcdefgh"}, {"role": "user", "content": "ijkl"}]
         body = {
             "model": "tiny-llama",

@@ -10,10 +10,10 @@ import subprocess
 import sys
 from typing import Any
 
-import httpx
 import parity_checks as pc
 import pytest
 
+from loadtest import http_client
 from loadtest.sim.cli import build_parser
 from loadtest.sse_client import stream_request
 
@@ -103,7 +103,7 @@ async def test_sigterm_abort_mode_hang_lasts_until_clients_leave(sim_process: An
 async def test_drain_timeout_leaves_streams_hanging_with_the_listener_closed(sim_process: Any) -> None:
     proc = sim_process("--port", "0", *FAST, "--shutdown-timeout", "0.3")
     url = proc.urls[0]
-    async with httpx.AsyncClient(base_url=url) as http:
+    async with http_client.AsyncClient(base_url=url) as http:
         body = {"prompt": "x", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         stream = asyncio.create_task(stream_request(http, "/v1/completions", body, read_timeout=1.0))
         assert await pc.wait_until(lambda: pc.running_is(http, pc.Target(url), 1), 5)
@@ -118,7 +118,7 @@ async def test_drain_timeout_leaves_streams_hanging_with_the_listener_closed(sim
 async def test_one_replica_of_two_shuts_down_by_admin_call(sim_process: Any) -> None:
     proc = sim_process("--port", "0", "--port", "0", *FAST)
     first, second = proc.urls
-    async with httpx.AsyncClient() as http:
+    async with http_client.AsyncClient() as http:
         assert (await http.post(f"{first}/sim/shutdown", json={"timeout": 5})).status_code == 202
         assert await pc.wait_until(lambda: pc.port_refuses(first), 5)
         response = await http.post(f"{second}/v1/completions", json={"prompt": "x", "max_tokens": 2})
@@ -141,7 +141,7 @@ async def test_sigterm_stops_every_replica(sim_process: Any) -> None:
 async def test_second_sigterm_exits_at_once(sim_process: Any) -> None:
     proc = sim_process("--port", "0", *FAST, "--shutdown-timeout", "60")
     url = proc.urls[0]
-    async with httpx.AsyncClient(base_url=url) as http:
+    async with http_client.AsyncClient(base_url=url) as http:
         body = {"prompt": "x", "max_tokens": 5000, "ignore_eos": True, "stream": True}
         stream = asyncio.create_task(stream_request(http, "/v1/completions", body, read_timeout=5))
         assert await pc.wait_until(lambda: pc.running_is(http, pc.Target(url), 1), 5)

@@ -13,6 +13,7 @@ import parity_checks as pc
 import pytest
 from simkit import fast_config, sim_requests
 
+from loadtest import http_client
 from loadtest.sim import AbortStyle, CapacityConfig, Replica, ShutdownConfig, run_sim
 from loadtest.sse_client import StreamResult, stream_request
 
@@ -41,7 +42,7 @@ def start_streams(
     replica: Replica, count: int, tokens: int, read_timeout: float = 10.0
 ) -> list[asyncio.Task[StreamResult]]:
     async def one(index: int) -> StreamResult:
-        async with httpx.AsyncClient(base_url=replica.url) as http:
+        async with http_client.AsyncClient(base_url=replica.url) as http:
             headers = {"x-request-id": f"s{index}"}
             return await stream_request(
                 http, "/v1/completions", stream_body(tokens), headers=headers, read_timeout=read_timeout
@@ -51,7 +52,7 @@ def start_streams(
 
 
 async def admin_shutdown(replica: Replica, **body: Any) -> httpx.Response:
-    async with httpx.AsyncClient(base_url=replica.url) as http:
+    async with http_client.AsyncClient(base_url=replica.url) as http:
         return await http.post("/sim/shutdown", json=body)
 
 
@@ -65,7 +66,7 @@ async def test_drain_one_replica_while_the_other_serves() -> None:
         response = await admin_shutdown(draining, timeout=30)
         assert response.status_code == 202
         assert (await admin_shutdown(draining, timeout=30)).status_code == 409
-        async with httpx.AsyncClient(base_url=draining.url) as probe:
+        async with http_client.AsyncClient(base_url=draining.url) as probe:
             refused = await probe.post("/v1/completions", json={"prompt": "x"})
             assert refused.status_code == 500 and refused.json() == DRAIN_BODY
             chat = await probe.post(
@@ -75,7 +76,7 @@ async def test_drain_one_replica_while_the_other_serves() -> None:
             assert (await probe.get("/health")).status_code == 200
             assert (await probe.get("/v1/models")).status_code == 200
             assert pc.metric_value(await pc.scrape(probe), "sim_draining") == 1
-        async with httpx.AsyncClient(base_url=serving.url) as other:
+        async with http_client.AsyncClient(base_url=serving.url) as other:
             assert (
                 await other.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
             ).status_code == 200
@@ -97,8 +98,8 @@ async def test_abort_mode_ends_running_and_queued_streams_with_finish_reason_abo
         if endpoint.endswith("chat/completions"):
             body = {**body, "messages": [{"role": "user", "content": "x"}]}
         async with (
-            httpx.AsyncClient(base_url=replica.url) as first,
-            httpx.AsyncClient(base_url=replica.url) as second,
+            http_client.AsyncClient(base_url=replica.url) as first,
+            http_client.AsyncClient(base_url=replica.url) as second,
         ):
             tasks = [asyncio.create_task(stream_request(http, endpoint, body)) for http in (first, second)]
             assert await pc.wait_until(lambda: len(replica.state.engine.waiting) == 1, 5)
@@ -173,7 +174,7 @@ async def test_drain_timeout_leaves_streams_hanging_or_aborts_them(action: str, 
 async def test_abort_mode_non_streaming_answers_with_finish_reason_abort() -> None:
     async with (
         run_sim(fast_config()) as (replica,),
-        httpx.AsyncClient(base_url=replica.url, timeout=10) as http,
+        http_client.AsyncClient(base_url=replica.url, timeout=10) as http,
     ):
         request = asyncio.create_task(
             http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2000, "ignore_eos": True})
@@ -205,7 +206,7 @@ async def test_bad_shutdown_calls_are_400(client: httpx.AsyncClient, body: dict[
 
 async def test_request_log_lists_the_refused_requests(sim: Replica) -> None:
     sim.begin_shutdown(timeout_s=30)
-    async with httpx.AsyncClient(base_url=sim.url) as http:
+    async with http_client.AsyncClient(base_url=sim.url) as http:
         await http.post("/v1/completions", json={"prompt": "x"}, headers={"x-request-id": "late"})
     (entry,) = await sim_requests(sim.url, "late")
     assert entry["outcome"] == "shutdown-500" and entry["status"] == 500

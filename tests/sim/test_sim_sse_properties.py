@@ -6,12 +6,12 @@ import asyncio
 import json
 from typing import Any
 
-import httpx
 import parity_checks as pc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simkit import fast_config
 
+from loadtest import http_client
 from loadtest.sim import LatencyConfig, run_sim
 from loadtest.sse_client import SseParser, StreamResult, stream_request
 
@@ -35,7 +35,7 @@ async def one_stream(
     latency = LatencyConfig(ttft_ms=0, itl_ms=0.2, tokens_per_chunk=per_chunk, eos_rate=eos_rate)
     async with (
         run_sim(fast_config(latency=latency)) as (replica,),
-        httpx.AsyncClient(base_url=replica.url) as http,
+        http_client.AsyncClient(base_url=replica.url) as http,
     ):
         body = request_body(path, max_tokens, include_usage, ignore_eos)
         return await stream_request(http, path, body), body

@@ -5,9 +5,9 @@ Accuracy (how late tokens are under load) is measured by loadtest/bench_sim.py, 
 
 from __future__ import annotations
 
-import httpx
 from simkit import fast_config
 
+from loadtest import http_client
 from loadtest.sim import LatencyConfig, run_sim
 from loadtest.sim.timing import Overrides, parse_overrides, plan_tokens
 from loadtest.sse_client import stream_request
@@ -56,7 +56,7 @@ def test_overrides() -> None:
 
 async def test_tokens_never_arrive_before_their_deadline() -> None:
     async with run_sim(fast_config(latency=LatencyConfig(ttft_ms=30, itl_ms=15))) as (replica,):
-        async with httpx.AsyncClient(base_url=replica.url) as http:
+        async with http_client.AsyncClient(base_url=replica.url) as http:
             body = {"prompt": "x", "max_tokens": 12, "ignore_eos": True, "stream": True}
             result = await stream_request(http, "/v1/completions", body)
             overridden = await stream_request(

@@ -14,9 +14,9 @@ import asyncio
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body, stream_one
@@ -41,7 +41,7 @@ async def test_a_replica_serving_4_mib_of_gauge_lines_does_not_stall_routing(tmp
                 wait_until, lambda: hostile.requests >= 2, 20, what="two scrapes of the hostile page"
             )
             started = time.monotonic()
-            async with httpx.AsyncClient(timeout=30) as client:
+            async with http_client.AsyncClient(timeout=30) as client:
                 results = [await stream_one(client, stack.url, completion_body(3)) for _ in range(REQUESTS)]
                 admin = await client.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints")
             took = time.monotonic() - started
@@ -66,7 +66,7 @@ async def test_a_2_mib_model_name_does_not_grow_the_pickers_metrics(tmp_path: Pa
     huge = "x" * (2 * MIB)
     stack = Stack(tmp_path, StackOptions(replicas=1)).start()
     try:
-        async with httpx.AsyncClient(timeout=30) as client:
+        async with http_client.AsyncClient(timeout=30) as client:
             for _ in range(2):
                 body = {"model": huge, "prompt": "hi", "max_tokens": 2, "stream": True}
                 reply = await client.post(stack.url + "/v1/completions", json=body)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import msgpack
 
+from loadtest import http_client
 from loadtest.procs import async_wait_until, free_port
 from loadtest.sim import run_sim
 from loadtest.sim.config import CacheConfig
@@ -145,7 +145,7 @@ async def test_the_pickers_view_follows_a_replicas_cache() -> None:
             await async_wait_until(lambda: endpoint.kv is not None, 2, what="a subscriber")
             prompt = "p" * 640  # 160 tokens: 10 blocks
             keys = token_blocks(completion_tokens(prompt), 16, seed_of("tiny-llama"))
-            async with httpx.AsyncClient(base_url=replica.url) as http:
+            async with http_client.AsyncClient(base_url=replica.url) as http:
                 body = {"model": "tiny-llama", "max_tokens": 1}
                 for i in range(100):  # until the subscription has reached the publisher (ZMQ)
                     await http.post("/v1/completions", json={**body, "prompt": f"{i:03d}" + "w" * 61})
