@@ -33,8 +33,10 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(300)]
 BLOCK = 128  # vLLM's CPU KV block
 
 
-@pytest.fixture
-async def vllm_with_events(vllm_workdir):  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def vllm_with_events(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """One vLLM for both checks (a start costs ~50 s here): each uses prompts of its own."""
+    vllm_workdir = tmp_path_factory.mktemp("realvllm-events")
     port, kv_port = launcher.free_port(), launcher.free_port()
     config = {
         "enable_kv_cache_events": True,
