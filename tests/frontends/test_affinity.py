@@ -135,11 +135,15 @@ def test_a_session_sticks_until_its_replica_drains(approx: Stack) -> None:
 
 
 def test_an_adapter_request_goes_where_the_adapter_runs(approx: Stack) -> None:
-    # a long request keeps "sql" running on one replica (max-loras 1: one adapter at a time there)
-    body = {"model": "sql", "prompt": "warm", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    # A long request keeps "sql" running on one replica (max-loras 1: one adapter at a time there), for
+    # a minute at 2 ms a token: the check closes it. Its chunks are read through one iterator kept to the
+    # end: a throwaway `next(stream.iter_bytes())` closed the connection when the iterator was dropped,
+    # and the check raced the abort (lost once in CI).
+    body = {"model": "sql", "prompt": "warm", "max_tokens": 30000, "ignore_eos": True, "stream": True}
     with http_client.stream("POST", f"{approx.url}/v1/completions", json=body, timeout=30) as stream:
         running_on = stream.headers[REPLICA_HEADER]
-        next(stream.iter_bytes())
+        chunks = stream.iter_bytes()
+        next(chunks)
         # once a scrape has seen the adapter running there, every "sql" request goes there
         wait_until(lambda: served(ask(approx, "q", model="sql")) == running_on, 5, what="a scrape")
         assert {served(ask(approx, f"q{i}", model="sql")) for i in range(6)} == {running_on}
