@@ -15,7 +15,7 @@ from loadtest import http_client
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import run_closed_loop
 from picker.drain import scorecard
-from tests.envoy.test_drain import IN_TRANSIT_S, SIM_ARGS, STREAM_TOKENS, FileSource, until
+from tests.envoy.test_drain import IN_TRANSIT_S, SIM_ARGS, STREAM_TOKENS, FileSource, all_arrived, until
 
 pytestmark = pytest.mark.envoy
 
@@ -24,7 +24,12 @@ TRAFFIC_S = 9.0
 
 
 def pool_drains(metrics_port: int) -> list[dict[str, Any]]:
-    url = f"http://127.0.0.1:{metrics_port}/admin/drains?scope=pool"
+    return drains_of(metrics_port, scope="pool")
+
+
+def drains_of(metrics_port: int, scope: str) -> list[dict[str, Any]]:
+    """The picker's drain records: the pool's (`scope="pool"`) or its own (`scope=""`)."""
+    url = f"http://127.0.0.1:{metrics_port}/admin/drains?scope={scope}"
     drains = http_client.get(url, timeout=5).json()["drains"]
     assert isinstance(drains, list)
     return drains
@@ -60,7 +65,13 @@ async def test_the_pools_drain_record_is_every_stream_on_the_replica(tmp_path: P
         )
         await until(lambda: in_flight_everywhere(stack, drained) >= 10, 15, "the replica to carry streams")
         await source.drain(stack, 0)
-        await until(lambda: bool(pool_drains(stack.metrics_port)), 10, "both pickers to open the drain")
+        # both: one alone is a pool record too, and the other may still pick the replica for a moment
+        await until(
+            lambda: [d["pickers"] for d in pool_drains(stack.metrics_port)] == [2],
+            10,
+            "both pickers to open it",
+        )
+        await until(lambda: all_arrived(stack, drained), 10, "the streams sent before the drain to arrive")
         async with http_client.AsyncClient(timeout=5) as client:
             await client.post(f"http://{drained}/sim/faults", json={"status": 500})  # as a draining vLLM
             await until(lambda: in_flight_everywhere(stack, drained) == 0, 15, "its streams to end")
@@ -83,6 +94,11 @@ async def test_the_pools_drain_record_is_every_stream_on_the_replica(tmp_path: P
             {k: record[k] for k in ("in_flight_at_start", "ended", "picks_after_start", "pickers")},
             "replica's log:",
             len(on_replica),
+            "each picker's (started, in flight then):",
+            [
+                [(d["started_wall"], d["in_flight_at_start"]) for d in drains_of(port, scope="")]
+                for _, _, port in stack.picker_ports
+            ],
         )
         assert report.failures() == [], report.failures()[:3]
         assert record["pickers"] == 2 and record["exit"] == "gone"
