@@ -21,9 +21,9 @@ demo: $(STAMP)
 	$(BIN)/picker demo --proxy
 
 # The whole suite, the real-vLLM tier included (it installs vLLM's CPU build on first use), then
-# that tier alone. `WORKERS=2` runs the rest on two workers (pytest-xdist, a file each): 547 s
-# against 944 here, but not the default yet (README "Two commands": two checks failed under it).
-WORKERS ?= 1
+# that tier alone. The rest runs on two workers (pytest-xdist, a file each; `WORKERS=1` for one):
+# 321-327 s against 815 here (README "Two commands").
+WORKERS ?= 2
 PARALLEL := $(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadfile,)
 test: $(STAMP) real-vllm promtool
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m 'not realvllm'
