@@ -37,7 +37,7 @@ from pathlib import Path
 from loadtest.bench_picker import start_baseline_envoy
 from loadtest.otlp_collector import Collector
 from loadtest.procs import Proc
-from loadtest.rawclient import cpu_seconds
+from loadtest.rawclient import cpu_seconds, wakeups
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import percentile
 
@@ -192,6 +192,10 @@ def _cpu(pids: Pids) -> float:
     return sum(cpu_seconds(pid) for pid in (pids if isinstance(pids, tuple) else (pids,)))
 
 
+def _wakeups(pids: Pids) -> int:
+    return sum(wakeups(pid) for pid in (pids if isinstance(pids, tuple) else (pids,)))
+
+
 @dataclass
 class Meter:
     """CPU seconds of named processes (and this client) over one measured window, less idle rates."""
@@ -199,14 +203,17 @@ class Meter:
     pids: dict[str, Pids]
     idle: dict[str, float] = field(default_factory=dict)  # CPU seconds per second when idle
     cpu: dict[str, float] = field(default_factory=dict)
+    wakeups: dict[str, int] = field(default_factory=dict)  # voluntary context switches in the window
     wall: float = 0.0
 
     @contextmanager
     def window(self) -> Iterator[Meter]:
         before = {name: _cpu(pid) for name, pid in self.pids.items()}
+        woken = {name: _wakeups(pid) for name, pid in self.pids.items()}
         client_before, started = time.process_time(), time.monotonic()
         yield self
         self.wall = time.monotonic() - started
+        self.wakeups = {name: _wakeups(pid) - woken[name] for name, pid in self.pids.items()}
         self.cpu = {
             name: _cpu(pid) - before[name] - self.idle.get(name, 0.0) * self.wall
             for name, pid in self.pids.items()
@@ -281,9 +288,11 @@ async def part_pickers(paths: Paths, idle: dict[str, float], level: int, rounds:
         f"\n[pickers] short requests at {level} concurrent, {rounds} rounds interleaved; picker CPU "
         f"per request (all pickers of a path, less their idle rate) and its ratio to plain1's ({load()})"
     )
-    print(f"{'round':>5} | " + " | ".join(f"{n + ' us/req':>14} {'ratio':>6}" for n in names))
+    # wakes: the pickers' wake-ups per request (voluntary context switches of all their threads)
+    print(f"{'round':>5} | " + " | ".join(f"{n + ' us/req':>14} {'ratio':>6} {'wakes':>5}" for n in names))
     figures: dict[str, list[float]] = {n: [] for n in names}
     ratios: dict[str, list[float]] = {n: [] for n in names}
+    wakes: dict[str, list[float]] = {n: [] for n in names}
     for index in range(rounds):
         row: dict[str, float] = {}
         for name in names:
@@ -293,11 +302,17 @@ async def part_pickers(paths: Paths, idle: dict[str, float], level: int, rounds:
             row[name] = meter.cpu["picker"] / max(ok, 1) * 1e6
             figures[name].append(row[name])
             ratios[name].append(row[name] / row["plain1"])
-        print(f"{index + 1:>5} | " + " | ".join(f"{row[n]:>14.0f} {ratios[n][-1]:>6.3f}" for n in names))
+            wakes[name].append(meter.wakeups["picker"] / max(ok, 1))
+        print(
+            f"{index + 1:>5} | "
+            + " | ".join(f"{row[n]:>14.0f} {ratios[n][-1]:>6.3f} {wakes[n][-1]:>5.2f}" for n in names)
+        )
     print(
         f"{'med':>5} | "
         + " | ".join(
-            f"{statistics.median(figures[n]):>14.0f} {statistics.median(ratios[n]):>6.3f}" for n in names
+            f"{statistics.median(figures[n]):>14.0f} {statistics.median(ratios[n]):>6.3f} "
+            f"{statistics.median(wakes[n]):>5.2f}"
+            for n in names
         )
     )
     for name in names[1:]:
