@@ -506,6 +506,11 @@ class PeersConfig(_Group):
         ge=0,
         description="readiness waits at most this long for every peer's link both ways (0: no wait)",
     )
+    read_every_s: float = Field(
+        0.01,
+        gt=0,
+        description="what peers sent is read before each admission, and at least this often",
+    )
 
     @field_validator("members", mode="before")
     @classmethod

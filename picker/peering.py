@@ -46,12 +46,11 @@ log = logging.getLogger(__name__)
 SEPARATOR = "~"  # in a request id: <owner>~<hex>
 ALIVE_EVERY_S = 5.0  # a foreign stream's heartbeat to its owner (its stall sweep reads it)
 BOOKKEEPING = frozenset({"pick", "move", "end"})  # broadcast; resent whole on every reconnect
-# How soon an event leaves (seconds; the transport sends everything queued for a peer at once). In
-# this loop turn: what load spreading reads (a stream's end frees its slot for the next pick). Other
-# reports wait a few milliseconds to share a message. A `claim` waits for its request's next report
-# (`started`, or `ended`: for a short request all go as one message), at most `claim_within_s`, well
-# inside the owner's observer grace: every message costs the receiving picker a wake-up (measured,
-# docs "Two pickers": about 200 us of CPU per request for each kind of message on a busy machine).
+# How soon an event leaves (seconds; the transport sends everything queued for a peer at once). At
+# once: what load spreading reads (a stream's end frees its slot for the next pick; a peer reads its
+# socket before each pick, picker/peer_inbox.py). Other reports wait a few milliseconds to share a
+# write. A `claim` waits for its request's next report (`started`, or `ended`: for a short request
+# all go as one message), at most `claim_within_s`, well inside the owner's observer grace.
 URGENT = BOOKKEEPING | {"ended"}
 REPORT_WITHIN_S = 0.005
 CLAIM_WITHIN_S = 0.1
@@ -70,12 +69,12 @@ def owner_of(request_id: str) -> str | None:
 
 @dataclass
 class Outbox:
-    """What leaves for each peer, drained by the transport (one batch per peer per loop turn)."""
+    """What leaves for each peer, drained by the transport."""
 
     pending: dict[str, list[Event]] = field(default_factory=lambda: defaultdict(list))
-    # the transport's: something is waiting to go, and must leave within so many seconds (0: books,
-    # which load spreading reads at once; a report or a claim may wait to share a message)
-    wake: Callable[[float], None] = lambda within_s: None
+    # the transport's: something is waiting to go to a peer, and must leave within so many seconds
+    # (0: books, which load spreading reads; a report or a claim may wait to share a write)
+    wake: Callable[[str, float], None] = lambda peer, within_s: None
     dropped: int = 0  # events a peer never took (it stayed away); its books are resent on reconnect
     clock: Callable[[], float] = time.monotonic
     claim_within_s: float = CLAIM_WITHIN_S
@@ -88,7 +87,8 @@ class Outbox:
             self.dropped += half
             del queued[:half]
         kind = event[0]
-        self.wake(0.0 if kind in URGENT else self.claim_within_s if kind == "claim" else REPORT_WITHIN_S)
+        within_s = 0.0 if kind in URGENT else self.claim_within_s if kind == "claim" else REPORT_WITHIN_S
+        self.wake(peer, within_s)
 
     def take(self, peer: str) -> list[Event]:
         """Everything queued for `peer`, each dated event's time turned into its age now."""

@@ -1,4 +1,5 @@
 """The channel between pickers: the transport of picker/peering.py's events, over TCP with msgpack.
+This module sends (and finds peers); picker/peer_inbox.py receives.
 
 Each picker listens on `peers.port` (plaintext, like the health port) and keeps one connection open
 to every other member. A connection starts with a hello, `[kind, sender, token]` (`token`: the
@@ -20,6 +21,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, cast
 
 import msgpack
@@ -32,116 +34,8 @@ log = logging.getLogger(__name__)
 
 EVENTS, DRAINS = "events", "drains"  # what a connection is for (its hello's first field)
 _BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
-_MAX_BUFFER = 16 * 1024 * 1024  # a peer's message larger than this closes its connection
-_HELLO_TIMEOUT_S = 5.0
-
-
-class PeerService:
-    """The receiving side: applies what peers send to this picker's books and records.
-
-    A protocol, not a stream reader: each message is applied in `data_received`, synchronously, with
-    no task or wake-up of its own (the cost that matters at a few messages per request)."""
-
-    def __init__(self, peering: Peering, path: RequestPath, token: str | None, drains: Callable[[], Any]):
-        self._peering = peering
-        self._path = path
-        self._token = token
-        self._drains = drains
-        self.batches = 0
-        self.streams = 0
-        self.refused = 0  # connections with a wrong or missing token
-        self._connections: set[_Inbound] = set()
-
-    def protocol(self) -> _Inbound:
-        return _Inbound(self)
-
-    def hello(self, connection: _Inbound, hello: Any) -> bool:
-        """A connection's first message: True when it may send events."""
-        if not (isinstance(hello, list) and len(hello) == 3 and hello[0] in (EVENTS, DRAINS)):
-            log.warning("a peer connection without a hello; closed")
-            return False
-        kind, name, token = hello
-        if self._token is not None and token != self._token:
-            self.refused += 1
-            log.warning("peer %s presented a wrong admin token; refused", name)
-            connection.send(["error", "unauthenticated: missing or wrong admin token"])
-            return False
-        if kind == DRAINS:
-            connection.send(self._drains())
-            return False
-        connection.sender = str(name)
-        self.streams += 1
-        self._connections.add(connection)
-        return True
-
-    def apply(self, sender: str, events: Any) -> None:
-        self._peering.heard.add(sender)  # the first message after the hello: the sender's books
-        try:
-            for event in events:
-                if not self._peering.book(sender, event):
-                    self._path.peer_event(event, sender)
-        except (ValueError, TypeError, IndexError, KeyError):
-            log.warning("a malformed message from peer %s; skipped", sender)
-        self.batches += 1
-
-    def lost(self, connection: _Inbound) -> None:
-        if connection in self._connections:
-            self._connections.discard(connection)
-            self.streams -= 1
-            assert connection.sender is not None
-            if not any(c.sender == connection.sender for c in self._connections):
-                self._peering.heard.discard(connection.sender)
-            self._path.peer_gone(connection.sender)
-
-    async def close(self) -> None:
-        """Close every peer connection (a server's close leaves accepted ones open)."""
-        for connection in list(self._connections):
-            connection.close()
-
-
-class _Inbound(asyncio.Protocol):
-    """One connection from a peer: a hello, then batches of events."""
-
-    def __init__(self, service: PeerService) -> None:
-        self._service = service
-        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=_MAX_BUFFER)
-        self._transport: asyncio.Transport | None = None
-        self._hello_timer: asyncio.TimerHandle | None = None
-        self.sender: str | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
-        self._hello_timer = asyncio.get_running_loop().call_later(_HELLO_TIMEOUT_S, self.close)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._unpacker.feed(data)
-            for message in self._unpacker:
-                if self.sender is None:
-                    if self._hello_timer is not None:
-                        self._hello_timer.cancel()
-                    if not self._service.hello(self, message):
-                        self.close()
-                        return
-                else:
-                    self._service.apply(self.sender, message)
-        except (msgpack.UnpackException, ValueError) as exc:
-            log.warning("peer %s: unreadable message (%s); connection closed", self.sender or "?", exc)
-            self.close()
-
-    def send(self, message: Any) -> None:
-        if self._transport is not None:
-            self._transport.write(msgpack.packb(message))
-
-    def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
-        if self.sender is not None:
-            self._service.lost(self)
+MAX_BUFFER = 16 * 1024 * 1024  # a peer's message larger than this closes its connection
+HELLO_TIMEOUT_S = 5.0
 
 
 async def _next(reader: asyncio.StreamReader, unpacker: msgpack.Unpacker) -> Any:
@@ -167,12 +61,6 @@ async def wait_linked(peering: Peering, timeout_s: float, step_s: float = 0.02) 
             return False
         await asyncio.sleep(step_s)  # polls a few fields: no event to wait on across both transports
     return True
-
-
-async def peer_server(service: PeerService, host: str, port: int) -> tuple[asyncio.Server, int]:
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(service.protocol, host, port, reuse_address=True)
-    return server, server.sockets[0].getsockname()[1]
 
 
 async def resolve(service: str) -> list[str]:
@@ -204,17 +92,22 @@ class PeerLinks:
         self._service, self._every_s, self._resolver = service, every_s, resolver
         self._links: dict[str, asyncio.Task[None]] = {}  # one connecting / reconnecting task per peer
         self._open_links: dict[str, _Outbound] = {}
-        self._flush: asyncio.Handle | None = None  # the next _send, when one is due
+        self._flush: asyncio.TimerHandle | None = None  # the next _send, when one is due
         self._flush_due = 0.0  # the loop time it is due at
-        peering.outbox.wake = self._wake_all
+        peering.outbox.wake = self._wake
         peering.discovering = service is not None  # until the first lookup answers (or fails)
         self.connected = peering.connected  # the metrics read it there
         self.sent = 0
         self._resolve_failed = False
 
-    def _wake_all(self, within_s: float = 0.0) -> None:
-        """Flush within `within_s` (0: in this loop turn), unless one is due sooner: what is queued
-        meanwhile shares the message (peering.py says how soon each event must go)."""
+    def _wake(self, peer: str, within_s: float) -> None:
+        """Something for `peer` must leave within `within_s`: at once when 0 (the books: a peer reads
+        them before its next pick, so a pick or an end written now is one it cannot miss), else by the
+        soonest deadline queued, so that what is queued meanwhile shares the write (peering.py says
+        how soon each event must go)."""
+        if within_s <= 0:
+            self._send_to(peer)
+            return
         loop = asyncio.get_running_loop()
         due = loop.time() + within_s
         if self._flush is not None:
@@ -222,7 +115,7 @@ class PeerLinks:
                 return  # already due soon enough
             self._flush.cancel()
         self._flush_due = due
-        self._flush = loop.call_soon(self._send) if within_s <= 0 else loop.call_at(due, self._send)
+        self._flush = loop.call_at(due, self._send)
 
     async def run(self) -> None:
         """Forever: a link to every peer, and discovery when configured (cancel to stop)."""
@@ -276,7 +169,8 @@ class PeerLinks:
         while True:
             link: _Outbound | None = None
             try:
-                _, link = await loop.create_connection(lambda: _Outbound(self._wake_all), host, port)
+                outbound = partial(_Outbound, partial(self._send_to, peer))
+                _, link = await loop.create_connection(outbound, host, port)
                 # hello, then this picker's books; what was queued while down stays queued only
                 # if it is a report (the books supersede its picks and ends)
                 link.send([EVENTS, self._peering.name, self._token])
@@ -301,13 +195,17 @@ class PeerLinks:
     def _send(self) -> None:
         """One message per connected peer with everything queued for it."""
         self._flush = None
-        for peer, link in self._open_links.items():
-            if link.paused:
-                continue  # its socket buffer is full: the events wait in the outbox (bounded)
-            events = self._peering.outbox.take(peer)
-            if events:
-                self.sent += len(events)
-                link.send(events)
+        for peer in list(self._open_links):
+            self._send_to(peer)
+
+    def _send_to(self, peer: str) -> None:
+        link = self._open_links.get(peer)
+        if link is None or link.paused:
+            return  # not linked, or its socket buffer is full: the events wait in the outbox (bounded)
+        events = self._peering.outbox.take(peer)
+        if events:
+            self.sent += len(events)
+            link.send(events)
 
     def _in_flight(self) -> list[Event]:
         return [["pick", r.request_id, r.endpoint] for r in self._path.live_records() if r.endpoint]
@@ -362,7 +260,7 @@ async def peer_drains(
             reader, writer = await asyncio.open_connection(host, port)
             writer.write(msgpack.packb([DRAINS, name, token]))
             await writer.drain()
-            drains = await _next(reader, msgpack.Unpacker(raw=False, max_buffer_size=_MAX_BUFFER))
+            drains = await _next(reader, msgpack.Unpacker(raw=False, max_buffer_size=MAX_BUFFER))
     except (OSError, TimeoutError, msgpack.UnpackException, ValueError) as exc:
         log.warning("drains from peer %s: %s", peer, type(exc).__name__)
         return []

@@ -134,6 +134,8 @@ class RequestPath(ResponseSide):
         )
         self.arrivals = 0
         self.last_arrival_at: float | None = None
+        # applies what peers sent and this picker has not read yet (picker/peer_inbox.py; the wiring's)
+        self.catch_up: Callable[[], None] = lambda: None
         self._idle_listeners: list[Callable[[], None]] = []
         metrics.register_flow(self.flow)
 
@@ -170,6 +172,7 @@ class RequestPath(ResponseSide):
         `session`: the request's session (affinity.session_header); `tokens`: its prompt's token ids
         from an engine (precise prefix affinity).
         """
+        self.catch_up()  # the books as fresh as can be for this pick (peers' picks and ends)
         now = self._clock()
         self.arrivals += 1
         self.last_arrival_at = now

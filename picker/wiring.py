@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from picker.http_admin import Propagate
-    from picker.peers import PeerService
+    from picker.peer_inbox import PeerInbox
     from picker.rollout_runner import RolloutRunner
     from picker.shutdown import ShutdownSummary
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
@@ -83,8 +83,7 @@ class Core:
     kv_events: KvEvents | None = None  # affinity.prefix precise: the engines' KV events
     model_cards: ModelCards | None = None  # scheduling.by_model: each endpoint's /v1/models
     tokenizer: EngineTokenizer | None = None  # ... and their /tokenize
-    peer_server: asyncio.Server | None = None  # peers.members: the channel between pickers
-    peer_service: PeerService | None = None
+    peer_inbox: PeerInbox | None = None  # peers.members: the channel between pickers, its receiving side
     guard: CapacityGuard | None = None
     rollout: RolloutRunner | None = None  # rollout.candidate set: the canary's clock and drains
 
@@ -113,6 +112,8 @@ class Core:
                 every_s=peers.resolve_interval_s,
             )
             spawn(links.run(), "peer-links")
+            if self.peer_inbox is not None:
+                spawn(self.peer_inbox.run(), "peer-reads")
         if self.rollout is not None:
             spawn(self.rollout.run(), "rollout")
         spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
@@ -180,16 +181,19 @@ class Core:
         peering = self.path.peering
         if peering is None:
             return None
-        from picker.peers import PeerService, peer_server
+        from picker.peer_inbox import PeerInbox
 
-        token = self.config.admin.token
-        service = PeerService(
-            peering, self.path, token.get_secret_value() if token else None, self.pool.drain_summaries
+        token, peers = self.config.admin.token, self.config.peers
+        inbox = PeerInbox(
+            peering,
+            self.path,
+            token.get_secret_value() if token else None,
+            self.pool.drain_summaries,
+            read_every_s=peers.read_every_s,
         )
-        self.peer_service = service
-        self.peer_server, port = await peer_server(
-            service, self.config.server.bind_address, self.config.peers.port
-        )
+        port = await inbox.listen(self.config.server.bind_address, peers.port)
+        self.peer_inbox = inbox
+        self.path.catch_up = inbox.catch_up
         log.info("peers name=%s members=%s port=%d", peering.name, ",".join(peering.peers), port)
         return port
 
@@ -211,11 +215,8 @@ class Core:
         """Close what the core opened (after the frontend cancelled its background tasks)."""
         if self.model_cards is not None:
             await self.model_cards.close()
-        if self.peer_server is not None:
-            self.peer_server.close()
-            if self.peer_service is not None:
-                await self.peer_service.close()  # its connections: a server's close leaves them open
-            await self.peer_server.wait_closed()
+        if self.peer_inbox is not None:
+            await self.peer_inbox.close()
         if self.tracing is not None:
             # the batch of spans still buffered goes out now (bounded: the exporter's own timeout)
             await asyncio.to_thread(self.tracing.provider.shutdown)

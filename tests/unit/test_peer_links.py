@@ -1,17 +1,20 @@
-"""The channel between pickers over real loopback TCP, in process (picker/peers.py): books cross it,
-a wrong token is refused, a peer found by discovery gets a link and one that leaves is orphaned."""
+"""The channel between pickers over real loopback TCP, in process (picker/peers.py sends,
+picker/peer_inbox.py receives): books cross it, a pick reads what peers sent before it, a wrong token
+is refused, a peer found by discovery gets a link and one that leaves is orphaned."""
 
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import AsyncIterator
 
 import pytest
 
 from loadtest.procs import async_wait_until
 from picker.inference import InferenceRequest
+from picker.peer_inbox import PeerInbox
 from picker.peering import Peering
-from picker.peers import PeerLinks, PeerService, peer_drains, peer_server, wait_linked
+from picker.peers import PeerLinks, peer_drains, wait_linked
 from picker.pipeline import RequestPath
 from picker.pool import Pool
 from picker.streams import EndReason
@@ -29,15 +32,15 @@ class Side:
         self.pool.apply(ready=[E1, E2])
         self.token = token
         self.peering: Peering | None = None
-        self.server: asyncio.Server | None = None
-        self.service: PeerService | None = None
+        self.service: PeerInbox | None = None
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def listen(self) -> str:
+    async def listen(self, read_every_s: float = 0.01) -> str:
         self.probe = Peering("127.0.0.1:1", (), self.pool)  # renamed once the port is known
         self.path = RequestPath(self.pool, Metrics(), fallback_count=0, schedule=lambda d, f: lambda: None)
-        self.service = PeerService(self.probe, self.path, self.token, lambda: [{"address": E1}])
-        self.server, port = await peer_server(self.service, "127.0.0.1", 0)
+        self.service = PeerInbox(self.probe, self.path, self.token, lambda: [{"address": E1}], read_every_s)
+        port = await self.service.listen("127.0.0.1", 0)
+        self.tasks.append(asyncio.create_task(self.service.run()))
         self.name = f"127.0.0.1:{port}"
         return self.name
 
@@ -48,6 +51,7 @@ class Side:
         )
         assert self.service is not None
         self.service._peering, self.service._path = self.peering, self.path  # the wired objects
+        self.path.catch_up = self.service.catch_up
         self.peering.heard |= self.probe.heard  # links that came in before
         kwargs = {"service": "pickers:9004", "every_s": 0.05, "resolver": resolver} if resolver else {}
         links = PeerLinks(self.peering, self.path, self.token, **kwargs)  # type: ignore[arg-type]
@@ -58,11 +62,8 @@ class Side:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self.server is not None:
-            self.server.close()
-            assert self.service is not None
+        if self.service is not None:
             await self.service.close()
-            await self.server.wait_closed()
 
 
 @pytest.fixture
@@ -88,6 +89,58 @@ async def test_a_pick_and_its_end_cross_the_channel(sides: list[Side]) -> None:
     await async_wait_until(lambda: peer_counts(b) == 0, 5, what="B to drop it")
     assert await peer_drains(a.name, b.name, "s3cret") == [{"address": E1}]
     assert await peer_drains(a.name, b.name, "wrong") == []  # refused: not its drains
+
+
+def linked_from(side: Side, peer: Side) -> bool:
+    """`peer`'s connection to `side` is past its hello."""
+    return side.service is not None and any(c.sender == peer.name for c in side.service._connections)
+
+
+async def test_a_peers_pick_waits_in_the_socket_and_the_next_admission_reads_it(sides: list[Side]) -> None:
+    """No wake-up per message: a pick is written at once, and waits in the peer's socket until that
+    peer admits its next request, which reads it first (its pick counts the other's request)."""
+    a, b = sides
+    members = [await a.listen(), await b.listen(read_every_s=60)]  # B reads only when it admits
+    links = a.join(members)
+    b.join(members)
+    assert a.peering is not None and b.service is not None
+    await async_wait_until(
+        lambda: b.name in a.peering.connected and linked_from(b, a), 5, what="A's link to B"
+    )  # type: ignore[union-attr]
+    sent = links.sent
+    a.path.admit(REQUEST)
+    assert links.sent == sent + 1  # written before the loop turn ends
+    connection = next(c for c in b.service._connections if c.sender == a.name)
+    readable, _, _ = await asyncio.to_thread(select.select, [connection._sock], [], [], 5)
+    assert readable
+    assert peer_counts(b) == 0  # there, unread
+    b.path.admit(REQUEST)
+    assert peer_counts(b) == 1
+
+
+async def test_watched_a_peers_events_apply_as_they_come(sides: list[Side]) -> None:
+    a, b = sides
+    members = [await a.listen(), await b.listen(read_every_s=60)]
+    a.join(members)
+    b.join(members)
+    assert b.service is not None
+    await async_wait_until(lambda: linked_from(b, a), 5, what="A's link to B")
+    b.service.watch(True)
+    a.path.admit(REQUEST)
+    await async_wait_until(lambda: peer_counts(b) == 1, 5, what="B to apply A's pick as it came")
+
+
+async def test_requests_queued_here_turn_watching_on_until_none_is(sides: list[Side]) -> None:
+    """A queued request waits for a slot, which a peer's end may free: read it as it comes."""
+    _, b = sides
+    b.join([await b.listen()])
+    assert b.service is not None
+    b.pool.apply(ready=[], draining=[E1, E2])  # nowhere to go: the request queues
+    ticket = b.path.admit(REQUEST)
+    assert ticket.queued and not b.service.watched
+    await async_wait_until(lambda: b.service.watched, 5, what="watching while queued")  # type: ignore[union-attr]
+    b.path.flow.cancel(ticket)
+    await async_wait_until(lambda: not b.service.watched, 5, what="not watching once none is")  # type: ignore[union-attr]
 
 
 async def test_linked_means_both_ways_and_a_missing_peer_only_delays_readiness(sides: list[Side]) -> None:

@@ -62,12 +62,12 @@ def test_an_end_heard_before_its_pick_leaves_nothing_counted() -> None:
 
 
 def test_an_end_is_urgent_a_report_may_wait_and_a_claim_waits_for_the_next_report() -> None:
-    """Each message costs the receiving picker a wake-up: a claim rides with its request's next
-    report (a short request's claim, start, first token and end go as one message), yet reaches the
-    owner well inside the owner's grace for an observer."""
+    """Each write costs a system call: a claim rides with its request's next report (a short
+    request's claim, start, first token and end go as one message), yet reaches the owner well
+    inside the owner's grace for an observer; the books go at once."""
     a = Picker(A, (A, B))
     woken: list[float] = []
-    a.peering.outbox.wake = woken.append
+    a.peering.outbox.wake = lambda peer, within_s: woken.append(within_s)
     a.peering.outbox.to(B, ["claim", "x"])
     a.peering.outbox.to(B, ["started", "x", 200, E1, True])
     a.peering.outbox.to(B, ["ended", "x", True, None])
