@@ -9,9 +9,10 @@ sees every pick and end its peers sent until then), and a timer every `peers.rea
 owner's records settle, a link that broke is noticed). While requests wait in the flow-control
 queue the connections are watched again, so an end that frees a slot dispatches at once.
 Why: a message to a process waiting on its socket costs a wake-up on both sides (the sender's
-write wakes the receiver; the receiver runs its loop for one message); measured with two pickers
-at 20 concurrent short requests (docs, "Two pickers"), reading at the next admission took the books'
-cost from 211 to 109 us of CPU per request, and the sender's write alone from 76 to 15 us.
+write wakes the receiver; the receiver runs its loop for one message). Measured with two pickers at
+20 concurrent short requests (docs, "Two pickers"): the books' CPU per request (two pickers with
+one set of books less two with separate books) went from 211 to 141-163 us, and a pick reads its
+peers' latest picks and ends, which a message ready in the same loop turn as the request was not.
 Plain non-blocking sockets on the loop (`add_reader`), not transports: a transport reads on its
 own schedule, and a paused one cannot be read on demand.
 """

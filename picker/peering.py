@@ -5,7 +5,8 @@ Envoy picks a `picker` host for each ext_proc stream on its own (no ext_proc opt
 streams to one host: `GrpcService.EnvoyGrpc` has no hash policy, its `initial_metadata` is static),
 so a request's observer stream, and its access-log entry, often reach a picker other than the one
 that routed it. The routing picker's request id names it (`<name>~<id>`, `name` the address its
-peers reach it at). What a peer tells it, over the channel between pickers (picker/peers.py):
+peers reach it at). What a peer tells it, over the channel between pickers (picker/peers.py,
+picker/peer_inbox.py):
 - to the request's owner, from the picker its observer stream came to: `claim` (an observer
   joined), `started` (status, who served, streaming), `first` (the first byte), `alive` (a stream
   still flowing, at most every few seconds, so the owner's stall sweep holds), `ended` (the body's
@@ -25,7 +26,7 @@ peers reach it at). What a peer tells it, over the channel between pickers (pick
 The observer side keeps a *shadow* record per foreign request (its tracker parses the stream as for
 a request of its own) and reports the events; the owner applies them to its own record, so drain
 records, truncation counts and end reasons stay exact. Plain synchronous code on the picker's loop:
-the transport (grpc) calls `apply` with what arrives and drains `Outbox` for what leaves.
+the transport calls `book` and the path's `peer_event` with what it reads, and drains `Outbox`.
 """
 
 from __future__ import annotations
