@@ -206,6 +206,9 @@ class PeerLinks:
         if events:
             self.sent += len(events)
             link.send(events)
+        if self._flush is not None and not self._peering.outbox.pending:
+            self._flush.cancel()  # what it was due for has gone (its wake-up would find nothing)
+            self._flush = None
 
     def _in_flight(self) -> list[Event]:
         return [["pick", r.request_id, r.endpoint] for r in self._path.live_records() if r.endpoint]

@@ -118,6 +118,22 @@ async def test_a_peers_pick_waits_in_the_socket_and_the_next_admission_reads_it(
     assert peer_counts(b) == 1
 
 
+async def test_an_urgent_write_takes_what_waited_and_its_timer_with_it(sides: list[Side]) -> None:
+    """A report waits up to 5 ms to share a write; the end that follows takes it along at once, and
+    the flush it was waiting for is cancelled (it would wake the picker to find nothing)."""
+    a, b = sides
+    members = [await a.listen(), await b.listen()]
+    links = a.join(members)
+    b.join(members)
+    assert a.peering is not None
+    await async_wait_until(lambda: b.name in a.peering.connected, 5, what="A's link to B")  # type: ignore[union-attr]
+    sent = links.sent
+    a.peering.outbox.to(b.name, ["started", "x", 200, E1, True])
+    assert links.sent == sent and links._flush is not None  # waiting to share a write
+    a.peering.outbox.to(b.name, ["end", "x"])
+    assert links.sent == sent + 2 and links._flush is None
+
+
 async def test_watched_a_peers_events_apply_as_they_come(sides: list[Side]) -> None:
     a, b = sides
     members = [await a.listen(), await b.listen(read_every_s=60)]
