@@ -53,8 +53,6 @@ class PeerInbox:
         self._token = token
         self._drains = drains
         self.read_every_s = read_every_s
-        self.batches = 0
-        self.streams = 0
         self.refused = 0  # connections with a wrong or missing token
         self.watched = False  # events are read as they arrive (requests are queued), not on demand
         self._connections: set[_Inbound] = set()  # every open one, hello or not
@@ -123,7 +121,6 @@ class PeerInbox:
             return False
         connection.sender = str(name)
         connection.watch(self.watched)
-        self.streams += 1
         return True
 
     def answer(self, connection: _Inbound, message: Any) -> None:
@@ -141,13 +138,11 @@ class PeerInbox:
                     self._path.peer_event(event, sender)
         except (ValueError, TypeError, IndexError, KeyError):
             log.warning("a malformed message from peer %s; skipped", sender)
-        self.batches += 1
 
     def closed(self, connection: _Inbound) -> None:
         self._connections.discard(connection)
         if connection.sender is None:
             return
-        self.streams -= 1
         if not any(c.sender == connection.sender for c in self._connections):
             self._peering.heard.discard(connection.sender)
         self._path.peer_gone(connection.sender)
