@@ -188,12 +188,16 @@ def ttfts(results: list[Stream]) -> list[float]:
 Pids = int | tuple[int, ...]  # one process, or several counted as one (two pickers)
 
 
+def _each(pids: Pids) -> tuple[int, ...]:
+    return pids if isinstance(pids, tuple) else (pids,)
+
+
 def _cpu(pids: Pids) -> float:
-    return sum(cpu_seconds(pid) for pid in (pids if isinstance(pids, tuple) else (pids,)))
+    return sum(cpu_seconds(pid) for pid in _each(pids))
 
 
 def _wakeups(pids: Pids) -> int:
-    return sum(wakeups(pid) for pid in (pids if isinstance(pids, tuple) else (pids,)))
+    return sum(wakeups(pid) for pid in _each(pids))
 
 
 @dataclass

@@ -104,9 +104,8 @@ async def test_a_peers_pick_waits_in_the_socket_and_the_next_admission_reads_it(
     links = a.join(members)
     b.join(members)
     assert a.peering is not None and b.service is not None
-    await async_wait_until(
-        lambda: b.name in a.peering.connected and linked_from(b, a), 5, what="A's link to B"
-    )  # type: ignore[union-attr]
+    connected = a.peering.connected
+    await async_wait_until(lambda: b.name in connected and linked_from(b, a), 5, what="A's link to B")
     sent = links.sent
     a.path.admit(REQUEST)
     assert links.sent == sent + 1  # written before the loop turn ends
