@@ -192,8 +192,8 @@ def _each(pids: Pids) -> tuple[int, ...]:
     return pids if isinstance(pids, tuple) else (pids,)
 
 
-def _cpu(pids: Pids) -> float:
-    return sum(cpu_seconds(pid) for pid in _each(pids))
+def _cpu(pids: Pids, main_thread: bool = False) -> float:
+    return sum(cpu_seconds(pid, main_thread) for pid in _each(pids))
 
 
 def _wakeups(pids: Pids) -> int:
@@ -208,16 +208,19 @@ class Meter:
     idle: dict[str, float] = field(default_factory=dict)  # CPU seconds per second when idle
     cpu: dict[str, float] = field(default_factory=dict)
     wakeups: dict[str, int] = field(default_factory=dict)  # voluntary context switches in the window
+    main: dict[str, float] = field(default_factory=dict)  # of `cpu`, the main threads' (the event loops)
     wall: float = 0.0
 
     @contextmanager
     def window(self) -> Iterator[Meter]:
         before = {name: _cpu(pid) for name, pid in self.pids.items()}
         woken = {name: _wakeups(pid) for name, pid in self.pids.items()}
+        mains = {name: _cpu(pid, main_thread=True) for name, pid in self.pids.items()}
         client_before, started = time.process_time(), time.monotonic()
         yield self
         self.wall = time.monotonic() - started
         self.wakeups = {name: _wakeups(pid) - woken[name] for name, pid in self.pids.items()}
+        self.main = {name: _cpu(pid, main_thread=True) - mains[name] for name, pid in self.pids.items()}
         self.cpu = {
             name: _cpu(pid) - before[name] - self.idle.get(name, 0.0) * self.wall
             for name, pid in self.pids.items()
@@ -292,11 +295,17 @@ async def part_pickers(paths: Paths, idle: dict[str, float], level: int, rounds:
         f"\n[pickers] short requests at {level} concurrent, {rounds} rounds interleaved; picker CPU "
         f"per request (all pickers of a path, less their idle rate) and its ratio to plain1's ({load()})"
     )
-    # wakes: the pickers' wake-ups per request (voluntary context switches of all their threads)
-    print(f"{'round':>5} | " + " | ".join(f"{n + ' us/req':>14} {'ratio':>6} {'wakes':>5}" for n in names))
+    # wakes: the pickers' wake-ups per request (voluntary context switches of all their threads);
+    # main: the main threads' CPU per request, idle included (the event loop: Python, uvloop, grpc.aio's glue); the
+    # rest is gRPC's threads (its C core's event engine, the completion-queue poller)
+    print(
+        f"{'round':>5} | "
+        + " | ".join(f"{n + ' us/req':>14} {'ratio':>6} {'wakes':>5} {'main':>5}" for n in names)
+    )
     figures: dict[str, list[float]] = {n: [] for n in names}
     ratios: dict[str, list[float]] = {n: [] for n in names}
     wakes: dict[str, list[float]] = {n: [] for n in names}
+    mains: dict[str, list[float]] = {n: [] for n in names}
     for index in range(rounds):
         row: dict[str, float] = {}
         for name in names:
@@ -307,15 +316,19 @@ async def part_pickers(paths: Paths, idle: dict[str, float], level: int, rounds:
             figures[name].append(row[name])
             ratios[name].append(row[name] / row["plain1"])
             wakes[name].append(meter.wakeups["picker"] / max(ok, 1))
+            mains[name].append(meter.main["picker"] / max(ok, 1) * 1e6)
         print(
             f"{index + 1:>5} | "
-            + " | ".join(f"{row[n]:>14.0f} {ratios[n][-1]:>6.3f} {wakes[n][-1]:>5.2f}" for n in names)
+            + " | ".join(
+                f"{row[n]:>14.0f} {ratios[n][-1]:>6.3f} {wakes[n][-1]:>5.2f} {mains[n][-1]:>5.0f}"
+                for n in names
+            )
         )
     print(
         f"{'med':>5} | "
         + " | ".join(
             f"{statistics.median(figures[n]):>14.0f} {statistics.median(ratios[n]):>6.3f} "
-            f"{statistics.median(wakes[n]):>5.2f}"
+            f"{statistics.median(wakes[n]):>5.2f} {statistics.median(mains[n]):>5.0f}"
             for n in names
         )
     )

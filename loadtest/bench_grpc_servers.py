@@ -6,6 +6,9 @@ nothing on the response) over one simulated replica (TTFT 5 ms), one run compare
   envoy alone        no ext_proc filter (the baseline)
   <stack>            a do-nothing ext_proc server (loadtest/ext_proc_bare.py) on each Python gRPC stack
   picker             `picker serve`: the same grpc.aio stack deciding for real
+  <row> x2           two such servers behind the one cluster, Envoy spreading the streams over both
+                     (issue 23: what splitting the load costs a server that decides nothing, beside
+                     two pickers that share nothing; their CPU is summed)
 Rounds are interleaved so drift on a shared box falls on every row alike. For each row: TTFT from a
 raw client, and from Envoy's own timings (access log) the time from the request's first byte to
 the upstream request, and each ext_proc round trip as Envoy measured it; the server's CPU per
@@ -47,6 +50,7 @@ _LOG_FORMAT = {
     "headers_rt_us": f"%FILTER_STATE({ROUTING}:FIELD:request_header_latency_us)%",
     "body_rt_us": f"%FILTER_STATE({ROUTING}:FIELD:request_body_total_latency_us)%",
 }
+SPLIT = " x2"  # a row's suffix: two servers of that row behind one cluster
 
 
 _ENVOY = """\
@@ -108,11 +112,14 @@ _EXT_PROC_CLUSTER = """\
       cluster_name: ext_proc
       endpoints:
       - lb_endpoints:
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $port}}}"""
+$endpoints"""
+_ENDPOINT = "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}"
 
 
-def envoy_config(listen: int, admin: int, upstream: int, ext_proc: int | None, access_log: Path) -> str:
-    """A listener routing to one replica, with (or without) the routing ext_proc filter."""
+def envoy_config(listen: int, admin: int, upstream: int, ext_proc: list[int], access_log: Path) -> str:
+    """A listener routing to one replica, with the routing ext_proc filter on the servers at
+    `ext_proc` (none: without the filter)."""
+    cluster = _EXT_PROC_CLUSTER.replace("$endpoints", "\n".join(_ENDPOINT % port for port in ext_proc))
     return string.Template(_ENVOY).substitute(
         hcm_type="type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
         "HttpConnectionManager",
@@ -121,8 +128,8 @@ def envoy_config(listen: int, admin: int, upstream: int, ext_proc: int | None, a
         upstream=upstream,
         access_log=access_log,
         log_format=json.dumps(_LOG_FORMAT),
-        ext_proc_filter=_EXT_PROC_FILTER if ext_proc is not None else "",
-        ext_proc_cluster=string.Template(_EXT_PROC_CLUSTER).substitute(port=ext_proc) if ext_proc else "",
+        ext_proc_filter=_EXT_PROC_FILTER if ext_proc else "",
+        ext_proc_cluster=cluster if ext_proc else "",
     )
 
 
@@ -131,7 +138,7 @@ class Row:
     name: str
     listen: int
     access_log: Path
-    server: Proc | None = None
+    servers: list[Proc] = field(default_factory=list)
     envoy: Proc | None = None
     # per concurrency level: TTFTs (seconds), the server's CPU seconds, requests
     ttft: dict[int, list[float]] = field(default_factory=dict)
@@ -139,28 +146,32 @@ class Row:
     requests: dict[int, int] = field(default_factory=dict)
 
 
+def start_server(kind: str, port: int, upstream: int, log: Path) -> Proc:
+    """One ext_proc server: the picker (peers none), or a do-nothing one on stack `kind`."""
+    if kind == PICKER:
+        argv = serve_argv(
+            port, free_port(), free_port(), "--secure-serving=false", "--endpoints", f"127.0.0.1:{upstream}"
+        )
+        ready = "picker ready"
+    else:
+        argv = [sys.executable, "-m", "loadtest.ext_proc_bare", "--stack", kind, "--port", str(port)]
+        argv += ["--upstream", f"127.0.0.1:{upstream}"]
+        ready = "listening"
+    server = Proc(kind, argv, log)
+    server.wait_ready(lambda: ready in server.log_text())
+    return server
+
+
 def start_row(name: str, workdir: Path, upstream: int) -> Row:
     listen, admin = free_port(), free_port()
-    row = Row(name, listen, workdir / f"{name.replace(' ', '-')}.access.log")
-    ext_proc: int | None = None
+    slug = name.replace(" ", "-")
+    row = Row(name, listen, workdir / f"{slug}.access.log")
+    ext_proc: list[int] = []
     if name != BASELINE:
-        ext_proc = free_port()
-        if name == PICKER:
-            argv = serve_argv(
-                ext_proc,
-                free_port(),
-                free_port(),
-                "--secure-serving=false",
-                "--endpoints",
-                f"127.0.0.1:{upstream}",
-            )
-            ready = "picker ready"
-        else:
-            argv = [sys.executable, "-m", "loadtest.ext_proc_bare", "--stack", name, "--port", str(ext_proc)]
-            argv += ["--upstream", f"127.0.0.1:{upstream}"]
-            ready = "listening"
-        server = row.server = Proc(name, argv, workdir / f"{name}.log")
-        server.wait_ready(lambda: ready in server.log_text())
+        kind = name.removesuffix(SPLIT)
+        ext_proc = [free_port() for _ in range(2 if name.endswith(SPLIT) else 1)]
+        for index, port in enumerate(ext_proc):
+            row.servers.append(start_server(kind, port, upstream, workdir / f"{slug}-{index}.log"))
     config = workdir / f"envoy-{listen}.yaml"
     config.write_text(envoy_config(listen, admin, upstream, ext_proc, row.access_log))
     argv = [envoy_binary(), "-c", str(config), "--use-dynamic-base-id", "--log-level", "warn"]
@@ -201,12 +212,17 @@ async def measure(rows: list[Row], levels: list[int], count: int, rounds: int, t
         for level in levels:
             request = stream_request(tokens, extra_headers=f"{_LEVEL_HEADER}: {level}\r\n".encode())
             for row in rows:
-                before = cpu_seconds(row.server.pid) if row.server else 0.0
+                before = sum(cpu_seconds(server.pid) for server in row.servers)
                 results, _ = await closed_loop(row.listen, request, level, count // rounds, 60)
-                if row.server:
-                    row.cpu[level] = row.cpu.get(level, 0.0) + cpu_seconds(row.server.pid) - before
+                if row.servers:
+                    spent = sum(cpu_seconds(server.pid) for server in row.servers) - before
+                    row.cpu[level] = row.cpu.get(level, 0.0) + spent
                 row.requests[level] = row.requests.get(level, 0) + len(results)
                 row.ttft.setdefault(level, []).extend(ttfts(results))
+
+
+def _per_request(row: Row, level: int) -> float:
+    return row.cpu[level] / row.requests[level]
 
 
 def report(rows: list[Row], levels: list[int]) -> None:
@@ -225,7 +241,7 @@ def report(rows: list[Row], levels: list[int]) -> None:
                 return "-" if value is None else f"{value:.0f} us"
 
             done = row.requests.get(level, 0)
-            cpu = f"{row.cpu[level] / done * 1e6:.0f} us" if row.server and done else "-"
+            cpu = f"{row.cpu[level] / done * 1e6:.0f} us" if row.servers and done else "-"
             p50, p99 = percentile(row.ttft[level], 50), percentile(row.ttft[level], 99)
             added = "-" if row.name == BASELINE else f"+{(p50 - base[level]) * 1e3:.2f}"
             print(
@@ -234,6 +250,18 @@ def report(rows: list[Row], levels: list[int]) -> None:
                 f"{cpu:>8}"
             )
     print("  (Envoy's timings are medians; rt: an ext_proc round trip as Envoy saw it; CPU: the server's)")
+    split = [row for row in rows if row.name.endswith(SPLIT)]
+    by_name = {row.name: row for row in rows}
+    for row in split:
+        one = by_name.get(row.name.removesuffix(SPLIT))
+        if one is None:
+            continue
+        ratios = [
+            f"{level}: x {_per_request(row, level) / _per_request(one, level):.2f}"
+            for level in levels
+            if row.requests.get(level) and one.requests.get(level) and one.cpu.get(level)
+        ]
+        print(f"  {row.name} against one, CPU per request at each level: {', '.join(ratios)}")
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -249,13 +277,16 @@ async def run(args: argparse.Namespace) -> None:
         rows: list[Row] = []
         try:
             sim.wait_ready(lambda: health_ok(upstream))
-            for name in [BASELINE, *stacks, PICKER]:
+            names = [BASELINE, *stacks, PICKER, *(f"{s}{SPLIT}" for s in args.split.split(",") if s)]
+            if args.rows:
+                names = [n for n in names if n in args.rows.split(",") or n == BASELINE]
+            for name in names:
                 rows.append(start_row(name, workdir, upstream))
             await measure(rows, levels, args.count, args.rounds, args.tokens)
             report(rows, levels)
         finally:
             for row in rows:
-                for proc in (row.envoy, row.server):
+                for proc in (row.envoy, *row.servers):
                     if proc is not None:
                         proc.stop()
             sim.stop()
@@ -270,6 +301,12 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=300, help="streams per level per row")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds the count is split into")
     parser.add_argument("--tokens", type=int, default=4)
+    parser.add_argument(
+        "--split",
+        default=f"grpc-aio-uvloop,{PICKER}",
+        help="rows also run as two servers behind one cluster (issue 23), comma-separated",
+    )
+    parser.add_argument("--rows", default="", help="only these rows (and Envoy alone), comma-separated")
     asyncio.run(run(parser.parse_args()))
 
 

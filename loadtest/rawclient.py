@@ -13,9 +13,11 @@ ITL_S = 0.05  # 20 tokens/s, the benchmarks' stream rate
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, main_thread: bool = False) -> float:
+    """User + system CPU a process has used so far (its main thread's alone: `main_thread`; in
+    the picker that is the event loop, the rest gRPC's threads)."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 

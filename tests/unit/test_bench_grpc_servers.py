@@ -15,15 +15,19 @@ from picker.envoyconf import envoy_binary
 from tests.unit.test_extproc_service import BODY, body, request_headers, response_headers
 
 
-@pytest.mark.parametrize("ext_proc", [None, 9002], ids=["envoy-alone", "with-ext-proc"])
-def test_the_benchmarks_envoy_config_validates(tmp_path: Path, ext_proc: int | None) -> None:
+@pytest.mark.parametrize(
+    "ext_proc", [[], [9002], [9002, 9003]], ids=["envoy-alone", "with-ext-proc", "two-servers"]
+)
+def test_the_benchmarks_envoy_config_validates(tmp_path: Path, ext_proc: list[int]) -> None:
     config = tmp_path / "envoy.yaml"
     config.write_text(envoy_config(8080, 9901, 8000, ext_proc, tmp_path / "access.log"))
     result = subprocess.run(
         [envoy_binary(), "--mode", "validate", "-c", str(config)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert ("ext_proc.v3.ExternalProcessor" in config.read_text()) is (ext_proc is not None)
+    text = config.read_text()
+    assert ("ext_proc.v3.ExternalProcessor" in text) is bool(ext_proc)
+    assert all(f"port_value: {port}" in text for port in ext_proc)
 
 
 def test_the_bare_server_answers_like_the_picker_and_never_an_observer() -> None:
