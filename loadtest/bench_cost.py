@@ -296,8 +296,8 @@ async def part_pickers(paths: Paths, idle: dict[str, float], level: int, rounds:
         f"per request (all pickers of a path, less their idle rate) and its ratio to plain1's ({load()})"
     )
     # wakes: the pickers' wake-ups per request (voluntary context switches of all their threads);
-    # main: the main threads' CPU per request, idle included (the event loop: Python, uvloop, grpc.aio's glue); the
-    # rest is gRPC's threads (its C core's event engine, the completion-queue poller)
+    # main: the main threads' CPU per request, idle included (the event loop: Python, uvloop,
+    # grpc.aio's glue); the rest is gRPC's threads (its C core's event engine, the CQ poller)
     print(
         f"{'round':>5} | "
         + " | ".join(f"{n + ' us/req':>14} {'ratio':>6} {'wakes':>5} {'main':>5}" for n in names)
