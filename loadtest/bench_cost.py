@@ -208,7 +208,7 @@ class Meter:
     idle: dict[str, float] = field(default_factory=dict)  # CPU seconds per second when idle
     cpu: dict[str, float] = field(default_factory=dict)
     wakeups: dict[str, int] = field(default_factory=dict)  # voluntary context switches in the window
-    main: dict[str, float] = field(default_factory=dict)  # of `cpu`, the main threads' (the event loops)
+    main: dict[str, float] = field(default_factory=dict)  # the main threads' CPU (event loops), idle included
     wall: float = 0.0
 
     @contextmanager

@@ -147,7 +147,7 @@ class Row:
 
 
 def start_server(kind: str, port: int, upstream: int, log: Path) -> Proc:
-    """One ext_proc server: the picker (peers none), or a do-nothing one on stack `kind`."""
+    """One ext_proc server: the picker (without peers), or a do-nothing one on stack `kind`."""
     if kind == PICKER:
         argv = serve_argv(
             port, free_port(), free_port(), "--secure-serving=false", "--endpoints", f"127.0.0.1:{upstream}"
