@@ -17,8 +17,10 @@ issue 23), `two` and `four` (that many pickers sharing one set of books over the
 pickers, `--peers`); to tell causes apart, `two-noscrape` / `four-noscrape` (no engine gauges) and
 `four-scrape1s` (gauges every second). Columns: `elsewhere`: observer streams a picker got for a
 request another picker routed (handed to the routing picker with peers, unmatched without);
-`timer`: requests ended by the observer grace timer or as unobserved while they still streamed (0 is
-the goal); `routed`: each picker's share of the routing streams (what its flow-control queue sees).
+`early`: of the ends each picker booked for a request it did not observe, the share a newer request
+on the same client connection told it first (picker/pool/connections.py); `timer`: requests ended
+by the observer grace timer or as unobserved while they still streamed (0 is the goal); `routed`:
+each picker's share of the routing streams (what its flow-control queue sees).
 Run (about 1.5 min):
 `python -m loadtest.bench_ha [--streams 24] [--seconds 15] [--replicas 4] [--tokens-spread 0]`.
 """
@@ -62,6 +64,7 @@ def counters(metrics_port: int) -> dict[str, float]:
         "picks": total("picker_picks_total"),
         "unmatched": total("picker_observer_unmatched_total"),
         "foreign": total("picker_peer_observers_total"),
+        "superseded": total("picker_peer_superseded_total"),
         "timer": total("picker_request_ends_total", reason="unobserved")
         + total("picker_request_ends_total", reason="client-disconnect"),
     }
@@ -176,6 +179,9 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
         rows = [counters(metrics) for _, _, metrics in stack.picker_ports]
         picks = max(1.0, sum(r["picks"] for r in rows))
         elsewhere = sum(r["unmatched"] + r["foreign"] for r in rows) / picks
+        # each picker books every end; the observer's picker sees its own at once
+        observed_elsewhere = max(1.0, picks * (len(rows) - 1))
+        early = sum(r["superseded"] for r in rows) / observed_elsewhere if len(rows) > 1 else 0.0
         timer = sum(r["timer"] for r in rows)
         shares = "/".join(f"{r['picks'] / picks:.0%}" for r in rows)  # each picker's share of the routing
         mean, p95, worst = sampler.spread()
@@ -185,7 +191,7 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
         return (
             f"{variant:<13} | {len(report.results):>8} | {failed:>6} | {len(sampler.samples):>7} | "
             f"{mean:>8.2f} | {p95:>6.2f} | {worst:>6.2f} | {exact:>5.2f} | {exact_p95:>5.2f} | "
-            f"{misplaced:>9.1%} | {elsewhere:>9.0%} | {timer:>5.0f} | {shares}"
+            f"{misplaced:>9.1%} | {elsewhere:>9.0%} | {early:>5.0%} | {timer:>5.0f} | {shares}"
         )
     finally:
         stack.stop()
@@ -214,7 +220,7 @@ async def main() -> None:
     print(f"{args.streams} streams x {lengths} tokens, {args.replicas} replicas, {args.seconds:g} s each")
     columns = (
         *("variant      ", "requests", "failed", "samples", "max/mean", "p95   ", "worst "),
-        *("exact", "p95  ", "misplaced", "elsewhere"),
+        *("exact", "p95  ", "misplaced", "elsewhere", "early"),
     )
     print(" | ".join((*columns, "timer", "routed")))
     with tempfile.TemporaryDirectory(prefix="bench-ha-") as root:

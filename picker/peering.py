@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from picker.pool import EndpointState, Pool
+from picker.pool import ClientConnections, EndpointState, Pool
 from picker.scheduling import Stagger
 from picker.streams import Attempts, RequestRecord, ResponseTracker
 
@@ -125,6 +125,8 @@ class Peering:
         self._books: dict[str, dict[str, str]] = {peer: {} for peer in self.peers}
         self._orphans: dict[str, str] = {}  # request -> endpoint: a broken-off peer's, still counted
         self._ended: OrderedDict[str, None] = OrderedDict()  # see _TOMBSTONES
+        # each request's client connection (HTTP/1.x): a newer request on it shows it ended
+        self.connections = ClientConnections(pool)
         self._stagger: Stagger | None = None
         self.connected: set[str] = set()  # peers the transport's links reach now
         self.heard: set[str] = set()  # peers whose own link to this picker is open (their books here)
@@ -137,6 +139,14 @@ class Peering:
     @property
     def dropped(self) -> int:
         return self.outbox.dropped
+
+    @property
+    def superseded(self) -> int:
+        return self.connections.total
+
+    @property
+    def known_connections(self) -> int:
+        return len(self.connections)
 
     @property
     def stagger(self) -> Stagger:
@@ -159,13 +169,25 @@ class Peering:
     def new_id(self, local: str) -> str:
         return f"{self.name}{SEPARATOR}{local}"
 
+    def arrived(self, record: RequestRecord) -> None:
+        """A request of this picker's, before its pick: the last one on its client connection has
+        ended (picker/pool/connections.py), whoever routed it."""
+        if record.connection is not None:
+            self.connections.arrived(record.connection, record.request_id)
+
     def placed(self, record: RequestRecord, address: str, moved: bool = False) -> None:
         """A request of this picker is on `address` (picked, or moved there by Envoy's fallback)."""
         event: Event = ["move" if moved else "pick", record.request_id, address]
+        if moved:
+            self.connections.moved(record.request_id, address)
+        elif record.connection is not None:
+            self.connections.placed(record.request_id, record.connection, address)
+            event.append(record.connection)  # its peers learn it too
         for peer in self.peers:
             self.outbox.to(peer, event)
 
     def ended(self, record: RequestRecord) -> None:
+        self.connections.ended(record.request_id)
         # the picker its observer stream went to told the others already; told again, they ignore
         # it, and one that could not hear that picker (its channel down) still hears the owner
         told = record.observed_by if record.peers_told else None
@@ -215,7 +237,8 @@ class Peering:
         tracker = record.tracker
         if tracker is not None:
             tracker.end()
-        self._report(record, ["ended", record.request_id, end_of_stream, _summary(tracker), self._clock()])
+        summary = tracker.summary() if tracker is not None else None
+        self._report(record, ["ended", record.request_id, end_of_stream, summary, self._clock()])
         # this picker saw it end first: its endpoint's load drops now, here and on every other
         # picker, not when the owner's `end` comes round a hop later (a request picked meanwhile
         # would see the replica still busy, and all of them pick another: herding)
@@ -307,6 +330,7 @@ class Peering:
             for request_id in request_ids[: max(0, excess)]:
                 del self._orphans[request_id]
                 self._add(address, -1)
+                self.connections.ended(request_id)
 
     def book(self, peer: str, event: Event) -> bool:
         """`pick` / `move` / `end` from `peer` (an `end` also from the picker its observer stream
@@ -330,7 +354,12 @@ class Peering:
                 self._add(previous, -1)
             book[request_id] = event[2]
             self._add(event[2], 1)
+            if kind == "move":
+                self.connections.moved(request_id, event[2])
+            elif len(event) > 3 and isinstance(event[3], str):
+                self.connections.placed(request_id, event[3], event[2])
         else:
+            self.connections.ended(request_id)
             previous = book.pop(request_id, None)
             if previous is not None:
                 self._add(previous, -1)
@@ -360,40 +389,3 @@ def happened_at(event: Event, now: float, earliest: float) -> float:
     if not isinstance(age, (int, float)) or age != age or age <= 0:
         return now
     return max(earliest, now - age)
-
-
-def _summary(tracker: ResponseTracker | None) -> dict[str, Any] | None:
-    """What the owner needs of a stream to settle it as if it had seen it (classify.from_body)."""
-    if tracker is None:
-        return None
-    return {
-        "streaming": tracker.streaming,
-        "first": tracker.first_byte_at is not None,
-        "done": tracker.done,
-        "finish": tracker.finish_reason,
-        "error": tracker.error_event,
-        "chunks": tracker.token_chunks,
-        "tokens": tracker.usage_completion_tokens,
-        "prompt": tracker.usage_prompt_tokens,
-        "cached": tracker.usage_cached_tokens,
-    }
-
-
-def apply_summary(tracker: ResponseTracker, summary: dict[str, Any], now: float) -> None:
-    """The owner's side of `_summary`: its tracker as the peer's saw the stream."""
-    if summary.get("first") and tracker.first_byte_at is None:
-        tracker.first_byte_at = now
-    tracker.done = bool(summary.get("done"))
-    finish = summary.get("finish")
-    tracker.finish_reason = finish if isinstance(finish, str) else None
-    tracker.error_event = bool(summary.get("error"))
-    chunks = summary.get("chunks")
-    tracker.token_chunks = chunks if isinstance(chunks, int) else tracker.token_chunks
-    for attribute, key in (
-        ("usage_completion_tokens", "tokens"),
-        ("usage_prompt_tokens", "prompt"),
-        ("usage_cached_tokens", "cached"),
-    ):
-        value = summary.get(key)
-        if isinstance(value, int):
-            setattr(tracker, attribute, value)

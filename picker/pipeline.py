@@ -163,6 +163,7 @@ class RequestPath(ResponseSide):
         trace_context: Mapping[str, str] | None = None,
         session: str | None = None,
         tokens: Sequence[int] | None = None,
+        connection: str | None = None,
     ) -> Ticket[RequestRecord]:
         """Admit one parsed request: dispatched now, refused now, or queued (await `ticket.wait()`).
 
@@ -170,7 +171,8 @@ class RequestPath(ResponseSide):
         false answers with the primary alone (an ORIGINAL_DST data plane cannot use a list).
         `trace_context`: the client's `traceparent` / `tracestate`, continued with tracing on.
         `session`: the request's session (affinity.session_header); `tokens`: its prompt's token ids
-        from an engine (precise prefix affinity).
+        from an engine (precise prefix affinity). `connection`: the HTTP/1.x client connection it
+        came on (picker/pool/connections.py).
         """
         self.catch_up()  # the books as fresh as can be for this pick (peers' picks and ends)
         now = self._clock()
@@ -185,7 +187,10 @@ class RequestPath(ResponseSide):
             allowed=allowed,
             fallbacks=fallbacks,
             keys=self.placement.keys(request, session, tokens),
+            connection=connection,
         )
+        if self.peering is not None:
+            self.peering.arrived(record)
         if self._tracing is not None:
             record.trace = self._tracing.start(
                 trace_context or {},

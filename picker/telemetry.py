@@ -273,6 +273,12 @@ class PeersView(Protocol):
     @property
     def orphans(self) -> int: ...
 
+    @property
+    def superseded(self) -> int: ...
+
+    @property
+    def known_connections(self) -> int: ...
+
 
 class _PeersCollector(Collector):
     def __init__(self, peers: PeersView) -> None:
@@ -307,6 +313,17 @@ class _PeersCollector(Collector):
             "picker_peer_observers",
             "Observer streams for requests another picker routed, tracked here for it",
             value=p.observers,
+        )
+        yield CounterMetricFamily(
+            "picker_peer_superseded",
+            "Requests a newer request on the same HTTP/1.x client connection showed had ended, before "
+            "their end reached this picker (no longer counted in their endpoint's load from then)",
+            value=p.superseded,
+        )
+        yield GaugeMetricFamily(
+            "picker_peer_client_connections",
+            "Requests in flight, this picker's and its peers', whose HTTP/1.x client connection it knows",
+            value=p.known_connections,
         )
 
 

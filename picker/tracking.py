@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, assert_never
 
-from picker.peering import Peering, apply_summary, happened_at
+from picker.peering import Peering, happened_at
 from picker.placement import Placement
 from picker.pool import DrainEnd, EndpointState, Pool
 from picker.rollout import CUT, Canary, Sample
@@ -379,7 +379,7 @@ class ResponseSide:
                 if record.tracker is None:
                     record.tracker = ResponseTracker(streaming=record.stream)
                 if isinstance(event[3], dict):
-                    apply_summary(record.tracker, event[3], self._clock())
+                    record.tracker.apply(event[3], self._clock())
                 record.closed_at = happened_at(event, self._clock(), record.admitted_at)  # its end, dated
                 self.observer_ended(record, bool(event[2]))
             case _:

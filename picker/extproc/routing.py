@@ -96,6 +96,7 @@ class RoutingSession:
         self.modes = translate.Modes()
         self._headers: dict[str, str] = {}
         self._hint: tuple[str, ...] | None = None
+        self._connection: str | None = None  # the HTTP/1.x client connection (picker/pool/connections.py)
         self._chunks: list[bytes] = []  # body messages held until the decision
         self._size = 0
         self._trailers = False  # request trailers arrived before the decision
@@ -148,6 +149,7 @@ class RoutingSession:
     def _on_request_headers(self, request: ep.ProcessingRequest) -> list[Step]:
         self._headers = translate.header_map(request.request_headers)
         self._hint = translate.subset_hint(request)
+        self._connection = translate.client_connection(request)
         # Envoy always sends :method and :path (and protocol_config since 1.3x); a shim sends neither
         self.shim = not self.modes.known and headers.PATH not in self._headers
         mode = self.modes.request_body
@@ -261,6 +263,7 @@ class RoutingSession:
             trace_context=hints.trace_context,
             session=hints.session,
             tokens=tokens,
+            connection=self._connection,
         )
         if ticket.done:
             return list(self._answer(ticket, phase))

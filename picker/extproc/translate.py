@@ -110,6 +110,27 @@ def subset_hint(request: ep.ProcessingRequest) -> tuple[str, ...] | None:
     return tuple(p.strip() for p in value.string_value.split(",") if p.strip())
 
 
+# The routing filter's `request_attributes` that name a request's client connection (config/envoy.yaml)
+CONNECTION_ATTRIBUTES = ("request.protocol", "source.address", "destination.address")
+_ONE_AT_A_TIME = frozenset({"HTTP/1.0", "HTTP/1.1"})  # protocols whose connection holds one request
+
+
+def client_connection(request: ep.ProcessingRequest) -> str | None:
+    """The HTTP/1.x client connection a request came on (`source>destination`, unique across
+    Envoys), from the attributes Envoy sends with its headers; None on HTTP/2 or /3 (a connection
+    holds many requests at once) or without them (picker/pool/connections.py)."""
+    for attributes in request.attributes.values():
+        fields = attributes.fields
+        protocol = fields.get("request.protocol")
+        source, destination = fields.get("source.address"), fields.get("destination.address")
+        if protocol is None or source is None or destination is None:
+            continue
+        if protocol.string_value not in _ONE_AT_A_TIME or not source.string_value:
+            return None
+        return f"{source.string_value}>{destination.string_value}"
+    return None
+
+
 def _set(name: str, value: str) -> base_pb2.HeaderValueOption:
     return base_pb2.HeaderValueOption(
         header=base_pb2.HeaderValue(key=name, raw_value=value.encode()), append_action=_OVERWRITE

@@ -8,11 +8,13 @@ pool keeps counting in-flight requests of endpoints that drain or disappear unti
 Plain synchronous code, driven from one asyncio loop: no locks, no network or file I/O.
 """
 
+from picker.pool.connections import ClientConnections
 from picker.pool.drain import DrainCause, DrainEnd, DrainExit, DrainRecord, DrainTotals
 from picker.pool.endpoint import Endpoint, EndpointState
 from picker.pool.view import EndpointConflict, Lease, Pool, UnknownEndpoint
 
 __all__ = [
+    "ClientConnections",
     "DrainCause",
     "DrainEnd",
     "DrainExit",

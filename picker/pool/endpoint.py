@@ -42,6 +42,9 @@ class Endpoint:
     pending_prefill: float = 0.0
     peer_in_flight: int = 0  # requests other pickers have in flight here (picker/peering.py)
     peer_arrivals: int = 0  # of `arrivals`, those other pickers' books added
+    # of the requests counted here, those a newer request on the same client connection shows have
+    # ended, their end not heard yet (picker/peering.py): the load estimate leaves them out
+    superseded: int = 0
     # its load (running + waiting, estimated) averaged over the last seconds, at `load_avg_at`: a
     # sustained imbalance, which breaks affinity, from the moment-to-moment swings, which must not
     load_avg: float = 0.0

@@ -32,6 +32,9 @@ class LoadView(Protocol):
     def departures(self) -> int: ...
 
     @property
+    def superseded(self) -> int: ...
+
+    @property
     def load(self) -> LoadSample | None: ...
 
     @property
@@ -50,12 +53,17 @@ class LoadPolicy:
     weight_kv: float = 10.0  # per full KV cache
 
 
+def counted(view: LoadView) -> float:
+    """This picker's and its peers' requests on the endpoint, less those a newer request on the same
+    client connection shows have ended (their end not heard yet: picker/peering.py)."""
+    return float(max(0, view.in_flight + view.peer_in_flight - view.superseded))
+
+
 def estimated_load(view: LoadView) -> float:
     """Requests the engine holds now (running + waiting), from the last scrape and what changed since."""
     sample = view.load
-    counted = float(view.in_flight + view.peer_in_flight)  # this picker's and its peers' requests
     if sample is None:
-        return counted
+        return counted(view)
     # Only this picker's own sends: a peer's pick reaches it after the request reached the engine
     # (so the scrape may count it already), and `counted` holds it anyway. Counted twice, it would
     # make this picker shun that replica until the next scrape.
@@ -63,8 +71,10 @@ def estimated_load(view: LoadView) -> float:
     sent_since = own_since - (sample.arrivals_before - sample.peer_arrivals_before)
     ended_since = view.departures - sample.departures_after
     # The pickers' own in-flight counts are exact for their requests: they cover requests still on
-    # their way to the engine when the scrape was taken, which the scrape cannot have counted.
-    return max(counted, sample.running + sample.waiting + sent_since - ended_since)
+    # their way to the engine when the scrape was taken, which the scrape cannot have counted. The
+    # scrape's side still holds the superseded (their end not heard: not in `ended_since`).
+    scraped = sample.running + sample.waiting + sent_since - ended_since - view.superseded
+    return max(counted(view), scraped)
 
 
 def estimated_waiting(view: LoadView, policy: LoadPolicy) -> float:
@@ -88,10 +98,10 @@ def saturated(view: LoadView, now: float, policy: LoadPolicy) -> bool:
 def assess(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float]:
     """(saturated, score; lower is better) in one pass: what `pick` needs of every candidate."""
     if not policy.use_metrics:
-        return False, float(view.in_flight + view.peer_in_flight)
+        return False, counted(view)
     sample = view.load
     if sample is None:
-        return True, float(view.in_flight + view.peer_in_flight)
+        return True, counted(view)
     load = estimated_load(view)
     waiting = _queued(load, sample, view, policy)
     kv = sample.kv_usage

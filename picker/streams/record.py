@@ -86,6 +86,8 @@ class RequestRecord:
     peers_told: bool = False  # ... and that peer told the other pickers it ended
     need: Need | None = None  # scheduling.by_model: only endpoints that serve this may take it
     group: str | None = None  # a canary runs: the group it was sent to (picker/rollout)
+    # the client connection it came on, when an HTTP/1.x one (picker/pool/connections.py)
+    connection: str | None = None
 
     @property
     def ended(self) -> bool:

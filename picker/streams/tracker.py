@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from picker.streams.sse import SSEParser
 
@@ -84,6 +85,40 @@ class ResponseTracker:
         self._body = None
         if isinstance(data, dict):
             self._read(data, count_tokens=False)
+
+    def summary(self) -> dict[str, Any]:
+        """What a picker that routed the request needs of its stream, seen by another picker, to
+        settle it as if it had seen it itself (classify.from_body; picker/peering.py)."""
+        return {
+            "streaming": self.streaming,
+            "first": self.first_byte_at is not None,
+            "done": self.done,
+            "finish": self.finish_reason,
+            "error": self.error_event,
+            "chunks": self.token_chunks,
+            "tokens": self.usage_completion_tokens,
+            "prompt": self.usage_prompt_tokens,
+            "cached": self.usage_cached_tokens,
+        }
+
+    def apply(self, summary: dict[str, Any], now: float) -> None:
+        """The routing picker's side of `summary`: this tracker as the other picker saw the stream."""
+        if summary.get("first") and self.first_byte_at is None:
+            self.first_byte_at = now
+        self.done = bool(summary.get("done"))
+        finish = summary.get("finish")
+        self.finish_reason = finish if isinstance(finish, str) else None
+        self.error_event = bool(summary.get("error"))
+        chunks = summary.get("chunks")
+        self.token_chunks = chunks if isinstance(chunks, int) else self.token_chunks
+        for attribute, key in (
+            ("usage_completion_tokens", "tokens"),
+            ("usage_prompt_tokens", "prompt"),
+            ("usage_cached_tokens", "cached"),
+        ):
+            value = summary.get(key)
+            if isinstance(value, int):
+                setattr(self, attribute, value)
 
     def _on_event(self, data: bytes) -> None:
         if data == b"[DONE]":

@@ -51,7 +51,15 @@ def ends(stack: Stack, reason: str) -> float:
     )
 
 
-async def run_streams(stack: Stack) -> tuple[dict[str, tuple[float, float]], list[object]]:
+def known_connections(stack: Stack) -> list[float]:
+    """Per picker: requests in flight whose client connection it knows (picker/pool/connections.py)."""
+    return [
+        picker_metrics(metrics).get(("picker_peer_client_connections", ()), 0.0)
+        for _, _, metrics in stack.picker_ports
+    ]
+
+
+async def run_streams(stack: Stack) -> tuple[dict[str, tuple[float, float]], list[float], list[object]]:
     for grpc_port, _, _ in stack.picker_ports:
         await until_healthy(stack, grpc_port, True)
     async with client() as http:
@@ -63,15 +71,16 @@ async def run_streams(stack: Stack) -> tuple[dict[str, tuple[float, float]], lis
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in flowing)), 20)
         await asyncio.sleep(2.5)  # past the 2 s observer grace: a measurement point, not a sync
         during = await asyncio.to_thread(books, stack)
+        connections = await asyncio.to_thread(known_connections, stack)
         results = await asyncio.wait_for(asyncio.gather(*streams), 60)
-    return during, results
+    return during, connections, results
 
 
 @pytest.mark.parametrize("peers", [True, False], ids=["one-set-of-books", "separate-books"])
 async def test_the_pickers_books_are_what_the_replicas_run(tmp_path: Path, peers: bool) -> None:
     stack = two_pickers(tmp_path, peers)
     try:
-        during, results = await run_streams(stack)
+        during, connections, results = await run_streams(stack)
         assert all(r.status == 200 and r.done for r in results)  # type: ignore[attr-defined]
         await asyncio.to_thread(stack.wait_no_leaks)
         figures = {
@@ -90,6 +99,10 @@ async def test_the_pickers_books_are_what_the_replicas_run(tmp_path: Path, peers
             assert exact, figures
             assert figures["completed"] == STREAMS and figures["unobserved"] == 0, figures
             assert figures["client_disconnect"] == 0 and figures["unmatched_observers"] == 0, figures
+            # Envoy's attributes name each request's client connection (HTTP/1.1 here), and the
+            # picks carry it: both pickers know it for every stream, and forget it at its end
+            assert connections == [STREAMS, STREAMS], connections
+            assert known_connections(stack) == [0, 0]
         else:  # what issue 23 measured without the channel: books short, ends released by a timer
             assert not exact and figures["unmatched_observers"] > 0, figures
     finally:

@@ -84,6 +84,7 @@ class Cand:
     arrivals: int = 0
     peer_arrivals: int = 0
     departures: int = 0
+    superseded: int = 0
 
 
 def test_pick_prefers_the_least_loaded_and_needs_one_with_room() -> None:

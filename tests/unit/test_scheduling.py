@@ -10,6 +10,7 @@ class Cand:
     address: str
     in_flight: int
     peer_in_flight: int = 0
+    superseded: int = 0
 
 
 def test_least_in_flight_first_then_fallbacks_in_order() -> None:

@@ -105,6 +105,7 @@ class Load:
         self.address = address
         self.in_flight = in_flight
         self.arrivals = self.departures = self.learned_slots = self.peer_in_flight = self.peer_arrivals = 0
+        self.superseded = 0
         self.load = None
 
 
