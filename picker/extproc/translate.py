@@ -110,15 +110,14 @@ def subset_hint(request: ep.ProcessingRequest) -> tuple[str, ...] | None:
     return tuple(p.strip() for p in value.string_value.split(",") if p.strip())
 
 
-# The routing filter's `request_attributes` that name a request's client connection (config/envoy.yaml)
-CONNECTION_ATTRIBUTES = ("request.protocol", "source.address", "destination.address")
 _ONE_AT_A_TIME = frozenset({"HTTP/1.0", "HTTP/1.1"})  # protocols whose connection holds one request
 
 
 def client_connection(request: ep.ProcessingRequest) -> str | None:
     """The HTTP/1.x client connection a request came on (`source>destination`, unique across
-    Envoys), from the attributes Envoy sends with its headers; None on HTTP/2 or /3 (a connection
-    holds many requests at once) or without them (picker/pool/connections.py)."""
+    Envoys), from the attributes the routing filter sends with its headers (its
+    `request_attributes`, config/envoy.yaml); None on HTTP/2 or /3 (a connection holds many
+    requests at once) or without them (picker/pool/connections.py)."""
     for attributes in request.attributes.values():
         fields = attributes.fields
         protocol = fields.get("request.protocol")
