@@ -149,7 +149,8 @@ class RoutingSession:
     def _on_request_headers(self, request: ep.ProcessingRequest) -> list[Step]:
         self._headers = translate.header_map(request.request_headers)
         self._hint = translate.subset_hint(request)
-        self._connection = translate.client_connection(request)
+        if self._path.peering is not None:  # one picker sees every end in order: nothing to learn
+            self._connection = translate.client_connection(request)
         # Envoy always sends :method and :path (and protocol_config since 1.3x); a shim sends neither
         self.shim = not self.modes.known and headers.PATH not in self._headers
         mode = self.modes.request_body
