@@ -141,7 +141,7 @@ class Peering:
         return self.outbox.dropped
 
     @property
-    def superseded(self) -> int:
+    def superseded_total(self) -> int:
         return self.connections.total
 
     @property

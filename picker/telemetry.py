@@ -274,7 +274,7 @@ class PeersView(Protocol):
     def orphans(self) -> int: ...
 
     @property
-    def superseded(self) -> int: ...
+    def superseded_total(self) -> int: ...
 
     @property
     def known_connections(self) -> int: ...
@@ -318,7 +318,7 @@ class _PeersCollector(Collector):
             "picker_peer_superseded",
             "Requests a newer request on the same HTTP/1.x client connection showed had ended, before "
             "their end reached this picker (no longer counted in their endpoint's load from then)",
-            value=p.superseded,
+            value=p.superseded_total,
         )
         yield GaugeMetricFamily(
             "picker_peer_client_connections",

@@ -32,10 +32,6 @@ class ClientConnections:
     def __len__(self) -> int:
         return len(self._on)
 
-    @property
-    def superseded(self) -> int:
-        return len(self._superseded)
-
     def arrived(self, connection: str, request_id: str) -> None:
         """`request_id` came on `connection`: the request in flight there before it has ended."""
         previous = self._latest.get(connection)
