@@ -179,9 +179,8 @@ async def one_variant(variant: str, args: argparse.Namespace, root: Path) -> str
         rows = [counters(metrics) for _, _, metrics in stack.picker_ports]
         picks = max(1.0, sum(r["picks"] for r in rows))
         elsewhere = sum(r["unmatched"] + r["foreign"] for r in rows) / picks
-        # each picker books every end; the observer's picker sees its own at once
-        observed_elsewhere = max(1.0, picks * (len(rows) - 1))
-        early = sum(r["superseded"] for r in rows) / observed_elsewhere if len(rows) > 1 else 0.0
+        # each picker books every end; all but the observer's picker hear it from another
+        early = sum(r["superseded"] for r in rows) / max(1.0, picks * (len(rows) - 1))
         timer = sum(r["timer"] for r in rows)
         shares = "/".join(f"{r['picks'] / picks:.0%}" for r in rows)  # each picker's share of the routing
         mean, p95, worst = sampler.spread()

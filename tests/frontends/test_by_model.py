@@ -22,7 +22,7 @@ pytestmark = pytest.mark.envoy
 
 REQUESTS = 2000
 CONCURRENCY = 32
-SHORT_ALONE = 40  # short requests sent alone at the end, 4 at a time
+SHORT_ALONE, ALONE_WORKERS = 40, 4  # short requests sent alone at the end, so many at a time
 SERVERS = {  # name: simulator arguments
     "short": ("--model", "m", "--max-model-len", "1024"),
     "long": ("--model", "m", "--max-model-len", "8192"),
@@ -97,7 +97,7 @@ async def test_nothing_reaches_a_replica_that_cannot_serve_it(tmp_path: Path, fr
             (model, chars, max_tokens), _ = KINDS[0]
 
             async def short_only() -> None:
-                for _ in range(SHORT_ALONE // 4):
+                for _ in range(SHORT_ALONE // ALONE_WORKERS):
                     response = await client.post(
                         f"{stack.url}/v1/completions",  # type: ignore[union-attr]
                         content=body(model, chars, max_tokens),
@@ -107,7 +107,7 @@ async def test_nothing_reaches_a_replica_that_cannot_serve_it(tmp_path: Path, fr
                         f"{response.status_code} {where.get(response.headers.get('x-sim-replica', ''), '')}"
                     ] += 1
 
-            await asyncio.wait_for(asyncio.gather(*(short_only() for _ in range(4))), 60)
+            await asyncio.wait_for(asyncio.gather(*(short_only() for _ in range(ALONE_WORKERS))), 60)
         print(f"{frontend}:", dict(sorted(seen.items())), "short alone:", dict(alone))
         assert sum(seen.values()) == REQUESTS
         for (kind, status, label), _ in seen.items():
