@@ -74,8 +74,11 @@ class _SSEProtocol(asyncio.Protocol):
             self._finished.set_result(None)
 
 
-async def one_stream(port: int, tokens: int, itl_s: float = ITL_S) -> StreamStats:
-    body = b'{"model":"tiny-llama","prompt":"hi","max_tokens":%d,"ignore_eos":true,"stream":true}' % tokens
+async def one_stream(port: int, tokens: int, itl_s: float = ITL_S, prompt: str = "hi") -> StreamStats:
+    body = b'{"model":"tiny-llama","prompt":"%s","max_tokens":%d,"ignore_eos":true,"stream":true}' % (
+        prompt.encode(),
+        tokens,
+    )
     request = (
         b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
         b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body)

@@ -51,6 +51,9 @@ class StackOptions:
     peers: bool = False  # with pickers > 1: one set of books over the channel between them (issue 23)
     args_at: tuple[tuple[str, ...], ...] = ()  # more arguments for picker i (its own kubeconfig, ...)
     paired_port: int = 0  # each replica also binds its port + this (vLLM's KV events): kept free too
+    # a mixed pool: replica i runs in a process of its own with sim_args + replica_args[i] (speed,
+    # slots); empty: every replica in one process with sim_args alone
+    replica_args: Sequence[Sequence[str]] = ()
 
 
 def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
@@ -156,6 +159,7 @@ class Stack:
         self.pickers: list[Proc | None] = [None] * self.options.pickers  # pickers[0] is `picker`
         self.peer_ports = [free_port() for _ in range(self.options.pickers)] if self.options.peers else []
         self.sims: Proc | None = None
+        self.more_sims: list[Proc] = []  # a mixed pool's processes after the first (replica_args)
         self.picker: Proc | None = None
         self.envoy: Proc | None = None
         self.access_log = workdir / "envoy-access.log"
@@ -181,9 +185,21 @@ class Stack:
     def start_sims(self) -> None:
         if not self.replica_ports:
             return
-        self.sims = Proc("sim", sim_argv(self.replica_ports, self.options.sim_args), self.workdir / "sim.log")
-        for port in self.replica_ports:
-            self.sims.wait_ready(lambda p=port: health_ok(p))
+        mixed = self.options.replica_args
+        if not mixed:
+            argv = sim_argv(self.replica_ports, self.options.sim_args)
+            self.sims = Proc("sim", argv, self.workdir / "sim.log")
+            for port in self.replica_ports:
+                self.sims.wait_ready(lambda p=port: health_ok(p))
+            return
+        for index, (port, own) in enumerate(zip(self.replica_ports, mixed, strict=True)):
+            argv = sim_argv([port], [*self.options.sim_args, *own])
+            proc = Proc(f"sim-{index}", argv, self.workdir / f"sim-{index}.log")
+            if self.sims is None:
+                self.sims = proc
+            else:
+                self.more_sims.append(proc)
+            proc.wait_ready(lambda p=port: health_ok(p))
 
     def picker_argv(self, index: int = 0) -> list[str]:
         grpc_port, health_port, metrics_port = self.picker_ports[index]
@@ -304,6 +320,6 @@ class Stack:
         )
 
     def stop(self) -> None:
-        for proc in (self.envoy, self.picker, *self.pickers[1:], self.sims):
+        for proc in (self.envoy, self.picker, *self.pickers[1:], self.sims, *self.more_sims):
             if proc is not None:
                 proc.stop()

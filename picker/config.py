@@ -400,6 +400,13 @@ class StreamsConfig(_Group):
     # dispatched request whose observer has not shown up by the time routing ends within this grace
     # was never going to be observed (observer filter missing): release its slot instead of leaking it.
     observer_attach_grace_s: float = Field(2.0, gt=0)
+    # Where nothing reports a response's end (docs, "Gateways": response headers only, NGINX Gateway
+    # Fabric's shim), a request counts on its replica by the picker's own books only until the
+    # engine's scraped gauges can show it: a scrape sent less than this after the request was sent
+    # may not count it yet (the data plane's hop to the engine), later ones do.
+    engine_transit_s: float = Field(
+        0.05, ge=0, le=10, description="blind shapes: how long a sent request may take to reach its engine"
+    )
     # When a stream ends short of its response, Envoy's access log (sent a moment later) says who
     # cut it; this is how long to wait for it before calling the ending unobserved. Above Envoy's
     # default buffer_flush_interval (1 s), which a gateway's generated gRPC access log may keep.

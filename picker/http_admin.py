@@ -33,7 +33,9 @@ from picker.config import canonical_address
 from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
 from picker.rollout_runner import COMMANDS, RolloutRunner
 from picker.scheduling.capacity import Verdict, demand, drain_verdict, ready_capacity
+from picker.scheduling.load import estimated_load
 from picker.sources.drain_store import DrainRecordUnavailable, DrainStore, LocalDrains
+from picker.streams.ends import DataPlanes
 from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,9 @@ def describe(pool: Pool, endpoint: Endpoint) -> dict[str, Any]:
         "address": endpoint.address,
         "state": endpoint.state.value,
         "in_flight": endpoint.in_flight,
+        # what admission and the pick judge from: the engine's running + waiting at its last scrape,
+        # moved by what this picker sent and saw end since (its own count where it has no scrape)
+        "occupancy": round(estimated_load(endpoint), 2),
         "picks": endpoint.picks,
         "since": round(pool.wall_time(endpoint.since), 3),
         "for_s": round(now - endpoint.since, 3),
@@ -128,6 +133,7 @@ def admin_app(
     pool_drains: Callable[[list[dict[str, Any]]], Awaitable[list[dict[str, Any]]]] | None = None,
     guard: CapacityGuard | None = None,
     rollout: RolloutRunner | None = None,
+    data_planes: DataPlanes | None = None,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
@@ -135,11 +141,12 @@ def admin_app(
     replica's pool only. `propagate`: awaited after a change, before the answer, which carries what
     it returns (`picker serve`: the EDS push and Envoy's ACK, so the answer means Envoy holds it).
     `guard`: the capacity guard a drain must pass (None: drains are not judged).
+    `data_planes`: how each data-plane connection reports responses' ends (`/admin/endpoints`).
     """
     admin = _Admin(
         pool, metrics, token, drains if drains is not None else LocalDrains(pool), propagate, pool_drains
     )
-    admin.guard, admin.rollout = guard, rollout
+    admin.guard, admin.rollout, admin.data_planes = guard, rollout, data_planes
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/metrics", admin.metrics_page)
     app.router.add_get("/admin/endpoints", admin.endpoints)
@@ -182,6 +189,7 @@ class _Admin:
         self.propagate, self.pool_drains = propagate, pool_drains
         self.guard: CapacityGuard | None = None
         self.rollout: RolloutRunner | None = None
+        self.data_planes: DataPlanes | None = None
 
     def refusal(self, request: web.Request) -> web.Response | None:
         token = self.token
@@ -215,6 +223,8 @@ class _Admin:
                 "source": pool.source,
                 "endpoints": [describe(pool, e) for e in pool.endpoints()],
                 "recent_drains": [r.summary(now) for r in pool.recent_drains()],
+                # connection -> how its responses' ends reach the picker ("engine": none do)
+                "data_planes": {} if self.data_planes is None else self.data_planes.summary(),
             }
         )
 

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from picker.config import AffinityConfig
@@ -27,6 +27,7 @@ from picker.rollout import CANDIDATE, STABLE, Canary
 from picker.scheduling import LoadPolicy, pick, without_metrics
 from picker.scheduling.fit import fits, need_of, refusal
 from picker.streams import EndReason, RequestRecord
+from picker.streams.ends import DataPlanes
 from picker.telemetry import Metrics
 from picker.tracing import Tracing
 from picker.tracking import ResponseSide
@@ -47,6 +48,16 @@ def _call_later(delay: float, fn: Callable[[], None]) -> Callable[[], None]:
 
 
 log = logging.getLogger(__name__)
+
+
+def _sent_at(record: RequestRecord) -> float:
+    """When a request was sent to its endpoint (its pick, or its admission before one)."""
+    return record.lease.picked_at if record.lease is not None else record.admitted_at
+
+
+def _answered(record: RequestRecord, before: float) -> bool:
+    """Its response had started before `before`: its engine held it then (no longer in transit)."""
+    return record.response_started_at is not None and record.response_started_at < before
 
 
 def _started_at(record: RequestRecord) -> float:
@@ -84,6 +95,7 @@ class RequestPath(ResponseSide):
         stall_after_s: float = 30.0,
         cut_after_silence_s: float = 5.0,
         engine_gauges: bool = True,
+        engine_transit_s: float = 0.05,
         tracing: Tracing | None = None,
         affinity: AffinityConfig | None = None,
         peering: Peering | None = None,
@@ -106,6 +118,7 @@ class RequestPath(ResponseSide):
         self._stall_after_s = stall_after_s
         self._cut_after_silence_s = cut_after_silence_s
         self._engine_gauges = engine_gauges  # endpoints are scraped: their running counts are known
+        self._engine_transit_s = engine_transit_s  # a request sent this recently may not be on its engine yet
         self._tracing = tracing  # None: no trace is started, no hook is called
         # cache-aware routing (picker/placement.py); off unless configured (the wiring turns it on)
         affinity = affinity or AffinityConfig(prefix="off")
@@ -113,6 +126,9 @@ class RequestPath(ResponseSide):
         self.placement = Placement(pool, affinity, metrics, sessions)
         self.tokenizer: Tokenizer | None = None  # precise prefix affinity: set by the wiring
         self._engine_tracked = 0
+        # what each data-plane connection shows of responses' ends (the frontends note it)
+        self.data_planes = DataPlanes()
+        metrics.register_data_planes(self.data_planes)
         # Envoy's gRPC access log has reported a request: it can tell each response's end.
         self.access_log_seen = False
         self._live: dict[str, RequestRecord] = {}
@@ -293,33 +309,47 @@ class RequestPath(ResponseSide):
         self._engine_tracked += 1
 
     def _settle_from_engines(self) -> None:
-        """End the oldest engine-tracked requests of each endpoint beyond what its engine still runs.
+        """End the oldest engine-tracked requests of each endpoint beyond what its engine still holds.
 
         The engine's running + waiting gauges count every request it holds; the picker's own count
-        there, less that, is how many of the engine-tracked ones have ended (the oldest first). An
-        idle engine ends them all, which is what closes a drain record in this shape.
+        there, less that and less its requests still in transit (sent within `engine_transit_s` of
+        the scrape, which it may not have seen yet), is how many of the engine-tracked ones have
+        ended: the oldest first. An idle engine ends them all, which closes a drain in this shape.
         """
-        tracked: dict[str, list[RequestRecord]] = {}
+        tracked = {record.endpoint or "" for record in self._live.values() if record.engine_tracked}
+        if not tracked:
+            return
+        mine: dict[str, list[RequestRecord]] = {address: [] for address in tracked}
         for record in self._live.values():
-            if record.engine_tracked:
-                tracked.setdefault(record.endpoint or "", []).append(record)
-        for address, records in tracked.items():
+            if record.endpoint in mine:
+                mine[record.endpoint].append(record)
+        for address, records in mine.items():
             endpoint = self._pool.get(address)
             if endpoint is None or endpoint.state is EndpointState.GONE:
-                ended = records
+                ended = [r for r in records if r.engine_tracked]
             else:
                 load = endpoint.load
                 if load is None:
                     continue
-                started = [r for r in records if _started_at(r) < load.at]
-                # requests sent since the scrape started may not be in its gauges yet: keep as many
-                unseen = endpoint.arrivals - load.arrivals_before
+                sent = load.at if load.sent_at is None else load.sent_at
+                cutoff = sent - self._engine_transit_s
+                # sent lately and not answered before the scrape: the engine may not hold it yet
+                moving = [_sent_at(r) >= cutoff and not _answered(r, sent) for r in records]
+                # arrivals since the scrape was sent (a fallback moved here, say) are in transit too
+                unseen = max(sum(moving), endpoint.arrivals - load.arrivals_before)
                 engine = int(load.running + load.waiting) - endpoint.peer_in_flight  # this picker's share
                 excess = endpoint.in_flight - engine - unseen
-                started.sort(key=_started_at)
-                ended = started[: max(0, excess)]
+                if excess <= 0:
+                    continue
+                held = [r for r, m in zip(records, moving, strict=True) if r.engine_tracked and not m]
+                ended = sorted(held, key=_started_at)[:excess]
             for record in ended:
                 self.finish(record, EndReason.UNOBSERVED)
+            if ended and endpoint is not None and endpoint.load is not None:
+                # the gauges already left these out: ends counted after the scrape must not be
+                # subtracted from it a second time (scheduling/load.py `estimated_load`)
+                shown = endpoint.load.departures_after + len(ended)
+                endpoint.load = replace(endpoint.load, departures_after=shown)
 
     def _try_dispatch(self, record: RequestRecord) -> bool:
         started = self._clock()

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from picker.contract import Outcome
 from picker.pool import DrainEnd, DrainExit, DrainRecord, EndpointState, Pool
 from picker.streams import EndReason
+from picker.streams.ends import DataPlanes, Ends
 
 # `_created` samples double every counter's page size and nobody reads them.
 disable_created_metrics()
@@ -201,6 +202,25 @@ class _FlowCollector(Collector):
             "Request bytes waiting in the admission queue",
             value=self._flow.queued_bytes,
         )
+
+
+class _DataPlanesCollector(Collector):
+    """Data-plane connections by how their responses' ends reach the picker (picker/streams/ends.py)."""
+
+    def __init__(self, planes: DataPlanes) -> None:
+        self._planes = planes
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "picker_data_plane_connections",
+            "Data-plane connections by who reports their responses' ends (engine: nothing does; the "
+            "engines' gauges stand in, one scrape behind)",
+            labels=["ends"],
+        )
+        counts = self._planes.counts()
+        for mode in Ends:
+            family.add_metric([mode.value], counts.get(mode, 0))
+        yield family
 
 
 class _CapacityCollector(Collector):
@@ -495,6 +515,9 @@ class Metrics:
 
     def register_flow(self, flow: FlowView) -> None:
         self.registry.register(_FlowCollector(flow))
+
+    def register_data_planes(self, planes: DataPlanes) -> None:
+        self.registry.register(_DataPlanesCollector(planes))
 
     def count_end(
         self, reason: EndReason, endpoint: str | None = None, model: str = "", tokens: int = 0

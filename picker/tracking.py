@@ -61,6 +61,7 @@ class ResponseSide:
     _live: dict[str, RequestRecord]
     _recent: OrderedDict[str, RequestRecord]
     _idle_listeners: list[Callable[[], None]]
+    _engine_tracked: int
     canary: Canary | None
     placement: Placement
     peering: Peering | None
@@ -108,6 +109,9 @@ class ResponseSide:
         if record.observed:  # the routing stream sees the bodies itself: one tracker per response
             return None
         record.observed = True
+        if record.engine_tracked:  # handed to the engine's gauges meanwhile: its observer reports
+            record.engine_tracked = False
+            self._engine_tracked -= 1
         return record
 
     def body_chunk(self, record: RequestRecord, chunk: bytes) -> None:

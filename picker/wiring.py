@@ -135,6 +135,7 @@ class Core:
             pool_drains=self.pool_drains if self.path.peering is not None else None,
             guard=self.guard if self.config.admin.drain_guard else None,
             rollout=self.rollout,
+            data_planes=self.path.data_planes,
         )
 
     def open_drains(self, spawn: Spawn) -> DrainStore | None:
@@ -280,6 +281,7 @@ def build_core(config: PickerConfig) -> Core:
         stall_after_s=config.streams.stall_after_s,
         cut_after_silence_s=config.streams.cut_after_silence_s,
         engine_gauges=load.scrape,
+        engine_transit_s=config.streams.engine_transit_s,
         tracing=tracing,
         affinity=config.affinity,
         peering=peering_of(config, pool),

@@ -23,6 +23,7 @@ from picker.extproc.routing import Pending, RoutingOptions, RoutingSession, Toke
 from picker.hints import HintRules
 from picker.pipeline import RequestPath
 from picker.streams import EndReason, RequestRecord
+from picker.streams.ends import Ends
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                     if request.observability_mode:
                         self.observer_seen = True
                         _remember(self._observer_peers, peer)
+                        self._learn(peer, Ends.OBSERVER)
                         session = ObserverSession(self.path)
                     else:
                         session = RoutingSession(
@@ -173,14 +175,18 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                 if session.saw_response_headers:
                     _remember(self._headers_peers, peer)
                 unreported = session.close()
+                if session.modes.sees_response_bodies:
+                    self._learn(peer, Ends.BODY)
                 if unreported is not None and session.shim:
                     # no response phase will come, nor an observer: the engine's gauges say when
                     # it ended (picker/pipeline.py `hand_to_engine`)
+                    self._learn(peer, Ends.ENGINE)
                     self.path.hand_to_engine(unreported)
                 elif unreported is not None and envoy_closed and self._skips_responses(peer, unreported):
+                    self._learn(peer, Ends.ACCESS_LOG if self.path.access_log_seen else Ends.STREAM_CLOSE)
                     self.response_over(unreported)
                 elif unreported is not None:
-                    self.expect_observer(unreported)
+                    self.expect_observer(unreported, peer)
             elif session is not None:
                 session.close()
 
@@ -224,13 +230,43 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
             return False
         return peer is not None and peer in self._observer_peers
 
-    def expect_observer(self, record: RequestRecord) -> None:
+    def _learn(self, peer: str | None, mode: Ends) -> None:
+        """What a connection showed of its responses' ends: logged when it is news."""
+        if not self.path.data_planes.note(peer, mode):
+            return
+        if mode.blind:
+            log.warning(
+                "data plane %s shows the picker no response end (no observer, no response body, no "
+                "access log): its requests count on a replica until the engine's gauges can show them, "
+                "and end when those drop (one scrape interval behind); add the observer filter or "
+                "Envoy's gRPC access log for exact counts",
+                peer,
+            )
+        else:
+            log.info("data plane %s reports response ends by %s", peer, mode.value)
+
+    def _blind(self, peer: str | None, record: RequestRecord) -> bool:
+        """Whether nothing on this connection can report this response's end: its response started
+        (on the routing stream, which then ended) and neither an observer nor the access log has
+        ever reported here. Its engine's gauges take it over at once; should an observer claim it
+        after all (the first requests of a connection), the observer takes it back."""
+        if self._response_end not in (ResponseEnd.AUTO, ResponseEnd.ENGINE):
+            return False
+        if self._response_end is ResponseEnd.AUTO and (self.observer_seen or self.path.access_log_seen):
+            return False
+        return record.response_started_at is not None and peer not in self._observer_peers
+
+    def expect_observer(self, record: RequestRecord, peer: str | None = None) -> None:
         """Give the observer stream a grace period to claim a routed request, else settle who ends it.
 
         The observer's stream opens as soon as Envoy acts on the routing answer, so a request none
         claims in time whose response did not start (as far as the routing stream saw, or could
         see: it may have ended at its answer) was left by its client before Envoy got that far.
+        On a connection where nothing reports ends, the engine's gauges count it meanwhile: held
+        by the picker's own count for the grace, a busy pool's books would run seconds ahead.
         """
+        if self._blind(peer, record):
+            self.path.hand_to_engine(record)
 
         def expire() -> None:
             self._timers.discard(handle)
@@ -252,9 +288,11 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
             ):
                 # No observer filter, but Envoy's access log reports every request's end (and who
                 # cut it): the lean shape, no per-chunk cost (docs, "Benchmarks").
+                self._learn(peer, Ends.ACCESS_LOG)
                 self.path.await_access_log(record)
                 return
             # No filter will see this response end: the engine's own gauges say when it did.
+            self._learn(peer, Ends.ENGINE)
             self.path.hand_to_engine(record)
 
         handle = asyncio.get_running_loop().call_later(self._grace_s, expire)

@@ -25,6 +25,7 @@ class LoadSample:
     arrivals_before: int  # the endpoint's arrivals counter when the scrape was sent
     departures_after: int  # its departures counter when the answer was read
     peer_arrivals_before: int = 0  # of `arrivals_before`, other pickers' (picker/peering.py)
+    sent_at: float | None = None  # clock time the scrape was sent (None: not known, take `at`)
 
 
 def record_sample(
@@ -35,11 +36,12 @@ def record_sample(
     now: float,
     arrivals_before: int | None = None,
     peer_arrivals_before: int | None = None,
+    sent_at: float | None = None,
 ) -> None:
     """A good scrape: remember it with the counters that bracket it (see `LoadSample`)."""
     before = endpoint.arrivals if arrivals_before is None else arrivals_before
     peers = endpoint.peer_arrivals if peer_arrivals_before is None else peer_arrivals_before
-    endpoint.load = LoadSample(running, waiting, kv_usage, now, before, endpoint.departures, peers)
+    endpoint.load = LoadSample(running, waiting, kv_usage, now, before, endpoint.departures, peers, sent_at)
     endpoint.scrape_failures = 0
     if waiting > 0 and running > endpoint.learned_slots:
         endpoint.learned_slots = int(running)

@@ -91,6 +91,7 @@ class Scraper:
         known = self._pool.get(address)
         arrivals_before = known.arrivals if known is not None else 0
         peer_arrivals_before = known.peer_arrivals if known is not None else 0
+        sent_at = self._clock()
         try:
             gauges = await self._fetch(address)
         except (aiohttp.ClientError, TimeoutError, MetricsPageError, _PageTooLarge, OSError) as exc:
@@ -106,6 +107,7 @@ class Scraper:
                 self._clock(),
                 arrivals_before=arrivals_before,
                 peer_arrivals_before=peer_arrivals_before,
+                sent_at=sent_at,
             )
             adapters = gauges.adapters
             record_engine_info(

@@ -1,0 +1,275 @@
+"""Benchmark: the picker in every ext_proc shape it claims, on a mixed pool near its capacity, against
+Envoy alone with least request, side by side in one run.
+
+The pool (issue 45): four simulated replicas, two fast with 16 slots, one half as fast with 16 slots,
+one fast with 8 slots. Poisson arrivals of streaming completions with prompts of 50-2,000 words and
+20-100 tokens (seeded: every row sends the same requests at the same moments). Per row: TTFT p50 and
+p90, requests failed, and how far the picker's books (the occupancy flow control judges from, per
+replica) were from the engines' own running + waiting gauges, sampled together over the run.
+
+Rows: Envoy alone (least request, no picker); the shipped config (routing + observer filters); the
+lean shape (Envoy's gRPC access log ends requests); the routing filter with STREAMED response bodies;
+Envoy Gateway's buffered shape (response headers only: the picker sees no end); the same with Envoy's
+gRPC access log added; Envoy AI Gateway's FULL_DUPLEX_STREAMED (override_host) and ORIGINAL_DST
+shapes; kgateway (response headers SKIP); NGINX Gateway Fabric's shim client (a gRPC connection per
+request, no response phase), which then sends each request straight to the replica it was given.
+
+Bounded: each row sends `rate * seconds` requests and stops at its deadline.
+
+    python -m loadtest.bench_shapes [--rate 55] [--seconds 15] [--rows eg-buffered,ngf-shim,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from loadtest.ngf_client import ShimClient
+from loadtest.procs import Proc, free_port, port_open
+from loadtest.rawclient import StreamStats, one_stream
+from loadtest.stack import Stack, StackOptions, health_ok, parse_metrics
+from loadtest.traffic import percentile
+from picker.envoyconf import envoy_binary, render, shape_template
+
+# (name, simulator arguments): fast = 12 ms a token, slow = twice that
+FAST = ("--ttft-ms", "20", "--itl-ms", "12", "--ttft-per-prompt-token-ms", "0.02")
+SLOW = ("--ttft-ms", "40", "--itl-ms", "24", "--ttft-per-prompt-token-ms", "0.04")
+POOL: tuple[tuple[str, ...], ...] = (
+    (*FAST, "--max-num-seqs", "16"),
+    (*FAST, "--max-num-seqs", "16"),
+    (*SLOW, "--max-num-seqs", "16"),
+    (*FAST, "--max-num-seqs", "8"),
+)
+SIM_COMMON = ("--max-model-len", "16384", "--no-enable-prefix-caching")
+WORDS = ("alpha", "bravo", "delta", "gamma", "kilo", "lima", "oscar", "tango", "victor", "zulu")
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    shape: str = "shipped"
+    observer: bool = True
+    routing_response_body: str = "NONE"
+    picker_access_log: bool = False
+    picker: bool = True  # False: Envoy alone, least request
+    shim: bool = False  # NGINX Gateway Fabric's shim client instead of Envoy
+
+
+ROWS: dict[str, Row] = {
+    row.name: row
+    for row in (
+        Row("envoy-least-request", shape="eg-buffered", picker=False),
+        Row("shipped-observer"),
+        Row("lean-access-log", observer=False),
+        Row("streamed", observer=False, routing_response_body="STREAMED"),
+        Row("eg-buffered", shape="eg-buffered"),
+        Row("eg-buffered+access-log", shape="eg-buffered", picker_access_log=True),
+        Row("aigw-full-duplex", shape="aigw-failopen"),
+        Row("aigw-original-dst", shape="aigw-failclose"),
+        Row("kgateway", shape="kgateway"),
+        Row("ngf-shim", picker=True, shim=True),
+    )
+}
+
+
+@dataclass
+class Outcome:
+    stats: list[StreamStats] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)  # |books - engine| per replica per sample
+    modes: str = ""
+
+
+def plan(rate: float, seconds: float, seed: int) -> list[tuple[float, str, int]]:
+    """(offset, prompt, max_tokens) of every request: Poisson arrivals, seeded."""
+    rng = random.Random(seed)
+    out: list[tuple[float, str, int]] = []
+    at = 0.0
+    while True:
+        at += rng.expovariate(rate)
+        if at >= seconds:
+            return out
+        words = rng.randint(50, 2000)
+        prompt = " ".join(rng.choice(WORDS) + str(rng.randint(0, 99)) for _ in range(words))
+        out.append((at, prompt, rng.randint(20, 100)))
+
+
+async def engine_load(client: httpx.AsyncClient, replica: str) -> float:
+    samples = parse_metrics((await client.get(f"http://{replica}/metrics")).text)
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    return sum(v for (n, _), v in samples.items() if n in names)
+
+
+async def books(client: httpx.AsyncClient, metrics_port: int) -> dict[str, float]:
+    """The picker's occupancy per replica (what flow control judges from)."""
+    listed = (await client.get(f"http://127.0.0.1:{metrics_port}/admin/endpoints")).json()
+    return {e["address"]: float(e.get("occupancy", e["in_flight"])) for e in listed["endpoints"]}
+
+
+async def sample(replicas: Sequence[str], metrics_port: int | None, until: float, gaps: list[float]) -> None:
+    """Every 200 ms until `until`: the picker's books and the engines' gauges, read together."""
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while time.perf_counter() < until:
+            started = time.perf_counter()
+            try:
+                engines = await asyncio.gather(*(engine_load(client, r) for r in replicas))
+                if metrics_port is not None:
+                    mine = await books(client, metrics_port)
+                    gaps.extend(abs(mine.get(r, 0.0) - e) for r, e in zip(replicas, engines, strict=True))
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(max(0.0, 0.2 - (time.perf_counter() - started)))
+
+
+Send = Callable[[str, int], Awaitable[StreamStats]]
+
+
+async def drive(send: Send, requests: list[tuple[float, str, int]]) -> list[StreamStats]:
+    started = time.perf_counter()
+
+    async def one(at: float, prompt: str, tokens: int) -> StreamStats:
+        await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
+        return await send(prompt, tokens)
+
+    return list(await asyncio.gather(*(one(*r) for r in requests)))
+
+
+def baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, int]:
+    """The gateway's config without the ext_proc filter, its pool cluster least request."""
+    listen, admin = free_port(), free_port()
+    params = stack.envoy_params()
+    params = params.__class__(**{**params.__dict__, "listen_port": listen, "admin_port": admin, "eds": False})
+    config = yaml.safe_load(render(params, shape_template("eg-buffered")))
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"] = [f for f in hcm["http_filters"] if "ext_proc" not in f["name"]]
+    pool = next(c for c in config["static_resources"]["clusters"] if c["name"] == "pool")
+    pool.pop("load_balancing_policy", None)
+    pool["lb_policy"] = "LEAST_REQUEST"
+    path = workdir / "envoy-least-request.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--log-level", "warn"]
+    argv += ["--concurrency", "1"]
+    proc = Proc("envoy-least-request", argv, workdir / "envoy-least-request.log")
+    proc.wait_ready(lambda: health_ok(admin, "/ready") and port_open(listen), timeout=30)
+    return proc, listen
+
+
+async def run_row(row: Row, requests: list[tuple[float, str, int]], seconds: float, workdir: Path) -> Outcome:
+    options = StackOptions(
+        replicas=len(POOL),
+        sim_args=SIM_COMMON,
+        replica_args=POOL,
+        picker_args=("--log-level", "WARNING"),
+        shape=row.shape,
+        envoy_picker_tls=row.shape == "shipped",
+        observer=row.observer,
+        routing_response_body=row.routing_response_body,
+        picker_access_log=row.picker_access_log,
+    )
+    stack = Stack(workdir, options)
+    outcome = Outcome()
+    extra: Proc | None = None
+    pool = ThreadPoolExecutor(max_workers=128) if row.shim else None
+    try:
+        stack.start_sims()
+        if row.picker:
+            stack.start_picker()
+        if not row.picker:
+            extra, port = baseline_envoy(stack, workdir)
+        elif not row.shim:
+            stack.start_envoy()
+            port = stack.listen_port
+
+        async def through(prompt: str, tokens: int) -> StreamStats:
+            return await one_stream(port, tokens, itl_s=0.05, prompt=prompt)
+
+        async def by_shim(prompt: str, tokens: int) -> StreamStats:
+            body = b'{"model":"tiny-llama","prompt":"%s","max_tokens":%d,"ignore_eos":true,"stream":true}' % (
+                prompt.encode(),
+                tokens,
+            )
+            answer = await asyncio.get_running_loop().run_in_executor(pool, shim.ask, body)
+            if answer.endpoint is None:
+                return StreamStats(status=answer.status or 0, error="refused")
+            return await one_stream(int(answer.endpoint.rsplit(":", 1)[1]), tokens, itl_s=0.05, prompt=prompt)
+
+        if row.shim:
+            shim = ShimClient(f"127.0.0.1:{stack.grpc_port}", tls=True, timeout_s=60.0)
+        until = time.perf_counter() + seconds + 5
+        sampler = asyncio.create_task(
+            sample(stack.replicas, stack.metrics_port if row.picker else None, until, outcome.gaps)
+        )
+        outcome.stats = await drive(by_shim if row.shim else through, requests)
+        sampler.cancel()
+        if row.picker:
+            async with httpx.AsyncClient(timeout=5) as client:
+                listed = (await client.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints")).json()
+            outcome.modes = ",".join(sorted(set(listed.get("data_planes", {}).values())))
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if extra is not None:
+            extra.stop()
+        stack.stop()
+    return outcome
+
+
+def report(name: str, outcome: Outcome, baseline_p90: float | None) -> str:
+    ok = [s for s in outcome.stats if s.done and s.status == 200 and s.arrivals]
+    ttfts = sorted(s.arrivals[0] - s.started for s in ok)
+    failed = len(outcome.stats) - len(ok)
+    p50, p90 = percentile(ttfts, 50) * 1000, percentile(ttfts, 90) * 1000
+    gaps = sorted(outcome.gaps)
+    books = "-" if not gaps else f"{percentile(gaps, 50):.1f} / {percentile(gaps, 95):.1f} / {gaps[-1]:.0f}"
+    within = "-" if not gaps else f"{100 * sum(g <= 1 for g in gaps) / len(gaps):.0f} %"
+    ratio = "" if baseline_p90 is None or not baseline_p90 else f"x{p90 / baseline_p90:.2f}"
+    modes = outcome.modes or "-"
+    counts = f"{failed} of {len(outcome.stats)}"
+    return f"| {name} | {modes} | {p50:.0f} | {p90:.0f} | {ratio} | {counts} | {books} | {within} |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rate", type=float, default=55.0, help="requests per second (Poisson)")
+    parser.add_argument("--seconds", type=float, default=15.0, help="how long each row sends")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma list of: {', '.join(ROWS)}")
+    parser.add_argument("--seed", type=int, default=45)
+    args = parser.parse_args(argv)
+    names = [n for n in args.rows.split(",") if n]
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
+    requests = plan(args.rate, args.seconds, args.seed)
+    print(f"{len(requests)} requests over {args.seconds:.0f} s ({args.rate:.0f}/s)")
+    print("pool: 2 fast x 16 slots, 1 half as fast x 16, 1 fast x 8")
+    print(
+        "| row | ends seen by | TTFT p50 ms | TTFT p90 ms | p90 vs Envoy | failed "
+        "| books - engine p50 / p95 / max | within 1 |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    baseline: float | None = None
+    with tempfile.TemporaryDirectory(prefix="bench-shapes-") as tmp:
+        for name in names:
+            (Path(tmp) / name).mkdir()
+            outcome = asyncio.run(run_row(ROWS[name], requests, args.seconds, Path(tmp) / name))
+            if name == "envoy-least-request":
+                ok = sorted(s.arrivals[0] - s.started for s in outcome.stats if s.done and s.arrivals)
+                baseline = percentile(ok, 90) * 1000
+            print(report(name, outcome, baseline), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
