@@ -164,8 +164,60 @@ def baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, int]:
     return proc, listen
 
 
-async def run_row(row: Row, requests: list[tuple[float, str, int]], seconds: float, workdir: Path) -> Outcome:
-    options = StackOptions(
+def envoy_sender(port: int) -> Send:
+    """Each request through a gateway's listener on `port`."""
+
+    async def send(prompt: str, tokens: int) -> StreamStats:
+        return await one_stream(port, tokens, itl_s=0.05, prompt=prompt)
+
+    return send
+
+
+def shim_sender(grpc_port: int, tls: bool, pool: ThreadPoolExecutor) -> Send:
+    """Each request as NGINX Gateway Fabric sends it: the shim asks the picker on a new gRPC
+    connection, then the request goes straight to the replica named (no response phase)."""
+    shim = ShimClient(f"127.0.0.1:{grpc_port}", tls=tls, timeout_s=60.0)
+
+    async def send(prompt: str, tokens: int) -> StreamStats:
+        body = b'{"model":"tiny-llama","prompt":"%s","max_tokens":%d,"stream":true}' % (
+            prompt.encode(),
+            tokens,
+        )
+        answer = await asyncio.get_running_loop().run_in_executor(pool, shim.ask, body)
+        if answer.endpoint is None:
+            return StreamStats(status=answer.status or 0, error="refused")
+        return await one_stream(int(answer.endpoint.rsplit(":", 1)[1]), tokens, itl_s=0.05, prompt=prompt)
+
+    return send
+
+
+async def data_planes(metrics_port: int) -> str:
+    """How the picker says its data-plane connections report ends (`/admin/endpoints`)."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        listed = (await client.get(f"http://127.0.0.1:{metrics_port}/admin/endpoints")).json()
+    return ",".join(sorted(set(listed.get("data_planes", {}).values())))
+
+
+async def load(
+    stack: Stack, send: Send, requests: list[tuple[float, str, int]], seconds: float, picker: bool = True
+) -> Outcome:
+    """Send `requests` on their schedule while sampling the books against the engines' gauges."""
+    outcome = Outcome()
+    until = time.perf_counter() + seconds + 5
+    sampler = asyncio.create_task(
+        sample(stack.replicas, stack.metrics_port if picker else None, until, outcome.gaps)
+    )
+    try:
+        outcome.stats = await drive(send, requests)
+    finally:
+        sampler.cancel()
+    if picker:
+        outcome.modes = await data_planes(stack.metrics_port)
+    return outcome
+
+
+def pool_options(row: Row) -> StackOptions:
+    return StackOptions(
         replicas=len(POOL),
         sim_args=SIM_COMMON,
         replica_args=POOL,
@@ -176,52 +228,29 @@ async def run_row(row: Row, requests: list[tuple[float, str, int]], seconds: flo
         routing_response_body=row.routing_response_body,
         picker_access_log=row.picker_access_log,
     )
-    stack = Stack(workdir, options)
-    outcome = Outcome()
+
+
+async def run_row(row: Row, requests: list[tuple[float, str, int]], seconds: float, workdir: Path) -> Outcome:
+    stack = Stack(workdir, pool_options(row))
     extra: Proc | None = None
-    pool = ThreadPoolExecutor(max_workers=128) if row.shim else None
+    threads = ThreadPoolExecutor(max_workers=128)
     try:
         stack.start_sims()
-        if row.picker:
-            stack.start_picker()
         if not row.picker:
             extra, port = baseline_envoy(stack, workdir)
-        elif not row.shim:
-            stack.start_envoy()
-            port = stack.listen_port
-
-        async def through(prompt: str, tokens: int) -> StreamStats:
-            return await one_stream(port, tokens, itl_s=0.05, prompt=prompt)
-
-        async def by_shim(prompt: str, tokens: int) -> StreamStats:
-            body = b'{"model":"tiny-llama","prompt":"%s","max_tokens":%d,"ignore_eos":true,"stream":true}' % (
-                prompt.encode(),
-                tokens,
-            )
-            answer = await asyncio.get_running_loop().run_in_executor(pool, shim.ask, body)
-            if answer.endpoint is None:
-                return StreamStats(status=answer.status or 0, error="refused")
-            return await one_stream(int(answer.endpoint.rsplit(":", 1)[1]), tokens, itl_s=0.05, prompt=prompt)
-
+            return await load(stack, envoy_sender(port), requests, seconds, picker=False)
+        stack.start_picker()
         if row.shim:
-            shim = ShimClient(f"127.0.0.1:{stack.grpc_port}", tls=True, timeout_s=60.0)
-        until = time.perf_counter() + seconds + 5
-        sampler = asyncio.create_task(
-            sample(stack.replicas, stack.metrics_port if row.picker else None, until, outcome.gaps)
-        )
-        outcome.stats = await drive(by_shim if row.shim else through, requests)
-        sampler.cancel()
-        if row.picker:
-            async with httpx.AsyncClient(timeout=5) as client:
-                listed = (await client.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints")).json()
-            outcome.modes = ",".join(sorted(set(listed.get("data_planes", {}).values())))
+            send = shim_sender(stack.grpc_port, stack.options.envoy_picker_tls, threads)
+        else:
+            stack.start_envoy()
+            send = envoy_sender(stack.listen_port)
+        return await load(stack, send, requests, seconds)
     finally:
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        threads.shutdown(wait=False, cancel_futures=True)
         if extra is not None:
             extra.stop()
         stack.stop()
-    return outcome
 
 
 def report(name: str, outcome: Outcome, baseline_p90: float | None) -> str:

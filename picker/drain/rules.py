@@ -359,8 +359,11 @@ _CATALOGUE = (
         W,
         "picker cannot see where responses end",
         "With response_body_mode NONE, no observer filter and no gRPC access log to the picker, it never "
-        "learns how a stream ends: it takes each endpoint's load from the engine's scraped running count "
-        "and closes drain records when the engine is idle, so its view lags by a scrape interval.",
+        "learns how a stream ends: a request counts on its replica by the picker's own books only until "
+        "the engine's scraped running + waiting gauges can show it, its end is inferred when they drop, "
+        "and drain records close when the engine is idle. Routing stays as good (docs, 'Benchmarks': "
+        "bench_shapes), but the view lags by a scrape interval and end reasons read `unobserved`: add "
+        "the observer filter or Envoy's gRPC access log to the picker for exact counts and reasons.",
     ),
     Rule(
         "ENVOY-015",

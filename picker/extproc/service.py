@@ -266,6 +266,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         by the picker's own count for the grace, a busy pool's books would run seconds ahead.
         """
         if self._blind(peer, record):
+            self._learn(peer, Ends.ENGINE)
             self.path.hand_to_engine(record)
 
         def expire() -> None:
