@@ -28,6 +28,7 @@ from picker.scheduling import LoadPolicy, pick, without_metrics
 from picker.scheduling.fit import fits, need_of, refusal
 from picker.streams import EndReason, RequestRecord
 from picker.streams.ends import DataPlanes
+from picker.streams.inferred import inferred_ends
 from picker.telemetry import Metrics
 from picker.tracing import Tracing
 from picker.tracking import ResponseSide
@@ -48,21 +49,6 @@ def _call_later(delay: float, fn: Callable[[], None]) -> Callable[[], None]:
 
 
 log = logging.getLogger(__name__)
-
-
-def _sent_at(record: RequestRecord) -> float:
-    """When a request was sent to its endpoint (its pick, or its admission before one)."""
-    return record.lease.picked_at if record.lease is not None else record.admitted_at
-
-
-def _answered(record: RequestRecord, before: float) -> bool:
-    """Its response had started before `before`: its engine held it then (no longer in transit)."""
-    return record.response_started_at is not None and record.response_started_at < before
-
-
-def _started_at(record: RequestRecord) -> float:
-    """When a request's response started, or (no data plane reports responses) when it was admitted."""
-    return record.response_started_at if record.response_started_at is not None else record.admitted_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,13 +295,8 @@ class RequestPath(ResponseSide):
         self._engine_tracked += 1
 
     def _settle_from_engines(self) -> None:
-        """End the oldest engine-tracked requests of each endpoint beyond what its engine still holds.
-
-        The engine's running + waiting gauges count every request it holds; the picker's own count
-        there, less that and less its requests still in transit (sent within `engine_transit_s` of
-        the scrape, which it may not have seen yet), is how many of the engine-tracked ones have
-        ended: the oldest first. An idle engine ends them all, which closes a drain in this shape.
-        """
+        """End the engine-tracked requests each endpoint's gauges show have ended (the oldest first;
+        picker/streams/inferred.py). An idle engine ends them all, which closes a drain in this shape."""
         tracked = {record.endpoint or "" for record in self._live.values() if record.engine_tracked}
         if not tracked:
             return
@@ -328,21 +309,7 @@ class RequestPath(ResponseSide):
             if endpoint is None or endpoint.state is EndpointState.GONE:
                 ended = [r for r in records if r.engine_tracked]
             else:
-                load = endpoint.load
-                if load is None:
-                    continue
-                sent = load.at if load.sent_at is None else load.sent_at
-                cutoff = sent - self._engine_transit_s
-                # sent lately and not answered before the scrape: the engine may not hold it yet
-                moving = [_sent_at(r) >= cutoff and not _answered(r, sent) for r in records]
-                # arrivals since the scrape was sent (a fallback moved here, say) are in transit too
-                unseen = max(sum(moving), endpoint.arrivals - load.arrivals_before)
-                engine = int(load.running + load.waiting) - endpoint.peer_in_flight  # this picker's share
-                excess = endpoint.in_flight - engine - unseen
-                if excess <= 0:
-                    continue
-                held = [r for r, m in zip(records, moving, strict=True) if r.engine_tracked and not m]
-                ended = sorted(held, key=_started_at)[:excess]
+                ended = inferred_ends(records, endpoint, self._engine_transit_s)
             for record in ended:
                 self.finish(record, EndReason.UNOBSERVED)
             if ended and endpoint is not None and endpoint.load is not None:

@@ -12,14 +12,14 @@ import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, assert_never
+from typing import Any
 
 from picker.peering import Peering, happened_at
 from picker.placement import Placement
-from picker.pool import DrainEnd, EndpointState, Pool
+from picker.pool import EndpointState, Pool
 from picker.rollout import CUT, Canary, Sample
 from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
-from picker.streams.classify import shutting_down
+from picker.streams.classify import drain_end, shutting_down
 from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -29,23 +29,6 @@ _NOT_A_SAMPLE = frozenset(
     {EndReason.CLIENT_DISCONNECT, EndReason.REJECTED, EndReason.UNOBSERVED, EndReason.SHUTDOWN_CUT}
 )
 _RECENT_KEPT = 4096  # ended records kept for late access-log entries (a few seconds of traffic)
-
-
-def drain_end(reason: EndReason) -> DrainEnd:
-    """The pool's words for how a request ended (drain records count these)."""
-    match reason:
-        case EndReason.COMPLETED:
-            return DrainEnd.COMPLETED
-        case EndReason.CLIENT_DISCONNECT:
-            return DrainEnd.CLIENT_DISCONNECT
-        case EndReason.UPSTREAM_ERROR_EVENT | EndReason.UPSTREAM_ERROR_STATUS:
-            return DrainEnd.UPSTREAM_ERROR
-        case EndReason.UPSTREAM_TRUNCATED | EndReason.STALLED | EndReason.SHUTDOWN_CUT:
-            return DrainEnd.CUT
-        case EndReason.REJECTED | EndReason.UNOBSERVED:
-            return DrainEnd.UNKNOWN
-        case _:
-            assert_never(reason)
 
 
 class ResponseSide:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import assert_never
+
+from picker.pool import DrainEnd
 from picker.streams.record import Attempts, EndReason, RequestRecord
 
 # Envoy response flags (access-log names) that say who ended a stream early.
@@ -65,3 +68,20 @@ def from_access_log(record: RequestRecord, log: Attempts) -> EndReason:
     if log.status >= 500:
         return EndReason.UPSTREAM_ERROR_STATUS
     return EndReason.COMPLETED
+
+
+def drain_end(reason: EndReason) -> DrainEnd:
+    """The pool's words for how a request ended (drain records count these)."""
+    match reason:
+        case EndReason.COMPLETED:
+            return DrainEnd.COMPLETED
+        case EndReason.CLIENT_DISCONNECT:
+            return DrainEnd.CLIENT_DISCONNECT
+        case EndReason.UPSTREAM_ERROR_EVENT | EndReason.UPSTREAM_ERROR_STATUS:
+            return DrainEnd.UPSTREAM_ERROR
+        case EndReason.UPSTREAM_TRUNCATED | EndReason.STALLED | EndReason.SHUTDOWN_CUT:
+            return DrainEnd.CUT
+        case EndReason.REJECTED | EndReason.UNOBSERVED:
+            return DrainEnd.UNKNOWN
+        case _:
+            assert_never(reason)
