@@ -74,6 +74,7 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_ha
 	$(BIN)/python -m loadtest.bench_peers
 	$(BIN)/python -m loadtest.bench_rollout --instructions
+	$(BIN)/python -m loadtest.bench_shapes
 	@test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
 	VLLM_ROUTER=$(CURDIR)/.venv-router/bin/vllm-router $(BIN)/python -m loadtest.bench_proxy
 
