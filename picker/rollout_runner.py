@@ -18,6 +18,7 @@ from picker.config import PickerConfig
 from picker.pipeline import RequestPath
 from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
 from picker.rollout import CANDIDATE, Actions, Canary, CanaryPlan
+from picker.rollout.gates import EVIDENCE, HINT, UNOBSERVABLE
 from picker.sources.drain_store import DrainRecordUnavailable, DrainStore
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class RolloutRunner:
         self.clock = clock
         self.store: DrainStore | None = None  # set by the wiring once the admin drains are open
         self._logged = canary.events
+        self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
 
     def candidates(self) -> list[str]:
         """The candidate group's endpoints that are not gone."""
@@ -63,6 +65,15 @@ class RolloutRunner:
 
     async def tick(self) -> None:
         await self.apply(self.canary.tick(self.clock(), self.candidates()))
+        for reading in self.canary.readings:
+            if reading.verdict == UNOBSERVABLE and reading.gate not in self._unobservable:
+                self._unobservable.add(reading.gate)
+                log.warning(
+                    "rollout gate %s %s (it reads %s); the steps end on the gates that can judge",
+                    reading.gate,
+                    HINT,
+                    EVIDENCE[reading.gate],
+                )
 
     async def command(self, verb: str) -> dict[str, Any]:
         """One operator command; the status after it."""
@@ -104,6 +115,7 @@ class RolloutRunner:
         canary = self.canary
         fresh = min(canary.events - self._logged, len(canary.history))
         self._logged = canary.events
+        self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
         for event in list(canary.history)[len(canary.history) - fresh :]:
             kind = event["event"]
             if kind == "rolled-back":
@@ -130,4 +142,6 @@ def start_rollout(config: PickerConfig, pool: Pool, path: RequestPath) -> Rollou
     plan = CanaryPlan.of(r)
     canary = path.canary = Canary(plan, pool.now())
     log.info("rollout canary label=%s candidate=%s steps=%s", r.group_label, r.candidate, list(r.steps))
+    for gate, evidence in EVIDENCE.items():
+        log.info("rollout gate %s judges from %s", gate, evidence)
     return RolloutRunner(canary, pool, r.tick_s, drain_on_rollback=r.drain_on_rollback)

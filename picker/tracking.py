@@ -24,10 +24,9 @@ from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 
-# ends that say nothing of the model server: not a canary gate's sample
-_NOT_A_SAMPLE = frozenset(
-    {EndReason.CLIENT_DISCONNECT, EndReason.REJECTED, EndReason.UNOBSERVED, EndReason.SHUTDOWN_CUT}
-)
+# ends that say nothing of the model server: not a canary gate's sample (an `unobserved` one still
+# says its status, where response headers reached the picker)
+_NOT_A_SAMPLE = frozenset({EndReason.CLIENT_DISCONNECT, EndReason.REJECTED, EndReason.SHUTDOWN_CUT})
 _RECENT_KEPT = 4096  # ended records kept for late access-log entries (a few seconds of traffic)
 
 
@@ -297,12 +296,18 @@ class ResponseSide:
             and tracker.token_chunks > 1
         ):
             itl = (tracker.last_chunk_at - first) / (tracker.token_chunks - 1)
+        if reason is EndReason.UNOBSERVED:  # its end unseen: only its status, if that came
+            if not record.status:
+                return
+            cut, error = None, record.status >= 500 and first is None
+        else:
+            cut, error = reason in CUT, reason is EndReason.UPSTREAM_ERROR_STATUS
         canary.ended(
             group,
             Sample(
                 now,
-                cut=reason in CUT,
-                error=reason is EndReason.UPSTREAM_ERROR_STATUS,
+                cut=cut,
+                error=error,
                 # from its dispatch: time in the picker's queue is no fault of the group's
                 ttft_s=None if first is None else first - sent,
                 itl_s=itl,

@@ -33,7 +33,15 @@ LABEL = "app.kubernetes.io/version"
 class CanaryStack:
     """Two stable replicas (the stack's), one candidate, the picker reading both groups' labels."""
 
-    def __init__(self, workdir: Path, frontend: str, candidate_sim: tuple[str, ...], rollout: dict[str, Any]):
+    def __init__(
+        self,
+        workdir: Path,
+        frontend: str,
+        candidate_sim: tuple[str, ...],
+        rollout: dict[str, Any],
+        shape: dict[str, Any] | None = None,
+    ):
+        """`shape`: more StackOptions for the Envoy frontend (a gateway's template, its access log)."""
         self.candidate_port = free_port()
         self.candidate = f"127.0.0.1:{self.candidate_port}"
         self.sim = Proc(
@@ -49,6 +57,8 @@ class CanaryStack:
             sim_args=STABLE_SIM,
             static_endpoints=False,
             picker_args=("--config", str(config), "--no-scrape"),
+            # a gateway's pool cluster lists every member of the pool itself, the candidate too
+            **({"extra_envoy_endpoints": (self.candidate,), **shape} if shape else {}),
         )
         self.stack = (ProxyStack if frontend == "proxy" else Stack)(workdir, options)
         listed = [{"address": a, "labels": {LABEL: "v1"}} for a in self.stack.replicas]

@@ -1,7 +1,7 @@
 """The canary: a candidate group gets `weight` % of new requests, in steps, while its gates pass.
 
 States: `progressing` (gates judged on every tick; a step ends after `step_interval_s` and at least
-`step_min_requests` routed in it, if no gate waits or fails), `promoted` (the step before 100
+`step_min_requests` routed in it, if every gate that can judge here passes), `promoted` (the step before 100
 passed: every new request to the candidate), `rolled-back` (a gate failed, or `abort`: weight 0,
 the candidate's endpoints to be drained; its streams run to their end), `paused` (by hand). What
 the frontends must do about it comes back from `tick` as addresses to drain or undrain.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from picker.config import RolloutConfig
-from picker.rollout.gates import Limits, Reading, Sample, Window, judge
+from picker.rollout.gates import Limits, Reading, Sample, Window, judge, step_may_end
 
 CANDIDATE, STABLE = "candidate", "stable"
 PHASES = ("progressing", "paused", "promoted", "rolled-back")
@@ -126,7 +126,7 @@ class Canary:
         if (
             now - self.step_started_at >= self.plan.step_interval_s
             and sum(self.routed.values()) >= self.plan.step_min_requests
-            and all(r.verdict == "pass" for r in self.readings)
+            and step_may_end(self.readings)
         ):
             self._next_step(now)
         return actions

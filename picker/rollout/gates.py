@@ -7,7 +7,11 @@ stable group that truncated nothing must not make one candidate truncation fail 
   stalled);
 - 5xx before the first byte;
 - TTFT p95 and ITL p95 (a request's mean gap between chunks).
-A gate with fewer than `min_samples` in either group waits. Pure: no clock, no I/O.
+A gate with fewer than `min_samples` in either group waits. Each judges from the evidence the
+deployment gives (`EVIDENCE`): a sample carries None where its shape showed nothing for a gate (no
+first token behind a gateway that shows the picker response headers only, no ITL for a response that
+is not streamed). A gate that no sample of a full window could feed is `unobservable`: it says so
+and does not hold the rollout. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -25,13 +29,26 @@ CUT = frozenset({EndReason.UPSTREAM_TRUNCATED, EndReason.UPSTREAM_ERROR_EVENT, E
 
 
 class Sample(NamedTuple):
-    """What one ended request says about its group (a tuple: one is made per request)."""
+    """What one ended request says about its group (a tuple: one is made per request). None: the
+    deployment showed nothing of it for this request."""
 
     at: float
-    cut: bool  # ended after its first token without completing
-    error: bool  # 5xx before its first byte
+    cut: bool | None  # ended after its first token without completing (None: its end unseen)
+    error: bool | None  # 5xx before its first byte (None: no status seen)
     ttft_s: float | None
     itl_s: float | None
+
+
+# What each gate reads, and what shows it: said by `/admin/rollout` and the start-up log line.
+EVIDENCE: dict[str, str] = {
+    "cut-rate": "each stream's end: the observer filter, the routing stream's body, the proxy, or "
+    "Envoy's gRPC access log (its response flags)",
+    "5xx-before-first-byte": "the response status: response headers, or the access log",
+    "ttft-p95": "the first token: the observer filter, the routing stream's body, or the proxy",
+    "itl-p95": "the gaps between chunks of streamed responses: the same as ttft-p95",
+}
+UNOBSERVABLE = "unobservable"
+HINT = "not observable here: add the observer filter or the access log"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +87,8 @@ class Reading:
     candidate: float | None
     stable: float | None
     limit: float | None
-    samples: tuple[int, int]  # (candidate, stable)
-    verdict: str
+    samples: tuple[int, int]  # (candidate, stable) carrying this gate's evidence
+    verdict: str  # pass, fail, wait, or unobservable (no sample could feed it: it holds nothing)
 
     def as_dict(self) -> dict[str, object]:
         def r(value: float | None) -> float | None:
@@ -84,6 +101,8 @@ class Reading:
             "limit": r(self.limit),
             "samples": list(self.samples),
             "verdict": self.verdict,
+            "judges_from": EVIDENCE.get(self.gate, ""),
+            **({"note": HINT} if self.verdict == UNOBSERVABLE else {}),
         }
 
 
@@ -121,25 +140,43 @@ def p95(values: Sequence[float]) -> float | None:
 
 
 def _rate(
-    gate: str, cand: Sequence[bool], stab: Sequence[bool], ratio: float, floor: float, least: int
+    gate: str,
+    cand: Sequence[bool | None],
+    stab: Sequence[bool | None],
+    ratio: float,
+    floor: float,
+    least: int,
 ) -> Reading:
-    counts = (len(cand), len(stab))
+    c_seen, s_seen = [v for v in cand if v is not None], [v for v in stab if v is not None]
+    counts = (len(c_seen), len(s_seen))
     if min(counts) < least:
-        return Reading(gate, None, None, None, counts, "wait")
-    c, s = sum(cand) / len(cand), sum(stab) / len(stab)
+        return Reading(gate, None, None, None, counts, _waiting(counts, len(cand), least))
+    c, s = sum(c_seen) / len(c_seen), sum(s_seen) / len(s_seen)
     limit = max(s * ratio, floor)
     return Reading(gate, c, s, limit, counts, "fail" if c > limit else "pass")
 
 
 def _latency(
-    gate: str, cand: Sequence[float], stab: Sequence[float], ratio: float, floor_s: float, least: int
+    gate: str,
+    cand: Sequence[float | None],
+    stab: Sequence[float | None],
+    ratio: float,
+    floor_s: float,
+    least: int,
 ) -> Reading:
-    counts = (len(cand), len(stab))
-    c, s = p95(cand), p95(stab)
+    c_seen, s_seen = [v for v in cand if v is not None], [v for v in stab if v is not None]
+    counts = (len(c_seen), len(s_seen))
+    c, s = p95(c_seen), p95(s_seen)
     if min(counts) < least or c is None or s is None:
-        return Reading(gate, c, s, None, counts, "wait")
+        return Reading(gate, c, s, None, counts, _waiting(counts, len(cand), least))
     limit = max(s * ratio, s + floor_s)
     return Reading(gate, c, s, limit, counts, "fail" if c > limit else "pass")
+
+
+def _waiting(counts: tuple[int, int], candidate_samples: int, least: int) -> str:
+    """Too few samples: `wait`, unless the candidate has a full count of samples and none of either
+    group carried this gate's evidence (the shape cannot show it)."""
+    return UNOBSERVABLE if candidate_samples >= least and counts == (0, 0) else "wait"
 
 
 def judge(candidate: Sequence[Sample], stable: Sequence[Sample], limits: Limits) -> list[Reading]:
@@ -164,18 +201,24 @@ def judge(candidate: Sequence[Sample], stable: Sequence[Sample], limits: Limits)
         ),
         _latency(
             "ttft-p95",
-            [s.ttft_s for s in candidate if s.ttft_s is not None],
-            [s.ttft_s for s in stable if s.ttft_s is not None],
+            [s.ttft_s for s in candidate],
+            [s.ttft_s for s in stable],
             limits.ttft_ratio,
             limits.latency_floor_s,
             least,
         ),
         _latency(
             "itl-p95",
-            [s.itl_s for s in candidate if s.itl_s is not None],
-            [s.itl_s for s in stable if s.itl_s is not None],
+            [s.itl_s for s in candidate],
+            [s.itl_s for s in stable],
             limits.itl_ratio,
             limits.latency_floor_s,
             least,
         ),
     ]
+
+
+def step_may_end(readings: Sequence[Reading]) -> bool:
+    """Every gate that can judge passes (one at least): the unobservable ones hold nothing."""
+    verdicts = {r.verdict for r in readings}
+    return "pass" in verdicts and verdicts <= {"pass", UNOBSERVABLE}

@@ -127,3 +127,80 @@ def test_steps_are_checked() -> None:
     for bad in ("5,25", "50,25,100", "0,100", ""):
         with pytest.raises(ValueError):
             steps_of(bad)
+
+
+# --- gates from whatever the shape shows (issue 41) -----------------------------------------------
+
+
+def headers_only(at: float, error: bool = False) -> Sample:
+    """What a gateway that shows the picker response headers alone gives: the status, nothing else."""
+    return Sample(at, cut=None, error=error, ttft_s=None, itl_s=None)
+
+
+def feed_headers_only(canary: Canary, start: float, seconds: float, candidate_errors: bool = False) -> float:
+    at = start
+    while at < start + seconds:
+        canary.ended(STABLE, headers_only(at))
+        canary.ended(CANDIDATE, headers_only(at, error=candidate_errors))
+        at += 0.1
+    return at
+
+
+def test_a_gate_no_sample_can_feed_says_so_and_holds_nothing() -> None:
+    canary = Canary(plan(step_interval_s=1.0), 0.0)
+    now = feed_headers_only(canary, 0.0, 1.5)
+    canary.routed = {CANDIDATE: 5, STABLE: 95}
+    canary.tick(now, [])
+    verdicts = {r.gate: r.verdict for r in canary.readings}
+    assert verdicts == {
+        "cut-rate": "unobservable",
+        "5xx-before-first-byte": "pass",
+        "ttft-p95": "unobservable",
+        "itl-p95": "unobservable",
+    }
+    assert canary.weight == 25  # the step ended on the gate that can judge
+    shown = {g["gate"]: g for g in canary.status(now)["gates"]}
+    assert "not observable here" in shown["ttft-p95"]["note"]
+    assert "first token" in shown["ttft-p95"]["judges_from"] and "note" not in shown["5xx-before-first-byte"]
+
+
+def test_a_5xx_candidate_behind_a_headers_only_gateway_is_rolled_back() -> None:
+    canary = Canary(plan(), 0.0)
+    now = feed_headers_only(canary, 0.0, 1.2, candidate_errors=True)
+    canary.tick(now, ["10.0.0.9:8000"])
+    assert canary.phase == "rolled-back"
+    assert canary.rollback is not None and canary.rollback["reason"] == "gate 5xx-before-first-byte failed"
+
+
+def test_too_few_samples_is_a_wait_not_unobservable() -> None:
+    canary = Canary(plan(), 0.0)
+    for i in range(5):  # half the minimum
+        canary.ended(CANDIDATE, headers_only(i * 0.1))
+        canary.ended(STABLE, headers_only(i * 0.1))
+    canary.tick(1.0, [])
+    assert {r.verdict for r in canary.readings} == {"wait"}
+
+
+def test_non_streamed_requests_feed_every_gate_but_itl_and_the_steps_go_on() -> None:
+    canary = Canary(plan(step_interval_s=1.0), 0.0)
+    at = 0.0
+    while at < 1.5:
+        for group in (STABLE, CANDIDATE):
+            canary.ended(group, Sample(at, cut=False, error=False, ttft_s=0.05, itl_s=None))
+        at += 0.1
+    canary.routed = {CANDIDATE: 5, STABLE: 95}
+    canary.tick(at, [])
+    assert {r.gate: r.verdict for r in canary.readings}["itl-p95"] == "unobservable"
+    assert canary.weight == 25
+
+
+def test_with_nothing_to_judge_no_step_ends() -> None:
+    canary = Canary(plan(step_interval_s=1.0), 0.0)
+    at = 0.0
+    while at < 1.5:
+        for group in (STABLE, CANDIDATE):
+            canary.ended(group, Sample(at, cut=None, error=None, ttft_s=None, itl_s=None))
+        at += 0.1
+    canary.routed = {CANDIDATE: 5, STABLE: 95}
+    canary.tick(at, [])
+    assert {r.verdict for r in canary.readings} == {"unobservable"} and canary.weight == 5
