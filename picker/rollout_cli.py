@@ -49,10 +49,16 @@ def describe(status: dict[str, Any]) -> str:
         f"{status['routed_this_step']})"
     ]
     for gate in status.get("gates", []):
+        if gate["verdict"] == "unobservable":
+            lines.append(f"  {gate['gate']:<22} {gate.get('note', 'unobservable')}")
+            continue
         lines.append(
             f"  {gate['gate']:<22} {gate['verdict']:<5} candidate {gate['candidate']}  stable "
             f"{gate['stable']}  limit {gate['limit']}  samples {gate['samples']}"
         )
+    judges = [f"  {g['gate']}: {g['judges_from']}" for g in status.get("gates", []) if g.get("judges_from")]
+    if judges:
+        lines += ["what each gate judges from:", *judges]
     if status.get("rollback"):
         lines.append(f"rolled back: {status['rollback']['reason']}")
     return "\n".join(lines)

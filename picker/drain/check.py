@@ -35,9 +35,24 @@ def check_paths(paths: list[Path], budget: Budget) -> tuple[Report, int]:
         str(get(pool.data, ("spec", "endpointPickerRef", "failureMode"), "FailClose"))
         for pool in inputs.of_kind("InferencePool")
     }
+    canaries = [
+        (workload, container)
+        for workload in inputs.pickers
+        for container in workload.picker_containers()
+        if any(word.startswith("--rollout-candidate") for word in container.argv)
+    ]
     for doc in documents:
         if doc.is_envoy:
             envoy_rules.check(doc, report, budget, pool_modes)
+            blind = envoy_rules.routes_with_picker(doc) and not envoy_rules.sees_response_bodies(doc)
+            if canaries and blind:
+                workload, container = canaries[0]
+                report.add(
+                    "ROLLOUT-004",
+                    workload.doc,
+                    container.args_path,
+                    f"--rollout-candidate with {doc.label}: no ext_proc filter sees response bodies",
+                )
     report.findings.sort(key=lambda f: (f.file, f.line or 0, _SEVERITY_ORDER[f.rule.severity], f.rule.id))
     return report, len(documents)
 

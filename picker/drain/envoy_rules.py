@@ -399,6 +399,23 @@ def check(doc: Document, report: Report, budget: Budget, pool_modes: set[str]) -
     envoy_picker_cluster.check(doc, managers, report, budget, ENVOY_DEFAULTS["circuit_breaker"])
 
 
+def routes_with_picker(doc: Document) -> bool:
+    """Whether the config has a routing ext_proc filter (one that is not an observer)."""
+    return any(any(True for _ in _routing_filters(hcm)) for hcm in connection_managers(doc))
+
+
+def sees_response_bodies(doc: Document) -> bool:
+    """Whether some ext_proc filter (routing or observer) of the config sees response bodies: what a
+    canary's TTFT and ITL gates judge from."""
+    for hcm in connection_managers(doc):
+        for item in hcm.data.get("http_filters") or []:
+            config = get(item, ("typed_config",))
+            if isinstance(config, dict) and _type_of(config) == "ExternalProcessor":
+                if str(get(config, ("processing_mode", "response_body_mode"), "NONE")) != "NONE":
+                    return True
+    return False
+
+
 def _check_response_view(doc: Document, hcm: Located, routing: list[Located], report: Report) -> None:
     """ENVOY-014: neither the routing filter nor an observer sees the response body (its end), nor
     does Envoy's gRPC access log tell the picker how each request ended (the lean shape)."""

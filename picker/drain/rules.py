@@ -143,6 +143,15 @@ _CATALOGUE = (
         "the new pods have loaded the model.",
     ),
     Rule(
+        "ROLLOUT-004",
+        W,
+        "canary where no gate sees a first token",
+        "The pickers run a canary (--rollout-candidate) behind an Envoy config where no ext_proc filter "
+        "sees a response body: the TTFT and ITL gates cannot judge there (they say 'unobservable'), and "
+        "without Envoy's gRPC access log to the picker neither can the cut gate, so the candidate is "
+        "judged by its 5xx answers alone. Add the observer filter (config/envoy.yaml) for every gate.",
+    ),
+    Rule(
         "PDB-001",
         W,
         "no PodDisruptionBudget for the model servers",

@@ -161,6 +161,12 @@ def _without_observer(m: Manifests) -> None:
     m.hcm["access_log"] = [a for a in m.hcm.get("access_log", []) if "http_grpc" not in a["name"]]
 
 
+def _canary_without_observer(m: Manifests) -> None:
+    """A canary behind a config where no filter sees a response body (the access log stays)."""
+    m.set_arg(m.picker, "--rollout-candidate", "v2")
+    m.hcm["http_filters"] = [f for f in m.hcm["http_filters"] if "observer" not in f["name"]]
+
+
 def _eds_with_health_checks(m: Manifests) -> None:
     cluster = m.pool_cluster
     cluster["type"] = "EDS"
@@ -244,6 +250,7 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
          request_body_mode="FULL_DUPLEX_STREAMED", request_trailer_mode="SKIP")),
     ("ENVOY-014", "no observer, no gRPC access log, response body NONE",
      _without_observer),
+    ("ROLLOUT-004", "canary, no filter sees response bodies", _canary_without_observer),
     ("ENVOY-015", "failClose without the contract reply",
      lambda m: m.hcm.pop("local_reply_config")),
     ("ENVOY-016", "default picker-cluster circuit breakers",

@@ -204,3 +204,15 @@ def test_with_nothing_to_judge_no_step_ends() -> None:
     canary.routed = {CANDIDATE: 5, STABLE: 95}
     canary.tick(at, [])
     assert {r.verdict for r in canary.readings} == {"unobservable"} and canary.weight == 5
+
+
+def test_rollout_status_says_what_each_gate_judges_from_and_which_cannot() -> None:
+    from picker.rollout_cli import describe
+
+    canary = Canary(plan(step_interval_s=1.0), 0.0)
+    now = feed_headers_only(canary, 0.0, 1.5)
+    canary.tick(now, [])
+    text = describe(canary.status(now))
+    assert "ttft-p95               not observable here: add the observer filter" in text
+    assert "5xx-before-first-byte  pass" in text
+    assert "what each gate judges from:" in text and "the response status" in text
