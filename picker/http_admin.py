@@ -29,12 +29,14 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from picker import status_page
 from picker.config import canonical_address
 from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
 from picker.rollout_runner import COMMANDS, RolloutRunner
 from picker.scheduling.capacity import Verdict, demand, drain_verdict, ready_capacity
 from picker.scheduling.load import estimated_load
 from picker.sources.drain_store import DrainRecordUnavailable, DrainStore, LocalDrains
+from picker.status_page import Overview
 from picker.streams.ends import DataPlanes
 from picker.telemetry import Metrics
 
@@ -134,6 +136,7 @@ def admin_app(
     guard: CapacityGuard | None = None,
     rollout: RolloutRunner | None = None,
     data_planes: DataPlanes | None = None,
+    overview: Overview | None = None,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
@@ -142,11 +145,13 @@ def admin_app(
     it returns (`picker serve`: the EDS push and Envoy's ACK, so the answer means Envoy holds it).
     `guard`: the capacity guard a drain must pass (None: drains are not judged).
     `data_planes`: how each data-plane connection reports responses' ends (`/admin/endpoints`).
+    `overview`: what the request path adds to the status page (its queue, live requests, peers).
     """
     admin = _Admin(
         pool, metrics, token, drains if drains is not None else LocalDrains(pool), propagate, pool_drains
     )
     admin.guard, admin.rollout, admin.data_planes = guard, rollout, data_planes
+    admin.overview = overview
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/metrics", admin.metrics_page)
     app.router.add_get("/admin/endpoints", admin.endpoints)
@@ -155,6 +160,9 @@ def admin_app(
     app.router.add_post("/admin/endpoints/{address}/drain", admin.change(admin.store.drain, "drain"))
     app.router.add_post("/admin/endpoints/{address}/undrain", admin.change(admin.store.undrain, "undrain"))
     app.router.add_get("/admin/rollout", admin.rollout_status)
+    app.router.add_get("/admin/status", admin.status)
+    app.router.add_get("/status", status_page.page)
+    app.router.add_get("/status.js", status_page.script)
     app.router.add_post("/admin/rollout/{verb}", admin.rollout_command)
     return app
 
@@ -190,6 +198,7 @@ class _Admin:
         self.guard: CapacityGuard | None = None
         self.rollout: RolloutRunner | None = None
         self.data_planes: DataPlanes | None = None
+        self.overview: Overview | None = None
 
     def refusal(self, request: web.Request) -> web.Response | None:
         token = self.token
@@ -301,6 +310,11 @@ class _Admin:
         return web.json_response(
             {"error": {"message": verdict.reason, "code": 409, "capacity": verdict.as_dict()}}, status=409
         )
+
+    async def status(self, _: web.Request) -> web.Response:
+        """What the status page polls: every lane, the canary, the queue, in one document."""
+        shown = status_page.snapshot(self.pool, self.rollout, self.data_planes, self.overview)
+        return web.json_response(shown)
 
     async def rollout_status(self, _: web.Request) -> web.Response:
         return web.json_response({"rollout": None if self.rollout is None else self.rollout.status()})

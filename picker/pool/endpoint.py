@@ -34,6 +34,8 @@ class Endpoint:
     arrivals: int = 0  # requests ever attributed here (picked, or moved here by Envoy's choice)
     departures: int = 0  # requests ever ended here or moved away
     drain: DrainRecord | None = None  # the open drain record, while there is one
+    cut: int = 0  # requests that ended here cut after their first token (truncated, stalled, ...)
+    failed: int = 0  # requests that ended here with an upstream error (5xx, error event)
     # What the endpoint holds, for cache-aware routing (picker/pool/cache.py); dropped when GONE.
     prefix: PrefixIndex | None = None  # approximate: learned from what was routed here
     kv: KvBlocks | None = None  # precise: from the engine's KV events

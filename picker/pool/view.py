@@ -345,6 +345,10 @@ class Pool:
             return
         endpoint.in_flight -= 1
         endpoint.departures += 1
+        if end is DrainEnd.CUT:
+            endpoint.cut += 1
+        elif end is DrainEnd.UPSTREAM_ERROR:
+            endpoint.failed += 1
         if endpoint.in_flight < 0:
             log.error("in-flight below zero address=%s", address)
             endpoint.in_flight = 0
