@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint docs docs-build promtool real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-canary rollout-real-vllm clean
+.PHONY: demo test test-fast lint docs docs-build promtool chromium real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-canary rollout-real-vllm clean
 
 # xds-protos ships an old copy of the OpenTelemetry protos in the same files as opentelemetry-proto;
 # whichever pip installs last wins. The OTLP exporter (--tracing) needs opentelemetry-proto's, so it goes last.
@@ -25,7 +25,7 @@ demo: $(STAMP)
 # 321-327 s against 815 here (README "Two commands").
 WORKERS ?= 2
 PARALLEL := $(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadfile,)
-test: $(STAMP) real-vllm promtool
+test: $(STAMP) real-vllm promtool chromium
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m 'not realvllm'
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m realvllm
 
@@ -35,6 +35,13 @@ promtool:
 	@command -v promtool >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
 	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
 	  echo "promtool did not install: the alert-rule checks will skip"
+
+# Headless Chromium for the status page's browser tests (tests/envoy/test_status_page.py), from
+# Debian's chromium package when missing and this is root (as CI); otherwise those tests skip, saying why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	  { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+	  echo "chromium did not install: the status-page browser tests will skip"
 
 # Everything but the real-vLLM tier.
 test-fast: $(STAMP)

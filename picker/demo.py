@@ -227,6 +227,7 @@ async def run_demo(seconds: float = 8.0, picture: Path | None = DEFAULT_PICTURE)
                 f"  picker          ext_proc :{stack.grpc_port}, metrics http://127.0.0.1:{stack.metrics_port}"
                 "/metrics"
             )
+            print(f"  status page     http://127.0.0.1:{stack.metrics_port}/status (live during the demo)")
             print(f"  replicas        {', '.join(stack.replicas)}")
             print(f"  endpoints file  {endpoints_file} (the picker re-reads it when it changes)")
             arrivals_at = poisson_arrivals(_RATE, seconds, _TOKENS, seed=7)

@@ -88,6 +88,7 @@ async def run_demo_proxy(seconds: float = 8.0) -> int:
         try:
             print(f"  picker proxy    {stack.url}  (clients talk to it directly)")
             print(f"  metrics/admin   http://127.0.0.1:{stack.metrics_port}/metrics")
+            print(f"  status page     http://127.0.0.1:{stack.metrics_port}/status (live during the demo)")
             print(f"  replicas        {', '.join(stack.replicas)}")
             print(f"part 1: streaming completions through the proxy for {seconds:.0f} s (12 at a time) ...")
             drain = _FileDrain(stack, endpoints_file, time.monotonic())
