@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from picker.pipeline import RequestPath
 from picker.pool import Endpoint, EndpointState, Pool
 from picker.rollout_runner import RolloutRunner
 from picker.scheduling.load import estimated_load
@@ -39,6 +40,19 @@ _ORDER = {
     EndpointState.NOT_READY: 2,
     EndpointState.GONE: 3,
 }
+
+
+def overview(path: RequestPath) -> dict[str, Any]:
+    """What the request path adds to the page: its queue, live requests and peers."""
+    peering = path.peering
+    return {
+        "queue": {"queued": path.flow.queued, "bytes": path.flow.queued_bytes},
+        "live": path.live,
+        "accepting": path.accepting,
+        "peers": None
+        if peering is None
+        else {"name": peering.name, "members": list(peering.peers), "unlinked": peering.unlinked()},
+    }
 
 
 def lane(pool: Pool, endpoint: Endpoint, now: float, rollout: RolloutRunner | None) -> dict[str, Any]:

@@ -121,6 +121,7 @@ class Core:
     def admin(self, spawn: Spawn, propagate: Propagate | None = None) -> web.Application:
         """The metrics port's application (picker/http_admin.py) over this core."""
         from picker.http_admin import admin_app
+        from picker.status_page import overview
 
         token = self.config.admin.token
         drains = self.open_drains(spawn) or LocalDrains(self.pool)
@@ -136,20 +137,8 @@ class Core:
             guard=self.guard if self.config.admin.drain_guard else None,
             rollout=self.rollout,
             data_planes=self.path.data_planes,
-            overview=self.overview,
+            overview=lambda: overview(self.path),
         )
-
-    def overview(self) -> dict[str, Any]:
-        """What the request path adds to the status page: its queue, live requests and peers."""
-        path, peering = self.path, self.path.peering
-        return {
-            "queue": {"queued": path.flow.queued, "bytes": path.flow.queued_bytes},
-            "live": path.live,
-            "accepting": path.accepting,
-            "peers": None
-            if peering is None
-            else {"name": peering.name, "members": list(peering.peers), "unlinked": peering.unlinked()},
-        }
 
     def open_drains(self, spawn: Spawn) -> DrainStore | None:
         """Where admin drains are recorded so every picker replica applies them (drain_store.py):
