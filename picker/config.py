@@ -64,7 +64,8 @@ def canonical_address(value: str) -> str:
 
 
 class _Group(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # every figure finite: an infinite lease or interval passed once, then broke what used it
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ServerConfig(_Group):
@@ -232,10 +233,17 @@ class KubeSourceConfig(_Group):
 class AdminConfig(_Group):
     """The admin API on the metrics port: GET /admin/endpoints; POST .../<addr>/drain and .../undrain.
 
-    Changes are accepted from loopback peers, or from anyone presenting this bearer token.
+    Changes are accepted from anyone presenting this bearer token; without one configured, from
+    loopback peers only.
     """
 
-    token: SecretStr | None = Field(None, description="bearer token for non-loopback callers (16+ chars)")
+    token: SecretStr | None = Field(
+        None, description="bearer token for changes (16+ chars); without one, loopback callers only"
+    )
+    # With a token set, loopback callers need it too: behind a sidecar every caller looks local.
+    trust_loopback: bool = Field(
+        False, description="with a token set, accept loopback callers without it (no sidecar in front)"
+    )
     # The capacity guard (picker/scheduling/capacity.py): a drain whose endpoint's slots the
     # remaining ready endpoints cannot replace under the live demand waits or is refused (409).
     drain_guard: bool = Field(
@@ -634,7 +642,7 @@ class RolloutConfig(_Group):
 class PickerConfig(BaseModel):
     """All of the picker's settings, grouped by plane. `load_config` builds it from file, env, flags."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     server: ServerConfig = ServerConfig()
     pool: PoolConfig = PoolConfig()

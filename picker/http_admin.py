@@ -137,6 +137,7 @@ def admin_app(
     rollout: RolloutRunner | None = None,
     data_planes: DataPlanes | None = None,
     overview: Overview | None = None,
+    trust_loopback: bool = False,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
@@ -146,12 +147,13 @@ def admin_app(
     `guard`: the capacity guard a drain must pass (None: drains are not judged).
     `data_planes`: how each data-plane connection reports responses' ends (`/admin/endpoints`).
     `overview`: what the request path adds to the status page (its queue, live requests, peers).
+    `trust_loopback`: with a token set, loopback callers need none (admin.trust_loopback).
     """
     admin = _Admin(
         pool, metrics, token, drains if drains is not None else LocalDrains(pool), propagate, pool_drains
     )
     admin.guard, admin.rollout, admin.data_planes = guard, rollout, data_planes
-    admin.overview = overview
+    admin.overview, admin.trust_loopback = overview, trust_loopback
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/metrics", admin.metrics_page)
     app.router.add_get("/admin/endpoints", admin.endpoints)
@@ -199,14 +201,18 @@ class _Admin:
         self.rollout: RolloutRunner | None = None
         self.data_planes: DataPlanes | None = None
         self.overview: Overview | None = None
+        self.trust_loopback = False
 
     def refusal(self, request: web.Request) -> web.Response | None:
+        """None when the caller may change state: it presents the token, or no token is set (or
+        `trust_loopback`) and it calls from loopback. With a token set, loopback alone is no proof:
+        behind a sidecar (Istio forwards from 127.0.0.6) every caller looks local."""
         token = self.token
         if token is not None:
             scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
                 return None
-        if _is_loopback(request.remote):
+        if (token is None or self.trust_loopback) and _is_loopback(request.remote):
             return None
         if token is None:
             return _error(

@@ -64,6 +64,9 @@ def _ports(value: str) -> tuple[int, ...]:
     return ports
 
 
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # most verbose first
+
+
 def _verbosity(value: str) -> str:
     """The reference's `-v` (logr verbosity: 1-3 info, 4 and up debug) as a log level."""
     try:
@@ -261,7 +264,10 @@ def reference_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], list[
         node = out
         for key in mapped.path[:-1]:
             node = node.setdefault(key, {})
-        node[mapped.path[-1]] = value
+        key = mapped.path[-1]
+        if key == "log_level" and key in node:  # --zap-log-level and -v both given: the more verbose
+            value = min(node[key], value, key=_LEVELS.index)
+        node[key] = value
     for accepted in ACCEPTED:
         raw = getattr(args, _dest(accepted.flag), None)
         if raw is None:

@@ -138,6 +138,7 @@ class Core:
             rollout=self.rollout,
             data_planes=self.path.data_planes,
             overview=lambda: overview(self.path),
+            trust_loopback=self.config.admin.trust_loopback,
         )
 
     def open_drains(self, spawn: Spawn) -> DrainStore | None:

@@ -15,5 +15,4 @@ __all__ = [
     "Limits",
     "Reading",
     "Sample",
-    "steps_of",
 ]

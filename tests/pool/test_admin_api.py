@@ -34,10 +34,12 @@ def pool() -> Pool:
 async def make_client(pool: Pool) -> AsyncIterator[Factory]:
     clients: list[TestClient] = []
 
-    async def make(token: str | None = None, peer: str | None = None) -> TestClient:
+    async def make(
+        token: str | None = None, peer: str | None = None, trust_loopback: bool = False
+    ) -> TestClient:
         metrics = Metrics()
         metrics.register_pool(pool)
-        app = admin_app(pool, metrics, token=token)
+        app = admin_app(pool, metrics, token=token, trust_loopback=trust_loopback)
         if peer is not None:  # requests as if from another host (the test server only has loopback)
 
             @web.middleware
@@ -159,8 +161,27 @@ async def test_remote_peers_need_the_bearer_token(
 
 
 @pytest.mark.parametrize("peer", ["127.0.0.5", "::1", "::ffff:127.0.0.1"])
-async def test_loopback_peers_need_no_token(make_client: Factory, peer: str) -> None:
+async def test_loopback_peers_need_no_token_when_none_is_configured(make_client: Factory, peer: str) -> None:
+    client = await make_client(peer=peer)
+    assert (await client.post("/admin/endpoints/10.0.0.1:8000/drain")).status == 200
+
+
+@pytest.mark.parametrize("peer", ["127.0.0.6", "::1", "::ffff:127.0.0.1"])
+async def test_with_a_token_set_loopback_needs_it_too(make_client: Factory, pool: Pool, peer: str) -> None:
+    """Behind a sidecar (Istio forwards inbound traffic from 127.0.0.6) every caller looks local: a
+    token that loopback skipped guarded nothing there (issue 40, item 10)."""
     client = await make_client(token=TOKEN, peer=peer)
+    response = await client.post("/admin/endpoints/10.0.0.1:8000/drain")
+    assert response.status == 401 and len(pool.ready()) == 3
+    await client.post("/admin/rollout/abort")
+    good = await client.post(
+        "/admin/endpoints/10.0.0.1:8000/drain", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert good.status == 200
+
+
+async def test_trusting_loopback_is_an_explicit_setting(make_client: Factory) -> None:
+    client = await make_client(token=TOKEN, peer="127.0.0.1", trust_loopback=True)
     assert (await client.post("/admin/endpoints/10.0.0.1:8000/drain")).status == 200
 
 

@@ -128,3 +128,17 @@ def test_env_errors_name_the_field_and_the_variable() -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(overrides={"server": {"grpc_port": 70000}}, environ={"PICKER_SERVER__GRPC_PORT": "1"})
     assert "server.grpc_port: " in str(caught.value) and "PICKER_" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"leader": {"lease_duration_s": float("inf")}},  # passed, then round(inf) killed the election
+        {"leader": {"renew_deadline_s": float("nan")}},
+        {"streams": {"stall_after_s": float("inf")}},
+        {"load": {"scrape_interval_s": "inf"}},
+    ],
+)
+def test_durations_and_figures_must_be_finite(overrides: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match="finite"):
+        load_config(overrides=overrides)

@@ -146,3 +146,22 @@ def test_our_flags_win_over_the_reference_ones() -> None:
     add_serve_flags(parser)
     config = _load(parser.parse_args(["--grpc-health-port", "9013", "--health-port", "9023"]))
     assert config.server.health_port == 9023
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--zap-log-level=debug", "-v", "1"),
+        ("-v", "1", "--zap-log-level=debug"),
+        ("--zap-log-level=info", "-v", "5"),
+    ],
+)
+def test_the_more_verbose_of_zap_log_level_and_v_wins_whatever_their_order(argv: tuple[str, ...]) -> None:
+    overrides, _ = reference_overrides(parse(*argv))
+    assert overrides["log_level"] == "DEBUG"  # was INFO when -v came last in the flags' table
+
+
+def test_the_rollout_package_exports_what_it_names() -> None:
+    namespace: dict[str, object] = {}
+    exec("from picker.rollout import *", namespace)  # `steps_of` was named but not defined there
+    assert "Canary" in namespace
