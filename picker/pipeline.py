@@ -374,8 +374,8 @@ class RequestPath(ResponseSide):
             bound = self.placement.bound_endpoint(record)
             home = self._pool.get(bound) if bound is not None else None
             record.group = canary.group_of(home.labels) if home is not None else canary.assign()
-            if record.group == CANDIDATE and canary.weight <= 0:
-                record.group = STABLE
+        if record.group == CANDIDATE and canary.weight <= 0:  # rolled back while it waited: stable now
+            record.group = STABLE
         side = [e for e in candidates if canary.group_of(e.labels) == record.group]
         if side or not candidates:
             return side

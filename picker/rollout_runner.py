@@ -46,12 +46,14 @@ class RolloutRunner:
         self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
 
     def candidates(self) -> list[str]:
-        """The candidate group's endpoints that are not gone."""
+        """The candidate group's endpoints a rollback would drain: not gone, and not draining
+        already (an operator's or its source's drain stays theirs: `resume` must not lift it)."""
         canary = self.canary
         return [
             e.address
             for e in self.pool.endpoints()
-            if e.state is not EndpointState.GONE and canary.group_of(e.labels) == CANDIDATE
+            if e.state not in (EndpointState.GONE, EndpointState.DRAINING)
+            and canary.group_of(e.labels) == CANDIDATE
         ]
 
     async def run(self) -> None:

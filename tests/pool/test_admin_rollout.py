@@ -107,3 +107,20 @@ async def test_without_a_rollout_the_routes_say_so(pool: Pool) -> None:
         assert answer.status == 409
     finally:
         await client.close()
+
+
+async def test_resume_lifts_only_the_drains_the_rollback_made(pool: Pool) -> None:
+    """An operator drained one candidate replica before the rollback: resuming must not lift that
+    drain (issue 40, item 6: it did, and with the endpoints file it removed `draining: true`)."""
+    second = "10.0.0.4:8000"
+    addresses = {a: EndpointState.READY for a in ("10.0.0.1:8000", CANDIDATE, second)}
+    labels = {a: {LABEL: "v2" if a in (CANDIDATE, second) else "v1"} for a in addresses}
+    pool.reconcile(addresses, "file", labels=labels)
+    runner = RolloutRunner(Canary(CanaryPlan.of(RolloutConfig(candidate="v2")), pool.now()), pool, 1.0)
+    runner.store = LocalDrains(pool)
+    await runner.store.drain(second)  # the operator's
+    await runner.command("abort")
+    assert pool.get(CANDIDATE).state is EndpointState.DRAINING  # type: ignore[union-attr]
+    await runner.command("resume")
+    assert pool.get(CANDIDATE).state is EndpointState.READY  # type: ignore[union-attr]
+    assert pool.get(second).state is EndpointState.DRAINING  # type: ignore[union-attr]
