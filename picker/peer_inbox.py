@@ -22,18 +22,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
-from picker.peering import Peering
+from picker.peer_events import problem
+from picker.peering import Peering, owner_of
 from picker.peers import DRAINS, EVENTS, HELLO_TIMEOUT_S, MAX_BUFFER
 from picker.pipeline import RequestPath
 
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 65536
+OWN_ONLY = frozenset({"pick", "move"})  # events a picker sends only about its own requests
 _ANSWER_TIMEOUT_S = 5.0  # a drains answer or a refusal that cannot be written by then is dropped
 
 
@@ -54,6 +57,8 @@ class PeerInbox:
         self._drains = drains
         self.read_every_s = read_every_s
         self.refused = 0  # connections with a wrong or missing token
+        self.rejected: Counter[str] = Counter()  # events rejected whole, by reason
+        self._said: set[tuple[str, str]] = set()
         self.watched = False  # events are read as they arrive (requests are queued), not on demand
         self._connections: set[_Inbound] = set()  # every open one, hello or not
         self._answers: set[asyncio.Task[None]] = set()
@@ -131,13 +136,36 @@ class PeerInbox:
         task.add_done_callback(self._answers.discard)
 
     def apply(self, sender: str, events: Any) -> None:
+        """One message: each event checked whole (picker/peer_events.py), then applied; a bad one is
+        counted by reason and skipped, the others still apply, and nothing raises from here (this
+        runs in the request path, before an admission)."""
         self._peering.heard.add(sender)  # the first message after the hello: the sender's books
-        try:
-            for event in events:
+        if not isinstance(events, list):
+            self._reject(sender, "not-a-list")
+            return
+        for event in events:
+            reason = problem(event)
+            if reason is None and event[0] in OWN_ONLY and owner_of(event[1]) not in (None, sender):
+                reason = "not-its-own"  # a pick or move can only be in the sender's own books
+            if reason is not None:
+                self._reject(sender, reason)
+                continue
+            try:
                 if not self._peering.book(sender, event):
                     self._path.peer_event(event, sender)
-        except (ValueError, TypeError, IndexError, KeyError):
-            log.warning("a malformed message from peer %s; skipped", sender)
+            except Exception:
+                self._reject(sender, "failed")
+                log.exception("peer %s: an event could not be applied; skipped", sender)
+
+    def _reject(self, sender: str, reason: str) -> None:
+        self.rejected[reason] += 1
+        if (sender, reason) not in self._said:  # once per peer and cause: a flood must not flood the log
+            if len(self._said) > 1024:
+                self._said.clear()
+            self._said.add((sender, reason))
+            log.warning(
+                "peer %s sent a malformed event (%s); rejected whole, nothing applied", sender, reason
+            )
 
     def closed(self, connection: _Inbound) -> None:
         self._connections.discard(connection)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import (
@@ -220,6 +220,19 @@ class _DataPlanesCollector(Collector):
         counts = self._planes.counts()
         for mode in Ends:
             family.add_metric([mode.value], counts.get(mode, 0))
+        yield family
+
+
+class _RejectedCollector(Collector):
+    """Inputs from outside the process rejected whole, by reason (read at scrape time)."""
+
+    def __init__(self, name: str, doc: str, read: Callable[[], Mapping[str, int]]) -> None:
+        self._name, self._doc, self._read = name, doc, read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._doc, labels=["reason"])
+        for reason, count in sorted(self._read().items()):
+            family.add_metric([reason], count)
         yield family
 
 
@@ -515,6 +528,15 @@ class Metrics:
 
     def register_flow(self, flow: FlowView) -> None:
         self.registry.register(_FlowCollector(flow))
+
+    def register_peer_rejections(self, read: Callable[[], Mapping[str, int]]) -> None:
+        self.registry.register(
+            _RejectedCollector(
+                "picker_peer_events_rejected",
+                "Events from peers rejected whole (malformed, or naming another picker's books), by reason",
+                read,
+            )
+        )
 
     def register_data_planes(self, planes: DataPlanes) -> None:
         self.registry.register(_DataPlanesCollector(planes))

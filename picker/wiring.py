@@ -195,6 +195,7 @@ class Core:
             self.pool.drain_summaries,
             read_every_s=peers.read_every_s,
         )
+        self.metrics.register_peer_rejections(lambda: inbox.rejected)
         port = await inbox.listen(self.config.server.bind_address, peers.port)
         self.peer_inbox = inbox
         self.path.catch_up = inbox.catch_up
