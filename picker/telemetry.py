@@ -538,6 +538,15 @@ class Metrics:
             )
         )
 
+    def register_kv_event_rejections(self, read: Callable[[], Mapping[str, int]]) -> None:
+        self.registry.register(
+            _RejectedCollector(
+                "picker_kv_events_rejected",
+                "Engines' KV-event messages refused whole (not a batch, bad frames), by reason",
+                read,
+            )
+        )
+
     def register_data_planes(self, planes: DataPlanes) -> None:
         self.registry.register(_DataPlanesCollector(planes))
 

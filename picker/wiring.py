@@ -315,7 +315,8 @@ def build_core(config: PickerConfig) -> Core:
         from picker.sources.kv_events import KvEvents
         from picker.sources.tokenizer import EngineTokenizer
 
-        core.kv_events = KvEvents(pool, config.affinity)
+        core.kv_events = kv = KvEvents(pool, config.affinity)
+        metrics.register_kv_event_rejections(lambda: kv.rejected)
         core.tokenizer = path.tokenizer = EngineTokenizer(pool, config.affinity.tokenize_timeout_s)
     return core
 

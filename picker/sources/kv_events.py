@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ _STORED_FIELDS = (
     "lora_name",
 )
 _REMOVED_FIELDS = ("block_hashes", "medium")
+_RESTART_AFTER_S = 1.0  # a reader that died is replaced this long after (no tight loop on a bad socket)
 
 
 def _event(raw: Any) -> Mapping[str, Any] | None:
@@ -60,8 +62,9 @@ def _event(raw: Any) -> Mapping[str, Any] | None:
 
 
 def _names(value: Any) -> list[Any] | None:
-    """Block names: ints, or bytes with a cryptographic hash algorithm (sha256_cbor); only names here."""
-    if isinstance(value, list) and all(isinstance(v, int | bytes) for v in value[:1]):
+    """Block names: ints, or bytes with a cryptographic hash algorithm (sha256_cbor); every one is
+    checked, so an event with one unhashable name applies nothing (not the names before it)."""
+    if isinstance(value, list) and all(isinstance(v, int | bytes) for v in value):
         return value
     return None
 
@@ -73,7 +76,8 @@ def apply_batch(view: KvBlocks, model: str, sequence: int, payload: bytes) -> in
         log.info("kv events: a gap before sequence %d; the view is rebuilt from here", sequence)
     try:
         batch = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        # TypeError: a map keyed by an array (unhashable) is no batch either
         raise ValueError(f"not msgpack: {exc}") from None
     if not isinstance(batch, list | tuple) or len(batch) < 2 or not isinstance(batch[1], list | tuple):
         raise ValueError("not a [timestamp, [events...]] batch")
@@ -142,6 +146,8 @@ class KvEvents:
         self._changed = asyncio.Event()
         self.messages = 0
         self.bad = 0
+        self.rejected: Counter[str] = Counter()  # messages refused whole, by reason
+        self.restarts = 0  # readers replaced after they died
         pool.on_change(self._changed.set)
         pool.on_forget(lambda address: self._changed.set())
 
@@ -157,11 +163,22 @@ class KvEvents:
         for address in list(self._followers):
             if address not in wanted:
                 self._followers.pop(address).cancel()
+            elif self._followers[address].done():  # its reader died (a socket error): a new one
+                self._followers.pop(address)
+                self.restarts += 1
         for address in wanted - self._followers.keys():
             endpoint = self._pool.get(address)
             if endpoint is not None and endpoint.kv is None:
                 endpoint.kv = KvBlocks()
-            self._followers[address] = asyncio.create_task(self._follow(address), name=f"kv-events {address}")
+            task = asyncio.create_task(self._follow(address), name=f"kv-events {address}")
+            task.add_done_callback(self._ended)
+            self._followers[address] = task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A reader ended: if not cancelled, it died; the next reconcile (after a pause) replaces it."""
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("kv events reader %s failed: %r; restarting it", task.get_name(), task.exception())
+            asyncio.get_running_loop().call_later(_RESTART_AFTER_S, self._changed.set)
 
     async def run(self) -> None:
         """Forever: follow the pool's endpoints (each socket read by a task of its own)."""
@@ -196,12 +213,18 @@ class KvEvents:
         if endpoint is None or endpoint.kv is None:
             return
         if len(frames) != 3 or len(frames[1]) != 8:
-            self.bad += 1
+            self._refuse("bad-frames", address, f"{len(frames)} frames")
             return
         model = _model_of(frames[0]) or self._default_model
         try:
             apply_batch(endpoint.kv, model, int.from_bytes(frames[1], "big"), frames[2])
         except ValueError as exc:
-            self.bad += 1
-            if self.bad == 1 or self.bad % 1000 == 0:
-                log.warning("kv events from %s: %s (%d bad messages)", address, exc, self.bad)
+            self._refuse("not-a-batch", address, str(exc))
+        except Exception as exc:  # whatever an engine sends must not end its reader
+            self._refuse("failed", address, repr(exc))
+
+    def _refuse(self, reason: str, address: str, detail: str) -> None:
+        self.bad += 1
+        self.rejected[reason] += 1
+        if self.bad == 1 or self.bad % 1000 == 0:
+            log.warning("kv events from %s: %s (%d bad messages)", address, detail[:200], self.bad)

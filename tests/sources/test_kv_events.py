@@ -162,3 +162,47 @@ async def test_the_pickers_view_follows_a_replicas_cache() -> None:
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+# --- issue 40, item 11: one malformed message must not stop precise affinity ----------------------
+
+
+def test_a_map_with_an_array_key_is_refused_as_garbage() -> None:
+    payload = b"\x92\xcb?\xf0\x00\x00\x00\x00\x00\x00\x91\x81\x91\x01\x01"  # [1.0, [{[1]: 1}]]
+    view = KvBlocks()
+    try:
+        apply_batch(view, "m", 0, payload)
+    except ValueError:
+        return
+    raise AssertionError("an unhashable map key was not refused as ValueError")
+
+
+def test_an_unhashable_block_name_applies_nothing_of_its_event() -> None:
+    view = KvBlocks()
+    stored = ["BlockStored", [11, [12], 13, 14], None, TOKENS, 16, None, "GPU"]
+    assert apply_batch(view, "m", 0, batch(stored)) == 0
+    assert len(view) == 0  # before: block 11 was keyed, then [12] raised, half applied
+
+
+async def test_a_reader_survives_a_bad_message_and_a_dead_one_is_restarted() -> None:
+    pool = Pool()
+    pool.apply(ready=["127.0.0.1:1"])
+    events = KvEvents(pool, AffinityConfig(prefix="precise", kv_events_port_offset=1))
+    endpoint = pool.get("127.0.0.1:1")
+    assert endpoint is not None
+    endpoint.kv = KvBlocks()
+    events._message(
+        "127.0.0.1:1",
+        [b"kv@x@m", (0).to_bytes(8, "big"), b"\x92\xcb?\xf0\x00\x00\x00\x00\x00\x00\x91\x81\x91\x01\x01"],
+    )
+    assert events.bad == 1 and events.rejected == {"not-a-batch": 1}
+    events.reconcile()
+    (task,) = events._followers.values()
+    task.cancel()  # as a reader that died
+    await asyncio.gather(task, return_exceptions=True)
+    events.reconcile()
+    (again,) = events._followers.values()
+    assert again is not task and not again.done()  # before: the dead task was kept for good
+    again.cancel()
+    await asyncio.gather(again, return_exceptions=True)
+    events._context.term()
