@@ -182,7 +182,18 @@ class Election:
         if record is None:
             return
         try:
-            await asyncio.wait_for(self.api.write(record, self._version), timeout_s)
+            await asyncio.wait_for(self._release(record), timeout_s)
             log.info("leader lease released identity=%s", self.elector.identity)
         except (WriteConflict, ApiFailure, Disconnected, TimeoutError) as exc:
             log.warning("leader lease not released (%s); a standby takes it when it expires", exc)
+
+    async def _release(self, record: LeaseRecord) -> None:
+        """Write the release; on a conflict (this replica's own last renewal landed after the read it
+        knew, its answer cut off by the stop) read again and release once more if it still holds it."""
+        try:
+            await self.api.write(record, self._version)
+        except WriteConflict:
+            current, self._version = await self.api.read()
+            if current is None or current.holder != self.elector.identity:
+                raise
+            await self.api.write(replace(current, holder="", duration_s=RELEASED_DURATION_S), self._version)

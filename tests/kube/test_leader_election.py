@@ -136,3 +136,19 @@ async def test_api_errors_and_write_conflicts_never_make_two_leaders(
     for _ in range(3):
         await leader.election.step()
     assert leader.leading  # three failed renewals inside the renew deadline: still the leader
+
+
+async def test_a_release_that_meets_its_own_late_renewal_still_releases(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    """The stop cut off a renewal whose write landed: the release, written at the version before it,
+    conflicts. Seen under load in a full suite run ('leader lease not released (the object has been
+    modified)'): the standby then waited out the whole lease."""
+    a = replicas("a", 20.0).start()
+    await async_wait_until(lambda: a.leading, 5, what="a to lead")
+    await a.stop()
+    record, version = await a.api.read()
+    assert record is not None
+    await a.api.write(record, version)  # the renewal that landed after the last version a knew
+    await a.election.release()
+    assert fake.objects(selector="", resource="leases")[0]["spec"].get("holderIdentity", "") == ""
