@@ -135,14 +135,21 @@ class Election:
         self._on_change = on_change
         self._version: str | None = None
         self.problem: str | None = None  # the last failure, for the log (once per kind)
+        self._released = False  # stopping: never campaign again
+        self._turn = asyncio.Lock()  # one step or the release at a time
 
     async def run(self) -> None:
-        """Forever (cancel to stop)."""
-        while True:
+        """Until released (or cancelled)."""
+        while not self._released:
             await self.step()
             await asyncio.sleep(self._retry_period_s)  # the campaign's period, not a synchronisation
 
     async def step(self) -> None:
+        async with self._turn:
+            if not self._released:  # a release that came while this step waited ends the campaign
+                await self._step()
+
+    async def _step(self) -> None:
         elector = self.elector
         was = elector.leading
         try:
@@ -173,7 +180,14 @@ class Election:
         self.elector.wrote(proposal)
 
     async def release(self, timeout_s: float = 2.0) -> None:
-        """Hand the Lease back when stopping, so a standby need not wait out its duration."""
+        """Hand the Lease back when stopping, so a standby need not wait out its duration. The
+        campaign stops first (after the step in flight, whose write may be the last renewal): a
+        picker draining for minutes must not take the Lease again and renew it, unready."""
+        self._released = True
+        async with self._turn:
+            await self._hand_back(timeout_s)
+
+    async def _hand_back(self, timeout_s: float) -> None:
         record = self.elector.release()
         was = self.elector.leading
         self.elector.leading = False

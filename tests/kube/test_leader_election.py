@@ -152,3 +152,16 @@ async def test_a_release_that_meets_its_own_late_renewal_still_releases(
     await a.api.write(record, version)  # the renewal that landed after the last version a knew
     await a.election.release()
     assert fake.objects(selector="", resource="leases")[0]["spec"].get("holderIdentity", "") == ""
+
+
+async def test_a_released_lease_is_not_taken_again_by_its_own_campaign(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    """Shutdown releases first and stops the tasks later: the campaign still running must not
+    acquire the Lease again and renew it through the drain (issue 40, item 4)."""
+    a = replicas("a", 20.0).start()
+    await async_wait_until(lambda: a.leading, 5, what="a to lead")
+    await a.election.release()  # its election task is still running, as in the picker's shutdown
+    await asyncio.sleep(5 * RETRY_S)  # five of its campaign rounds (a measurement window)
+    assert not a.leading and [on for _, on in a.changes] == [True, False]
+    assert fake.objects(selector="", resource="leases")[0]["spec"].get("holderIdentity", "") == ""
