@@ -5,6 +5,7 @@ Used by the tests, `picker demo` and the benchmarks; every process is a child st
 
 from __future__ import annotations
 
+import secrets
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -226,7 +227,19 @@ class Stack:
             return ()
         members = ",".join(f"127.0.0.1:{port}" for port in self.peer_ports)
         port = self.peer_ports[index]
-        return ("--peers", members, "--peer-port", str(port), "--peer-advertise", f"127.0.0.1:{port}")
+        secret = self.workdir / "peer-secret"  # the pickers' credential, as a mounted Secret's key
+        if not secret.exists():
+            secret.write_text(secrets.token_hex(24) + "\n")
+        return (
+            "--peers",
+            members,
+            "--peer-port",
+            str(port),
+            "--peer-advertise",
+            f"127.0.0.1:{port}",
+            "--peer-secret-file",
+            str(secret),
+        )
 
     def start_picker(self) -> None:
         self.picker = Proc(

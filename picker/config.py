@@ -526,6 +526,23 @@ class PeersConfig(_Group):
         gt=0,
         description="what peers sent is read before each admission, and at least this often",
     )
+    # The pickers' own credential (picker/peer_auth.py: a challenge and an HMAC, never sent), from a
+    # Secret (PICKER_PEERS__SECRET, or --peer-secret-file); not the admin token.
+    secret: SecretStr | None = Field(
+        None, min_length=16, description="the pickers' shared peer credential (16+ chars, from a Secret)"
+    )
+    allow_unauthenticated: bool = Field(
+        False, description="peers without a credential: only for loopback test setups (said in the log)"
+    )
+
+    @model_validator(mode="after")
+    def _credential(self) -> PeersConfig:
+        if (self.members or self.service) and self.secret is None and not self.allow_unauthenticated:
+            raise ValueError(
+                "peers need a credential: set peers.secret from a Secret (PICKER_PEERS__SECRET or "
+                "--peer-secret-file); peers.allow_unauthenticated is for loopback-only test setups"
+            )
+        return self
 
     @field_validator("members", mode="before")
     @classmethod

@@ -1,7 +1,8 @@
 """The receiving side of the channel between pickers (picker/peers.py sends): peers' events applied
 to this picker's books and records, read when this picker needs them rather than when they arrive.
 
-A connection starts with a hello, `[kind, sender, token]`; on an `events` connection each message
+A connection starts with this picker's challenge and the peer's hello, `[kind, sender, proof]`
+(picker/peer_auth.py); on an `events` connection each message
 is a list of events (picker/peering.py), on a `drains` connection the answer is this picker's drain
 records. After the hello an events connection is not watched: what peers send waits in the socket
 until `PeerInbox.catch_up` reads it, which the request path calls before every admission (a pick
@@ -28,6 +29,7 @@ from typing import Any
 
 import msgpack
 
+from picker.peer_auth import CHALLENGE, new_nonce, verified
 from picker.peer_events import problem
 from picker.peering import Peering, owner_of
 from picker.peers import DRAINS, EVENTS, HELLO_TIMEOUT_S, MAX_BUFFER
@@ -47,16 +49,17 @@ class PeerInbox:
         self,
         peering: Peering,
         path: RequestPath,
-        token: str | None,
+        secret: str | None,
         drains: Callable[[], Any],
         read_every_s: float = 0.01,
     ) -> None:
         self._peering = peering
         self._path = path
-        self._token = token
+        self._secret = secret  # the pickers' credential; None: peers.allow_unauthenticated
         self._drains = drains
         self.read_every_s = read_every_s
-        self.refused = 0  # connections with a wrong or missing token
+        self.refused = 0  # connections refused at their hello (no proof, not a member, no hello)
+        self._said_refusals: set[str] = set()
         self.rejected: Counter[str] = Counter()  # events rejected whole, by reason
         self._said: set[tuple[str, str]] = set()
         self.watched = False  # events are read as they arrive (requests are queued), not on demand
@@ -73,6 +76,11 @@ class PeerInbox:
         listener.setblocking(False)
         loop.add_reader(listener, self._accept)
         self._listener = listener
+        if self._secret is None:
+            log.warning(
+                "peers.allow_unauthenticated: the peer port accepts any client that names a member; "
+                "for loopback-only test setups, never a cluster"
+            )
         return int(listener.getsockname()[1])
 
     def _accept(self) -> None:
@@ -110,16 +118,24 @@ class PeerInbox:
                     connection.watch(on)
 
     def hello(self, connection: _Inbound, hello: Any) -> bool:
-        """A connection's first message: True when it may send events (else it is answered or closed)."""
-        if not (isinstance(hello, list) and len(hello) == 3 and hello[0] in (EVENTS, DRAINS)):
-            log.warning("a peer connection without a hello; closed")
-            connection.close()
+        """A connection's first message: True when it may send events (else it is answered or closed).
+        It must prove the pickers' credential over this connection's challenge (picker/peer_auth.py)
+        and name one of this picker's peers."""
+        if not (
+            isinstance(hello, list)
+            and len(hello) == 3
+            and hello[0] in (EVENTS, DRAINS)
+            and isinstance(hello[1], str)
+            and 0 < len(hello[1]) <= 512
+        ):
+            self._refuse(connection, "?", "not-a-hello")
             return False
-        kind, name, token = hello
-        if self._token is not None and token != self._token:
-            self.refused += 1
-            log.warning("peer %s presented a wrong admin token; refused", name)
-            self.answer(connection, ["error", "unauthenticated: missing or wrong admin token"])
+        kind, name, presented = hello
+        if self._secret is not None and not verified(self._secret, connection.nonce, kind, name, presented):
+            self._refuse(connection, name, "unauthenticated")
+            return False
+        if name not in self._peering.peers:
+            self._refuse(connection, name, "not-a-member")
             return False
         if kind == DRAINS:
             self.answer(connection, self._drains())
@@ -127,6 +143,15 @@ class PeerInbox:
         connection.sender = str(name)
         connection.watch(self.watched)
         return True
+
+    def _refuse(self, connection: _Inbound, name: str, reason: str) -> None:
+        """A connection that may not talk here: counted, said (once per cause), answered and closed."""
+        self.refused += 1
+        self.rejected[reason] += 1
+        if reason not in self._said_refusals:
+            self._said_refusals.add(reason)
+            log.warning("a peer connection naming %.80s refused: %s", name, reason)
+        self.answer(connection, ["error", reason])
 
     def answer(self, connection: _Inbound, message: Any) -> None:
         """Send `message` on `connection`, then close it (an answer can be larger than a socket buffer)."""
@@ -198,6 +223,13 @@ class _Inbound:
         self._closed = False
         self._hello_timer: asyncio.TimerHandle | None = self._loop.call_later(HELLO_TIMEOUT_S, self.close)
         self.sender: str | None = None
+        # what the hello must prove the credential over: fresh per connection, so none is replayed
+        self.nonce = new_nonce()
+        try:
+            sock.send(msgpack.packb([CHALLENGE, self.nonce]))  # a few bytes into an empty buffer
+        except OSError:
+            self.close()
+            return
         self.watch(True)
 
     def watch(self, on: bool) -> None:

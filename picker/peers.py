@@ -2,10 +2,11 @@
 This module sends (and finds peers); picker/peer_inbox.py receives.
 
 Each picker listens on `peers.port` (plaintext, like the health port) and keeps one connection open
-to every other member. A connection starts with a hello, `[kind, sender, token]` (`token`: the
-`admin.token`, when set, which the receiver checks); then, on an `events` connection, each message
-is the list of events one loop turn produced for that peer (msgpack's stream framing: no length
-prefix). A broken connection is reopened with backoff; on each (re)connect the picker first sends a
+to every other member. A connection starts with the receiver's challenge and the sender's hello,
+`[kind, sender, proof]` (picker/peer_auth.py: an HMAC with the pickers' own credential, never sent;
+the receiver also checks that the sender is one of its peers); then, on an `events` connection, each
+message is the list of events one loop turn produced for that peer (msgpack's stream framing: no
+length prefix). A broken connection is reopened with backoff; on each (re)connect the picker first sends a
 `pick` for each request it has in flight, so a peer that restarted, or orphaned this picker's books
 when the connection broke, counts them again. A `drains` hello is answered with this picker's drain
 records and closed (`GET /admin/drains?scope=pool`).
@@ -27,6 +28,7 @@ from typing import Any, cast
 import msgpack
 
 from picker.config import canonical_address, format_address, parse_address
+from picker.peer_auth import challenge_of, proof
 from picker.peering import BOOKKEEPING, Event, Peering
 from picker.pipeline import RequestPath
 
@@ -80,14 +82,14 @@ class PeerLinks:
         self,
         peering: Peering,
         path: RequestPath,
-        token: str | None,
+        secret: str | None,
         service: str | None = None,
         every_s: float = 5.0,
         resolver: Callable[[str], Awaitable[list[str]]] = resolve,
     ) -> None:
         self._peering = peering
         self._path = path
-        self._token = token
+        self._secret = secret  # the pickers' credential (picker/peer_auth.py); None: unauthenticated
         self._static = peering.peers
         self._service, self._every_s, self._resolver = service, every_s, resolver
         self._links: dict[str, asyncio.Task[None]] = {}  # one connecting / reconnecting task per peer
@@ -171,9 +173,10 @@ class PeerLinks:
             try:
                 outbound = partial(_Outbound, partial(self._send_to, peer))
                 _, link = await loop.create_connection(outbound, host, port)
+                nonce = await asyncio.wait_for(link.challenge, HELLO_TIMEOUT_S)
                 # hello, then this picker's books; what was queued while down stays queued only
                 # if it is a report (the books supersede its picks and ends)
-                link.send([EVENTS, self._peering.name, self._token])
+                link.send([EVENTS, self._peering.name, self._proof(nonce, EVENTS)])
                 queued = [e for e in self._peering.outbox.take(peer) if e[0] not in BOOKKEEPING]
                 link.send([*self._in_flight(), *queued])
                 self._open_links[peer] = link
@@ -181,7 +184,7 @@ class PeerLinks:
                 attempt = 0
                 await link.lost
                 log.info("peer %s: connection lost; reconnecting", peer)
-            except OSError as exc:
+            except (OSError, TimeoutError) as exc:
                 if attempt == 0:
                     log.info("peer %s: %s; reconnecting", peer, type(exc).__name__)
             finally:
@@ -191,6 +194,9 @@ class PeerLinks:
                     link.close()
             await asyncio.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])  # a backoff, not a sync
             attempt += 1
+
+    def _proof(self, nonce: str, kind: str) -> str:
+        return "" if self._secret is None else proof(self._secret, nonce, kind, self._peering.name)
 
     def _send(self) -> None:
         """One message per connected peer with everything queued for it."""
@@ -215,10 +221,14 @@ class PeerLinks:
 
 
 class _Outbound(asyncio.Protocol):
-    """This picker's connection to one peer: written to synchronously, read only for its end."""
+    """This picker's connection to one peer: written to synchronously, read for the peer's challenge
+    (the first message) and then only for its end (a refusal)."""
 
     def __init__(self, on_resume: Callable[[], None]) -> None:
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self.challenge: asyncio.Future[str] = loop.create_future()
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=4096)
         self.paused = False
         self._on_resume = on_resume
         self._transport: asyncio.Transport | None = None
@@ -231,8 +241,16 @@ class _Outbound(asyncio.Protocol):
             self._transport.write(msgpack.packb(message))
 
     def data_received(self, data: bytes) -> None:
-        with contextlib.suppress(Exception):
-            log.warning("peer refused this picker: %s", msgpack.unpackb(data, raw=False))
+        if not self.challenge.done():
+            with contextlib.suppress(Exception):
+                self._unpacker.feed(data)
+                nonce = challenge_of(next(self._unpacker))
+                if nonce is not None:
+                    self.challenge.set_result(nonce)
+                    return
+        else:
+            with contextlib.suppress(Exception):
+                log.warning("peer refused this picker: %s", msgpack.unpackb(data, raw=False))
         if self._transport is not None:
             self._transport.close()
 
@@ -250,10 +268,12 @@ class _Outbound(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost.done():
             self.lost.set_result(None)
+        if not self.challenge.done():
+            self.challenge.set_exception(ConnectionError("closed before its challenge"))
 
 
 async def peer_drains(
-    peer: str, name: str, token: str | None, timeout_s: float = 2.0
+    peer: str, name: str, secret: str | None, timeout_s: float = 2.0
 ) -> list[dict[str, Any]]:
     """A peer's drain records (its admin API's `drains`), or [] when it does not answer."""
     host, port = parse_address(peer)
@@ -261,9 +281,14 @@ async def peer_drains(
     try:
         async with asyncio.timeout(timeout_s):
             reader, writer = await asyncio.open_connection(host, port)
-            writer.write(msgpack.packb([DRAINS, name, token]))
+            unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_BUFFER)
+            nonce = challenge_of(await _next(reader, unpacker))
+            if nonce is None:
+                raise ValueError("no challenge")
+            presented = "" if secret is None else proof(secret, nonce, DRAINS, name)
+            writer.write(msgpack.packb([DRAINS, name, presented]))
             await writer.drain()
-            drains = await _next(reader, msgpack.Unpacker(raw=False, max_buffer_size=MAX_BUFFER))
+            drains = await _next(reader, unpacker)
     except (OSError, TimeoutError, msgpack.UnpackException, ValueError) as exc:
         log.warning("drains from peer %s: %s", peer, type(exc).__name__)
         return []

@@ -58,6 +58,8 @@ SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "peer_port": ("peers", "port"),
     "peers_service": ("peers", "service"),
     "peer_advertise": ("peers", "advertise"),
+    "peer_secret_file": ("peers", "secret"),
+    "peers_allow_unauthenticated": ("peers", "allow_unauthenticated"),
     "prefix_affinity": ("affinity", "prefix"),
     "session_header": ("affinity", "session_header"),
     "kv_events_port": ("affinity", "kv_events_port"),
@@ -235,6 +237,15 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--peer-port", type=int, help="where this picker serves its peers (9004)")
     parser.add_argument("--peer-advertise", help="this picker's own peer address (default $POD_IP:port)")
+    parser.add_argument(
+        "--peer-secret-file", type=_secret_file, help="the pickers' peer credential, from a mounted Secret"
+    )
+    parser.add_argument(
+        "--peers-allow-unauthenticated",
+        action="store_const",
+        const=True,
+        help="peers without a credential (loopback-only test setups; said in the log)",
+    )
     parser.add_argument("--kv-events-port", type=int, help="precise: each engine's KV-event port (5557)")
     parser.add_argument(
         "--kv-events-port-offset", type=int, help="precise: or each endpoint's port plus this (one host)"
@@ -249,6 +260,16 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "--rollout-step-interval", type=float, help="canary: seconds a step lasts at least (60)"
     )
     add_reference_flags(parser)
+
+
+def _secret_file(value: str) -> str:
+    """The credential in a file (a mounted Secret's key), without its trailing newline."""
+    from pathlib import Path
+
+    try:
+        return Path(value).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read the peer secret file {value}: {exc}") from None
 
 
 def _seconds(value: str) -> float:

@@ -103,11 +103,11 @@ class Core:
         if self.path.peering is not None:
             from picker.peers import PeerLinks
 
-            token, peers = self.config.admin.token, self.config.peers
+            peers = self.config.peers
             links = PeerLinks(
                 self.path.peering,
                 self.path,
-                token.get_secret_value() if token else None,
+                self.peer_secret(),
                 service=peers.service,
                 every_s=peers.resolve_interval_s,
             )
@@ -187,13 +187,9 @@ class Core:
             return None
         from picker.peer_inbox import PeerInbox
 
-        token, peers = self.config.admin.token, self.config.peers
+        peers = self.config.peers
         inbox = PeerInbox(
-            peering,
-            self.path,
-            token.get_secret_value() if token else None,
-            self.pool.drain_summaries,
-            read_every_s=peers.read_every_s,
+            peering, self.path, self.peer_secret(), self.pool.drain_summaries, read_every_s=peers.read_every_s
         )
         self.metrics.register_peer_rejections(lambda: inbox.rejected)
         port = await inbox.listen(self.config.server.bind_address, peers.port)
@@ -202,13 +198,17 @@ class Core:
         log.info("peers name=%s members=%s port=%d", peering.name, ",".join(peering.peers), port)
         return port
 
+    def peer_secret(self) -> str | None:
+        """The pickers' credential (None: peers.allow_unauthenticated, said once in the log)."""
+        secret = self.config.peers.secret
+        return None if secret is None else secret.get_secret_value()
+
     async def pool_drains(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Every picker's drain records merged: what the pool's drains were (`picker scorecard`)."""
         from picker.peers import peer_drains
 
         peering = self.path.peering
-        token = self.config.admin.token
-        secret = token.get_secret_value() if token else None
+        secret = self.peer_secret()
         theirs = (
             await asyncio.gather(*(peer_drains(p, peering.name, secret) for p in peering.peers))
             if peering

@@ -260,6 +260,21 @@ def _check_picker_probes(container: Container, report: Report) -> None:
         )
 
 
+def _check_peer_credential(container: Container, report: Report) -> None:
+    """PICKER-004: peers on, and no credential for them (or the loopback-only relaxation)."""
+    words = container.argv
+    if not any(
+        w.startswith(("--peers=", "--peers-service=")) or w in ("--peers", "--peers-service") for w in words
+    ):
+        return
+    env = {str(e.get("name")) for e in container.data.get("env") or [] if isinstance(e, dict)}
+    has_file = any(w.startswith("--peer-secret-file") for w in words)
+    relaxed = any(w.startswith("--peers-allow-unauthenticated") for w in words)
+    if relaxed or not (has_file or "PICKER_PEERS__SECRET" in env):
+        why = "--peers-allow-unauthenticated" if relaxed else "no PICKER_PEERS__SECRET, no --peer-secret-file"
+        report.add("PICKER-004", container.doc, container.args_path, why)
+
+
 def check_pickers(inputs: Inputs, engines: list[EngineBudget], report: Report, budget: Budget) -> None:
     engine_grace = max((e.workload.grace_s for e in engines), default=None)
     drains = [e for e in engines if e.drain_s is not None]
@@ -277,6 +292,7 @@ def check_pickers(inputs: Inputs, engines: list[EngineBudget], report: Report, b
             )
         for container in workload.picker_containers():
             _check_picker_probes(container, report)
+            _check_peer_credential(container, report)
             drain_s = _picker_drain_s(container)
             if isinstance(drain_s, Unknown):
                 report.skip("GRACE-003", doc, drain_s.why)

@@ -115,6 +115,15 @@ _CATALOGUE = (
         "sending it new streams while it drains.",
     ),
     Rule(
+        "PICKER-004",
+        E,
+        "peers without a credential",
+        "The pickers share their books over the peer port (--peers or --peers-service), which listens "
+        "on the pod network: without the pickers' own credential (PICKER_PEERS__SECRET from a Secret, or "
+        "--peer-secret-file), or with --peers-allow-unauthenticated, any pod in the cluster could write "
+        "in their books. A picker without one refuses to start; create the Secret (config/k8s/picker.yaml).",
+    ),
+    Rule(
         "PICKER-003",
         E,
         "picker liveness on a service that drains",

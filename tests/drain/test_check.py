@@ -167,6 +167,10 @@ def _canary_without_observer(m: Manifests) -> None:
     m.hcm["http_filters"] = [f for f in m.hcm["http_filters"] if "observer" not in f["name"]]
 
 
+def _peers_without_credential(m: Manifests) -> None:
+    m.picker["env"] = [e for e in m.picker["env"] if e["name"] != "PICKER_PEERS__SECRET"]
+
+
 def _eds_with_health_checks(m: Manifests) -> None:
     cluster = m.pool_cluster
     cluster["type"] = "EDS"
@@ -251,6 +255,7 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
     ("ENVOY-014", "no observer, no gRPC access log, response body NONE",
      _without_observer),
     ("ROLLOUT-004", "canary, no filter sees response bodies", _canary_without_observer),
+    ("PICKER-004", "peers without their credential", _peers_without_credential),
     ("ENVOY-015", "failClose without the contract reply",
      lambda m: m.hcm.pop("local_reply_config")),
     ("ENVOY-016", "default picker-cluster circuit breakers",

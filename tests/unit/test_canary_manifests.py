@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from picker.cli import _load, build_parser
@@ -62,13 +63,17 @@ def test_two_deployments_in_one_pool_never_claim_each_others_pods() -> None:
     assert versions == {"v1", "v2"}
 
 
-def test_the_pickers_run_the_canary_on_the_pod_label() -> None:
+def test_the_pickers_run_the_canary_on_the_pod_label(monkeypatch: pytest.MonkeyPatch) -> None:
     docs = documents()
     picker = next(
         d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "vllm-llama-picker"
     )
     container = picker["spec"]["template"]["spec"]["containers"][0]
     args = [a.replace("$(POD_NAMESPACE)", "default") for a in container["args"]]
+    for env in container["env"]:  # what the kubelet sets from the Secrets it names
+        if "secretKeyRef" in env.get("valueFrom", {}):
+            monkeypatch.setenv(env["name"], "a-secret-value-the-kubelet-sets-0123")
     config = _load(build_parser().parse_args(["serve", *args]))
+    assert config.peers.secret is not None
     assert config.rollout.candidate == "v2" and config.rollout.stable == "v1"
     assert config.rollout.group_label == "app.kubernetes.io/version"

@@ -142,3 +142,14 @@ def test_env_errors_name_the_field_and_the_variable() -> None:
 def test_durations_and_figures_must_be_finite(overrides: dict[str, object]) -> None:
     with pytest.raises(ConfigError, match="finite"):
         load_config(overrides=overrides)
+
+
+def test_peers_without_a_credential_refuse_to_start_with_one_clear_line() -> None:
+    with pytest.raises(ConfigError, match="peers need a credential"):
+        load_config(overrides={"peers": {"members": ["10.0.0.1:9004", "10.0.0.2:9004"]}})
+    with pytest.raises(ConfigError, match="peers need a credential"):
+        load_config(overrides={"peers": {"service": "pickers.ns.svc:9004"}})
+    relaxed = load_config(overrides={"peers": {"members": ["127.0.0.1:9004"], "allow_unauthenticated": True}})
+    assert relaxed.peers.secret is None
+    alone = load_config(overrides={})
+    assert alone.peers.secret is None  # no peers: nothing to authenticate

@@ -33,6 +33,7 @@ def config(tmp_path: Path, ready_timeout_s: float) -> PickerConfig:
                 "port": int(me.rsplit(":", 1)[1]),
                 "advertise": me,
                 "ready_timeout_s": ready_timeout_s,
+                "secret": "a-peer-secret-of-32-characters-0",
             },
         }
     )
