@@ -79,6 +79,7 @@ SHAPES: dict[str, tuple[tuple[Check, ...], tuple[Check, ...]]] = {
     "started": ((_status, _text_or_none, _bool_or_none), ()),  # status, served endpoint, streaming
     "first": ((), (_time,)),  # when, on the sender's clock
     "alive": ((), ()),
+    "blind": ((), ()),  # its observer there sees no body: the owner's gauges end it
     "ended": ((_bool,), (_summary, _time)),  # end of stream; summary; when
     "log": ((_count, _flags, _status, _text_or_none), ()),  # attempts, flags, status, upstream
 }

@@ -267,6 +267,13 @@ class Peering:
         self.forwarded += 1
         return True
 
+    def blind(self, record: RequestRecord) -> None:
+        """Its observer stream here sees no body (response headers only): no end will be seen here;
+        the owner's engine gauges (or access log) end it, and nothing is left behind here."""
+        if self._shadows.pop(record.request_id, None) is not None:
+            self._alive_at.pop(record.request_id, None)
+            self._report(record, ["blind", record.request_id])
+
     def _report(self, record: RequestRecord, event: Event) -> None:
         assert record.owner is not None
         self.outbox.to(record.owner, event)

@@ -17,16 +17,14 @@ from typing import Any
 from picker.peering import Peering, happened_at
 from picker.placement import Placement
 from picker.pool import EndpointState, Pool
-from picker.rollout import CUT, Canary, Sample
+from picker.rollout import Canary
+from picker.rollout.evidence import sample_of
 from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
 from picker.streams.classify import drain_end, shutting_down
 from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 
-# ends that say nothing of the model server: not a canary gate's sample (an `unobserved` one still
-# says its status, where response headers reached the picker)
-_NOT_A_SAMPLE = frozenset({EndReason.CLIENT_DISCONNECT, EndReason.REJECTED, EndReason.SHUTDOWN_CUT})
 _RECENT_KEPT = 4096  # ended records kept for late access-log entries (a few seconds of traffic)
 
 
@@ -157,6 +155,17 @@ class ResponseSide:
             reason = EndReason.STALLED if record.stalled else cut
         self.finish(record, reason)
 
+    def observer_blind(self, record: RequestRecord) -> None:
+        """An observer stream that sees no response body (Envoy ends it at the headers): the access
+        log, else the engine's gauges, end the request; another picker's, on that picker."""
+        if record.owner is not None:
+            assert self.peering is not None
+            self.peering.blind(record)
+        elif self.access_log_seen:
+            self.await_access_log(record)
+        else:
+            self.hand_to_engine(record)
+
     def upstream_retried(self, record: RequestRecord, retries: int) -> None:
         """The frontend retried before the first byte (the proxy; Envoy reports it in its access log)."""
         if retries > 0:
@@ -279,40 +288,11 @@ class ResponseSide:
                 listener()
 
     def _canary_sample(self, record: RequestRecord, reason: EndReason, now: float, canary: Canary) -> None:
-        """What the request says about the group that served it (a fallback may have moved it);
-        ends that say nothing of the model server (the client left, nothing observed) are skipped."""
-        if reason in _NOT_A_SAMPLE:
-            return
-        where = self._pool.get(record.endpoint or "")
-        group = canary.group_of(where.labels) if where is not None else record.group
-        tracker = record.tracker
-        first = tracker.first_byte_at if tracker is not None else None
-        sent = record.lease.picked_at if record.lease is not None else record.admitted_at
-        itl = None
-        if (
-            tracker is not None
-            and first is not None
-            and tracker.last_chunk_at is not None
-            and tracker.token_chunks > 1
-        ):
-            itl = (tracker.last_chunk_at - first) / (tracker.token_chunks - 1)
-        if reason is EndReason.UNOBSERVED:  # its end unseen: only its status, if that came
-            if not record.status:
-                return
-            cut, error = None, record.status >= 500 and first is None
-        else:
-            cut, error = reason in CUT, reason is EndReason.UPSTREAM_ERROR_STATUS
-        canary.ended(
-            group,
-            Sample(
-                now,
-                cut=cut,
-                error=error,
-                # from its dispatch: time in the picker's queue is no fault of the group's
-                ttft_s=None if first is None else first - sent,
-                itl_s=itl,
-            ),
-        )
+        """What the request says about the group that served it (a fallback may have moved it)."""
+        sample = sample_of(record, reason, now)
+        if sample is not None:
+            where = self._pool.get(record.endpoint or "")
+            canary.ended(canary.group_of(where.labels) if where is not None else record.group, sample)
 
     def _silent(self, record: RequestRecord, now: float) -> bool:
         """A stream whose engine sent tokens, then nothing for `cut_after_silence_s` before it ended
@@ -363,6 +343,8 @@ class ResponseSide:
                         record.trace.first_token()
                     if record.prefill_at is not None:
                         self.placement.prefilled(record)
+            case "blind":  # its observer, on that picker, sees no body: no end will come from there
+                self.observer_blind(record)
             case "alive":
                 if record.tracker is not None:
                     record.tracker.last_chunk_at = self._clock()

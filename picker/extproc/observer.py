@@ -66,10 +66,7 @@ class ObserverSession:
             elif not self._bodies:
                 # Envoy ends this stream now: the access log (else the engine's gauges) ends the request
                 self._ended = True
-                if self._path.access_log_seen:
-                    self._path.await_access_log(record)
-                else:
-                    self._path.hand_to_engine(record)
+                self._path.observer_blind(record)
         elif kind == "response_trailers":
             self._end(True)
 

@@ -259,3 +259,24 @@ def test_a_report_without_an_age_or_with_a_bad_one_is_dated_on_arrival() -> None
     now[0] = 11.0
     a.path.peer_event(["ended", record.request_id, True, None], B)
     assert record.ended_at == 11.0
+
+
+def test_an_observer_that_sees_no_body_hands_the_end_to_the_owners_engine_gauges() -> None:
+    """Issue 40, item 3: with an observer that sees response headers only, the observing picker's
+    shadow record was never removed (one more per peer request) and the owner's record waited for
+    an end that never came, holding its slot until the endpoint went away."""
+    a, b = Picker(A), Picker(B)
+    record = a.path.admit(REQUEST).payload
+    deliver(a, b)
+    shadow = b.path.attach_observer(record.request_id)
+    assert shadow is not None
+    b.path.response_started(shadow, 200, record.picked[0], True)
+    b.path.observer_blind(shadow)  # the observer's stream ends at the headers: no body will come
+    deliver(a, b)
+    assert not b.peering._shadows  # nothing left behind on the observing picker
+    assert record.engine_tracked  # the owner's engine gauges end it
+    endpoint = a.pool.get(record.picked[0])
+    assert endpoint is not None
+    endpoint.load = LoadSample(0, 0, 0.0, a.pool.now() + 1, endpoint.arrivals, endpoint.departures)
+    a.path.capacity_changed()
+    assert record.ended and a.pool.in_flight() == 0
