@@ -20,6 +20,7 @@ state conflict 409, not allowed 401/403.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import ipaddress
 import logging
@@ -202,6 +203,7 @@ class _Admin:
         self.data_planes: DataPlanes | None = None
         self.overview: Overview | None = None
         self.trust_loopback = False
+        self._drains_turn = asyncio.Lock()
 
     def refusal(self, request: web.Request) -> web.Response | None:
         """None when the caller may change state: it presents the token, or no token is set (or
@@ -266,18 +268,21 @@ class _Admin:
                 log.warning("admin %s refused peer=%s status=%d", verb, request.remote, refused.status)
                 return refused
             address = self.address_of(request)
-            if verb == "drain" and self.guard is not None:
-                blocked = await self.guarded(request, address, self.guard)
-                if blocked is not None:
-                    return blocked
-            try:
-                endpoint = await action(address)
-            except UnknownEndpoint:
-                return _error(404, f"no endpoint {address}")
-            except EndpointConflict as exc:
-                return _error(409, str(exc))
-            except DrainRecordUnavailable as exc:
-                return _error(503, str(exc), {"Retry-After": "1"})
+            # a drain is judged and applied as one: a second one waits, then is judged on the pool
+            # the first left (two at once both passed, and left 4 slots for a demand of 6)
+            async with self._drains_turn if verb == "drain" else contextlib.nullcontext():
+                if verb == "drain" and self.guard is not None:
+                    blocked = await self.guarded(request, address, self.guard)
+                    if blocked is not None:
+                        return blocked
+                try:
+                    endpoint = await action(address)
+                except UnknownEndpoint:
+                    return _error(404, f"no endpoint {address}")
+                except EndpointConflict as exc:
+                    return _error(409, str(exc))
+                except DrainRecordUnavailable as exc:
+                    return _error(503, str(exc), {"Retry-After": "1"})
             reached = await self.propagate() if self.propagate is not None else {}
             log.info(
                 "admin %s address=%s peer=%s state=%s shared=%s%s",

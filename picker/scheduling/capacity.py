@@ -76,13 +76,18 @@ def drain_verdict(
     """Whether draining `address` leaves enough READY capacity for the demand (x (1 + headroom)).
 
     Allowed when the endpoint is not READY (nothing changes), when nothing is asked of the pool, and
-    when capacity cannot be known (an endpoint's slots unknown; say so)."""
+    when capacity cannot be known (an endpoint's slots unknown; say so); never for the last READY
+    endpoint (only `force` drains it)."""
     listed = list(endpoints)
     target = next((e for e in listed if e.address == address), None)
     load = demand(listed, queued)
     needed = load * (1.0 + headroom)
     if target is None or target.state is not EndpointState.READY:
         return Verdict(True, None, load, needed, "not ready: a drain takes no capacity away")
+    if not any(e.state is EndpointState.READY and e.address != address for e in listed):
+        # whatever the demand this instant (0 between two requests): nothing would be left to route to
+        left = 0
+        return Verdict(False, left, load, needed, f"{address} is the last ready endpoint: force it if meant")
     if slots_of(target, engine_slots) is None:
         return Verdict(True, None, load, needed, "its slot count is unknown: not judged")
     left = ready_capacity(listed, engine_slots, frozenset({address}))

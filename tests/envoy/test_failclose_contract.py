@@ -70,7 +70,7 @@ def test_other_503s_keep_their_meaning(tmp_path: Path) -> None:
         http_client.delete(f"http://{replica}/sim/faults", timeout=5).raise_for_status()
         # The picker's own rejected-no-endpoints 503 reaches the client unchanged.
         drained = http_client.post(
-            f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{replica}/drain", timeout=5
+            f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{replica}/drain?force=true", timeout=5
         )
         assert drained.status_code == 200, drained.text
         response = _post(stack)

@@ -123,7 +123,9 @@ def picks(stack: Stack) -> dict[str, float]:
 
 
 def admin(stack: Stack, replica: str, verb: str) -> None:
-    url = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{replica}/{verb}"
+    # every replica drained on purpose: past the capacity guard's last-ready rule
+    force = "?force=true" if verb == "drain" else ""
+    url = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{replica}/{verb}{force}"
     response = http_client.post(url, timeout=5)
     assert response.status_code == 200, response.text
 

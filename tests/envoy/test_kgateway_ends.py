@@ -36,7 +36,7 @@ async def test_the_request_ends_when_its_response_ends_not_a_grace_later(tmp_pat
                 )
             )
             await asyncio.wait_for(flowing.wait(), 10)
-            (await http.post(f"{admin}/admin/endpoints/{replica}/drain")).raise_for_status()
+            (await http.post(f"{admin}/admin/endpoints/{replica}/drain?force=true")).raise_for_status()
             result = await asyncio.wait_for(stream, 30)
             assert result.ok
             deadline = time.monotonic() + 10
@@ -99,7 +99,7 @@ async def test_with_a_grpc_access_log_each_end_has_its_reason_and_its_real_time(
                     )
                 )
                 await asyncio.wait_for(flowing.wait(), 10)
-                (await http.post(f"{admin}/admin/endpoints/{replica}/drain")).raise_for_status()
+                (await http.post(f"{admin}/admin/endpoints/{replica}/drain?force=true")).raise_for_status()
                 await asyncio.wait_for(stream, 30)
                 deadline = time.monotonic() + 10
                 while True:  # the record's time to zero, once the request has ended (bounded poll)

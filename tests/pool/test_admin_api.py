@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -193,3 +194,38 @@ async def test_metrics_show_states_and_drains(make_client: Factory, pool: Pool) 
     assert 'picker_endpoint_state{endpoint="10.0.0.1:8000",state="not-ready"} 0.0' in text
     assert "picker_drains_opened_total 1.0" in text and "picker_drains_open 1.0" in text
     assert "picker_drain_picks_after_start_total 0.0" in text
+
+
+async def test_two_drains_at_once_are_judged_one_after_the_other(pool: Pool) -> None:
+    """Issue 40, item 9: the guard judged, then awaited the drain, so two concurrent drains both got
+    200 and left 4 slots for a demand of 6. Judged and applied as one, the second sees the first."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from picker.http_admin import CapacityGuard
+    from picker.sources.drain_store import LocalDrains
+
+    for address, in_flight in (("10.0.0.1:8000", 2), ("10.0.0.2:8000", 2), ("[fd00::1]:8000", 2)):
+        pool.get(address).in_flight = in_flight  # type: ignore[union-attr]  # a demand of 6
+
+    class SlowDrains(LocalDrains):
+        async def drain(self, address: str):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(0.05)  # a store's round trip (the ConfigMap's): the window the race had
+            return await super().drain(address)
+
+    metrics = Metrics()
+    metrics.register_pool(pool)
+    guard = CapacityGuard(pool, lambda: 0, engine_slots=4, headroom=0.0, wait_max_s=0.0)
+    app = admin_app(pool, metrics, drains=SlowDrains(pool), guard=guard)
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        first, second = await asyncio.gather(
+            client.post("/admin/endpoints/10.0.0.1:8000/drain"),
+            client.post("/admin/endpoints/10.0.0.2:8000/drain"),
+        )
+    finally:
+        await client.close()
+    assert sorted([first.status, second.status]) == [200, 409]
+    assert len(pool.ready()) == 2  # 8 slots for the demand of 6
+    for address in ("10.0.0.1:8000", "10.0.0.2:8000", "[fd00::1]:8000"):
+        pool.get(address).in_flight = 0  # type: ignore[union-attr]

@@ -37,9 +37,14 @@ def test_the_headroom_counts_and_peers_requests_are_demand() -> None:
     assert not drain_verdict(pool, "10.0.0.1:8000", queued=0, engine_slots=4, headroom=0.5).allowed
 
 
-def test_the_last_ready_replica_under_load_is_guarded_and_an_idle_pool_is_not() -> None:
+def test_the_last_ready_replica_is_never_drained_without_force_even_idle() -> None:
+    """Issue 40, item 9: at a momentary demand of 0 the guard let the last ready endpoint go."""
     assert not drain_verdict(endpoints(1), "10.0.0.1:8000", queued=0, engine_slots=4, headroom=0).allowed
-    assert drain_verdict(endpoints(0), "10.0.0.1:8000", queued=0, engine_slots=4, headroom=0.1).allowed
+    idle = drain_verdict(endpoints(0), "10.0.0.1:8000", queued=0, engine_slots=4, headroom=0.1)
+    assert not idle.allowed and "last ready endpoint" in idle.reason
+    unknown = drain_verdict(endpoints(0), "10.0.0.1:8000", queued=0, engine_slots=None, headroom=0.1)
+    assert not unknown.allowed  # slots unknown or not: nothing would be left to route to
+    assert drain_verdict(endpoints(0, 0), "10.0.0.1:8000", queued=0, engine_slots=4, headroom=0.1).allowed
 
 
 def test_unknown_slots_are_not_judged() -> None:
