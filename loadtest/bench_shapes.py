@@ -88,6 +88,7 @@ class Outcome:
     stats: list[StreamStats] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)  # |books - engine| per replica per sample
     modes: str = ""
+    at_scrapes: dict[float, float] = field(default_factory=dict)  # the picker's histogram, le -> count
 
 
 def plan(rate: float, seconds: float, seed: int) -> list[tuple[float, str, int]]:
@@ -198,6 +199,17 @@ async def data_planes(metrics_port: int) -> str:
     return ",".join(sorted(set(listed.get("data_planes", {}).values())))
 
 
+async def gaps_at_scrapes(metrics_port: int) -> dict[float, float]:
+    """The picker's own books-gap histogram (picker_books_gap_requests): le -> scrapes at or below."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        text = (await client.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
+    buckets = {}
+    for (name, labels), value in parse_metrics(text).items():
+        if name == "picker_books_gap_requests_bucket":
+            buckets[float(dict(labels)["le"])] = value
+    return buckets
+
+
 async def load(
     stack: Stack, send: Send, requests: list[tuple[float, str, int]], seconds: float, picker: bool = True
 ) -> Outcome:
@@ -213,6 +225,7 @@ async def load(
         sampler.cancel()
     if picker:
         outcome.modes = await data_planes(stack.metrics_port)
+        outcome.at_scrapes = await gaps_at_scrapes(stack.metrics_port)
     return outcome
 
 
@@ -264,7 +277,10 @@ def report(name: str, outcome: Outcome, baseline_p90: float | None) -> str:
     ratio = "" if baseline_p90 is None or not baseline_p90 else f"x{p90 / baseline_p90:.2f}"
     modes = outcome.modes or "-"
     counts = f"{failed} of {len(outcome.stats)}"
-    return f"| {name} | {modes} | {p50:.0f} | {p90:.0f} | {ratio} | {counts} | {books} | {within} |"
+    scrapes = outcome.at_scrapes
+    total = scrapes.get(float("inf"), 0.0)
+    at = "-" if not total else f"{100 * scrapes.get(1.0, 0.0) / total:.1f} % of {total:.0f}"
+    return f"| {name} | {modes} | {p50:.0f} | {p90:.0f} | {ratio} | {counts} | {books} | {within} | {at} |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,9 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     print("pool: 2 fast x 16 slots, 1 half as fast x 16, 1 fast x 8")
     print(
         "| row | ends seen by | TTFT p50 ms | TTFT p90 ms | p90 vs Envoy | failed "
-        "| books - engine p50 / p95 / max | within 1 |"
+        "| books - engine p50 / p95 / max | within 1 | at the picker's scrapes, within 1 |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     baseline: float | None = None
     with tempfile.TemporaryDirectory(prefix="bench-shapes-") as tmp:
         for name in names:

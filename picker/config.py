@@ -535,6 +535,10 @@ class PeersConfig(_Group):
         False, description="peers without a credential: only for loopback test setups (said in the log)"
     )
 
+    def credential(self) -> str | None:
+        """The pickers' credential (None: peers.allow_unauthenticated, said in the log)."""
+        return None if self.secret is None else self.secret.get_secret_value()
+
     @model_validator(mode="after")
     def _credential(self) -> PeersConfig:
         if (self.members or self.service) and self.secret is None and not self.allow_unauthenticated:

@@ -26,7 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from picker.contract import Outcome
-from picker.pool import DrainEnd, DrainExit, DrainRecord, EndpointState, Pool
+from picker.pool import DrainEnd, DrainExit, DrainRecord, Endpoint, EndpointState, Pool
+from picker.scheduling.load import books_gap
 from picker.streams import EndReason
 from picker.streams.ends import DataPlanes, Ends
 
@@ -387,6 +388,13 @@ class Metrics:
             buckets=_PICK_BUCKETS,
             registry=r,
         )
+        self._books_gap = Histogram(
+            "picker_books_gap_requests",
+            "At each scrape, how far the pickers' count on an endpoint was from its engine's running + "
+            "waiting (less what was on its way): about 0 where every end is seen",
+            buckets=(0.0, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0),
+            registry=r,
+        )
         self._queue_wait = Histogram(
             "picker_flow_wait_seconds",
             "Time spent in the admission queue, by outcome",
@@ -510,6 +518,10 @@ class Metrics:
     def count_source_event(self, source: str, event: str) -> None:
         """`source` and `event` come from code (closed sets in picker/sources), never from requests."""
         self._source_events.labels(bounded_label(source), bounded_label(event)).inc()
+
+    def books_checked(self, endpoint: Endpoint) -> None:
+        """A scrape just read `endpoint`'s gauges: how far the books were from them."""
+        self._books_gap.observe(abs(books_gap(endpoint)))
 
     def count_admission(self, outcome: Outcome, waited_s: float) -> None:
         """Every request's admission outcome, with the time it spent queued (0 when not queued)."""

@@ -107,7 +107,7 @@ class Core:
             links = PeerLinks(
                 self.path.peering,
                 self.path,
-                self.peer_secret(),
+                self.config.peers.credential(),
                 service=peers.service,
                 every_s=peers.resolve_interval_s,
             )
@@ -189,7 +189,11 @@ class Core:
 
         peers = self.config.peers
         inbox = PeerInbox(
-            peering, self.path, self.peer_secret(), self.pool.drain_summaries, read_every_s=peers.read_every_s
+            peering,
+            self.path,
+            self.config.peers.credential(),
+            self.pool.drain_summaries,
+            read_every_s=peers.read_every_s,
         )
         self.metrics.register_peer_rejections(lambda: inbox.rejected)
         port = await inbox.listen(self.config.server.bind_address, peers.port)
@@ -198,17 +202,12 @@ class Core:
         log.info("peers name=%s members=%s port=%d", peering.name, ",".join(peering.peers), port)
         return port
 
-    def peer_secret(self) -> str | None:
-        """The pickers' credential (None: peers.allow_unauthenticated, said once in the log)."""
-        secret = self.config.peers.secret
-        return None if secret is None else secret.get_secret_value()
-
     async def pool_drains(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Every picker's drain records merged: what the pool's drains were (`picker scorecard`)."""
         from picker.peers import peer_drains
 
         peering = self.path.peering
-        secret = self.peer_secret()
+        secret = self.config.peers.credential()
         theirs = (
             await asyncio.gather(*(peer_drains(p, peering.name, secret) for p in peering.peers))
             if peering
@@ -296,7 +295,9 @@ def build_core(config: PickerConfig) -> Core:
         metrics.register_peers(path.peering)
     pool.on_change(path.capacity_changed)
     scraper = (
-        Scraper(pool, load, on_round=path.capacity_changed, on_failure=metrics.count_scrape_failure)
+        Scraper(
+            pool, load, path.capacity_changed, metrics.count_scrape_failure, on_sample=metrics.books_checked
+        )
         if load.scrape
         else None
     )

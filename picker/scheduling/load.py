@@ -77,6 +77,18 @@ def estimated_load(view: LoadView) -> float:
     return max(counted(view), scraped)
 
 
+def books_gap(view: LoadView) -> float:
+    """The books' error at a scrape, just read: what the pickers count on the endpoint less what its
+    engine holds (running + waiting) and less what this picker sent since the scrape was sent (on
+    its way there). About 0 where every end is seen; where ends are hidden, the ends since the last
+    scrape (the picker's view lags by one scrape interval)."""
+    sample = view.load
+    if sample is None:
+        return 0.0
+    own_since = (view.arrivals - view.peer_arrivals) - (sample.arrivals_before - sample.peer_arrivals_before)
+    return counted(view) - sample.running - sample.waiting - own_since
+
+
 def estimated_waiting(view: LoadView, policy: LoadPolicy) -> float:
     """Requests queued on the engine now (0 without a scrape)."""
     sample = view.load

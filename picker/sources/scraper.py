@@ -19,7 +19,7 @@ from collections.abc import Callable
 import aiohttp
 
 from picker.config import LoadConfig
-from picker.pool import EndpointState, Pool
+from picker.pool import Endpoint, EndpointState, Pool
 from picker.pool.load import record_engine_info, record_failure, record_sample
 from picker.sources.vllm_metrics import EngineGauges, GaugeScanner, MetricsPageError, gauge_names
 
@@ -41,10 +41,12 @@ class Scraper:
         on_round: Callable[[], None],
         on_failure: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_sample: Callable[[Endpoint], None] | None = None,
     ) -> None:
         self._pool = pool
         self._config = config
         self._on_round = on_round
+        self._on_sample = on_sample  # each good scrape, before the round settles anything
         self._on_failure = on_failure or (lambda endpoint, kind: None)
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
@@ -109,6 +111,8 @@ class Scraper:
                 peer_arrivals_before=peer_arrivals_before,
                 sent_at=sent_at,
             )
+            if self._on_sample is not None:
+                self._on_sample(endpoint)
             adapters = gauges.adapters
             record_engine_info(
                 endpoint,

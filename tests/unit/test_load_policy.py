@@ -97,3 +97,17 @@ def test_pick_prefers_the_least_loaded_and_needs_one_with_room() -> None:
 
 def test_without_metrics_pick_is_least_in_flight() -> None:
     assert pick([Cand("a", 2), Cand("b", 1)], 1, random.Random(0)) == ["b"]
+
+
+def test_the_books_gap_is_what_the_books_count_beyond_the_engine_and_what_is_on_its_way() -> None:
+    from picker.pool.load import record_sample
+    from picker.scheduling.load import books_gap
+
+    endpoint = Endpoint("10.0.0.1:8000", EndpointState.READY, 0.0, in_flight=3, arrivals=5, departures=2)
+    assert books_gap(endpoint) == 0.0  # no scrape yet: nothing to compare
+    record_sample(endpoint, running=3, waiting=0, kv_usage=0.0, now=1.0)
+    assert books_gap(endpoint) == 0.0  # every end seen: the books are the engine's
+    endpoint.in_flight, endpoint.arrivals = 4, 6  # one more sent after the scrape was: on its way
+    assert books_gap(endpoint) == 0.0
+    record_sample(endpoint, running=2, waiting=1, kv_usage=0.0, now=2.0)  # one ended, unseen here
+    assert books_gap(endpoint) == 1.0
