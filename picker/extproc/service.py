@@ -265,12 +265,14 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         On a connection where nothing reports ends, the engine's gauges count it meanwhile: held
         by the picker's own count for the grace, a busy pool's books would run seconds ahead.
         """
-        if self._blind(peer, record):
-            self._learn(peer, Ends.ENGINE)
+        handed = self._blind(peer, record)
+        if handed:
             self.path.hand_to_engine(record)
 
         def expire() -> None:
             self._timers.discard(handle)
+            if handed and not record.observed and peer not in self._observer_peers:
+                self._learn(peer, Ends.ENGINE)  # confirmed: no observer came (said once the grace is over)
             if record.ended or record.observed:
                 return
             if record.response_started_at is None:

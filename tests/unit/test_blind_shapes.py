@@ -126,9 +126,15 @@ async def _shim(h: object) -> None:
 
 
 async def test_each_connection_says_how_it_sees_ends_in_the_admin_view_and_the_metric() -> None:
-    h = make([A], grace=LONG_GRACE)
-    await route(h, "ipv4:127.0.0.1:1")
-    await _run_until_claimed(h, [request_headers({headers.PICKER_REQUEST_ID: "x"}, observer=True)])
+    h = make([A], grace=0.05)
+    await route(h, "ipv4:127.0.0.1:1")  # nobody claims it: confirmed blind once the grace is over
+    await route(h, ENVOY)
+    second = list(h.path._live.values())[-1]
+    # an observer comes on ENVOY's connection within the grace, as in the shipped config
+    await _run_until_claimed(
+        h, [request_headers({headers.PICKER_REQUEST_ID: second.request_id}, observer=True)]
+    )
+    await async_wait_until(lambda: len(h.path.data_planes.summary()) == 2, 5, what="both connections known")
     assert h.path.data_planes.summary() == {"ipv4:127.0.0.1:1": "engine", ENVOY: "observer"}
     assert h.value("picker_data_plane_connections", ends="engine") == 1
     assert h.value("picker_data_plane_connections", ends="observer") == 1
