@@ -125,3 +125,31 @@ def test_any_kv_event_message_applies_or_is_refused_never_raises_else(value: obj
         except ValueError:
             pass
         view.last_sequence = None
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=16,
+)
+
+
+@SETTINGS
+@given(json_values)
+def test_any_v1_models_answer_is_what_it_serves_or_nothing(body: object) -> None:
+    from picker.pool.served import parse_models
+
+    for shaped in (body, {"data": body}, {"data": [body]}, {"data": [{"id": body, "max_model_len": body}]}):
+        served = parse_models(shaped)
+        assert served is None or all(isinstance(m, str) for m in served.models)
+
+
+@SETTINGS
+@given(st.text(max_size=300))
+def test_any_endpoint_picker_config_is_one_or_its_error(text: str) -> None:
+    from picker.plugin_config import PluginConfigError, parse_plugin_config
+
+    try:
+        parse_plugin_config(text)
+    except PluginConfigError:
+        pass
