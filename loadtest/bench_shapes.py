@@ -229,12 +229,12 @@ async def load(
     return outcome
 
 
-def pool_options(row: Row) -> StackOptions:
+def pool_options(row: Row, picker_args: tuple[str, ...] = ()) -> StackOptions:
     return StackOptions(
         replicas=len(POOL),
         sim_args=SIM_COMMON,
         replica_args=POOL,
-        picker_args=("--log-level", "WARNING"),
+        picker_args=("--log-level", "WARNING", *picker_args),
         shape=row.shape,
         envoy_picker_tls=row.shape == "shipped",
         observer=row.observer,
@@ -243,8 +243,14 @@ def pool_options(row: Row) -> StackOptions:
     )
 
 
-async def run_row(row: Row, requests: list[tuple[float, str, int]], seconds: float, workdir: Path) -> Outcome:
-    stack = Stack(workdir, pool_options(row))
+async def run_row(
+    row: Row,
+    requests: list[tuple[float, str, int]],
+    seconds: float,
+    workdir: Path,
+    picker_args: tuple[str, ...] = (),
+) -> Outcome:
+    stack = Stack(workdir, pool_options(row, picker_args))
     extra: Proc | None = None
     threads = ThreadPoolExecutor(max_workers=128)
     try:
@@ -291,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0, help="how long each row sends")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma list of: {', '.join(ROWS)}")
     parser.add_argument("--seed", type=int, default=45)
+    parser.add_argument("--picker-args", default="", help="more arguments for the picker, space-separated")
     args = parser.parse_args(argv)
     names = [n for n in args.rows.split(",") if n]
     unknown = [n for n in names if n not in ROWS]
@@ -308,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-shapes-") as tmp:
         for name in names:
             (Path(tmp) / name).mkdir()
-            outcome = asyncio.run(run_row(ROWS[name], requests, args.seconds, Path(tmp) / name))
+            extra = tuple(args.picker_args.split())
+            outcome = asyncio.run(run_row(ROWS[name], requests, args.seconds, Path(tmp) / name, extra))
             if name == "envoy-least-request":
                 ok = sorted(s.arrivals[0] - s.started for s in outcome.stats if s.done and s.arrivals)
                 baseline = percentile(ok, 90) * 1000

@@ -294,13 +294,10 @@ def build_core(config: PickerConfig) -> Core:
     if path.peering is not None:
         metrics.register_peers(path.peering)
     pool.on_change(path.capacity_changed)
-    scraper = (
-        Scraper(
-            pool, load, path.capacity_changed, metrics.count_scrape_failure, on_sample=metrics.books_checked
-        )
-        if load.scrape
-        else None
-    )
+    scraper = None
+    if load.scrape:
+        scraper = Scraper(pool, load, path.capacity_changed, metrics.count_scrape_failure)
+        scraper.on_sample, scraper.blind = metrics.books_checked, path.data_planes.blind
     core = Core(pool, metrics, sources, path, scraper, config, tracing=tracing)
     admin = config.admin
     core.guard = CapacityGuard(

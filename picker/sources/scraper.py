@@ -41,12 +41,13 @@ class Scraper:
         on_round: Callable[[], None],
         on_failure: Callable[[str, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        on_sample: Callable[[Endpoint], None] | None = None,
     ) -> None:
         self._pool = pool
         self._config = config
         self._on_round = on_round
-        self._on_sample = on_sample  # each good scrape, before the round settles anything
+        # each good scrape, before the round settles anything (the books' gap: the wiring's)
+        self.on_sample: Callable[[Endpoint], None] | None = None
+        self.blind: Callable[[], bool] = lambda: False  # a data plane hides ends (the wiring's)
         self._on_failure = on_failure or (lambda endpoint, kind: None)
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
@@ -68,11 +69,14 @@ class Scraper:
             await self._session.close()
 
     async def run(self) -> None:
-        """Scrape forever on the configured interval (cancel to stop)."""
+        """Scrape forever on the configured interval (cancel to stop); the shorter one while some
+        data plane hides responses' ends (`blind`): the engines' gauges are the books there."""
         while True:
             started = self._clock()
             await self.scrape_round()
-            await asyncio.sleep(max(0.0, self._config.scrape_interval_s - (self._clock() - started)))
+            config = self._config
+            every = config.blind_scrape_interval_s if self.blind() else config.scrape_interval_s
+            await asyncio.sleep(max(0.0, every - (self._clock() - started)))
 
     async def scrape_round(self) -> None:
         """One pass over every endpoint that is due."""
@@ -111,8 +115,8 @@ class Scraper:
                 peer_arrivals_before=peer_arrivals_before,
                 sent_at=sent_at,
             )
-            if self._on_sample is not None:
-                self._on_sample(endpoint)
+            if self.on_sample is not None:
+                self.on_sample(endpoint)
             adapters = gauges.adapters
             record_engine_info(
                 endpoint,

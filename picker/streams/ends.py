@@ -55,6 +55,10 @@ class DataPlanes:
     def mode(self, connection: str | None) -> Ends | None:
         return None if connection is None else self._modes.get(connection)
 
+    def blind(self) -> bool:
+        """Whether some connection hides its responses' ends."""
+        return Ends.ENGINE in self._modes.values()
+
     def counts(self) -> Counter[Ends]:
         return Counter(self._modes.values())
 

@@ -148,3 +148,6 @@ def test_data_planes_are_bounded_and_report_news_only() -> None:
     planes.note("c", Ends.ACCESS_LOG)
     assert list(planes.summary()) == ["b", "c"] and planes.mode("a") is None
     assert not planes.note(None, Ends.ENGINE)
+    assert not planes.blind()  # the scraper keeps its usual interval
+    planes.note("d", Ends.ENGINE)
+    assert planes.blind()  # a connection hides ends: the scraper runs at load.blind_scrape_interval_s
