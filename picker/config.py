@@ -244,6 +244,14 @@ class AdminConfig(_Group):
     trust_loopback: bool = Field(
         False, description="with a token set, accept loopback callers without it (no sidecar in front)"
     )
+    # Who may read /metrics (picker/sources/token_review.py): open by default, as the metrics port
+    # always was; a static bearer token, and/or any token the API server vouches for (TokenReview).
+    metrics_token: SecretStr | None = Field(
+        None, min_length=16, description="/metrics needs this bearer token (e.g. from a Secret)"
+    )
+    metrics_auth: bool = Field(
+        False, description="/metrics needs a bearer token the API server vouches for (TokenReview)"
+    )
     # The capacity guard (picker/scheduling/capacity.py): a drain whose endpoint's slots the
     # remaining ready endpoints cannot replace under the live demand waits or is refused (409).
     drain_guard: bool = Field(

@@ -139,6 +139,8 @@ def admin_app(
     data_planes: DataPlanes | None = None,
     overview: Overview | None = None,
     trust_loopback: bool = False,
+    metrics_token: str | None = None,
+    metrics_reviewer: Callable[[str], Awaitable[bool]] | None = None,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
@@ -149,12 +151,14 @@ def admin_app(
     `data_planes`: how each data-plane connection reports responses' ends (`/admin/endpoints`).
     `overview`: what the request path adds to the status page (its queue, live requests, peers).
     `trust_loopback`: with a token set, loopback callers need none (admin.trust_loopback).
+    `metrics_token`, `metrics_reviewer`: who may read /metrics (admin.metrics_token, a TokenReview).
     """
     admin = _Admin(
         pool, metrics, token, drains if drains is not None else LocalDrains(pool), propagate, pool_drains
     )
     admin.guard, admin.rollout, admin.data_planes = guard, rollout, data_planes
     admin.overview, admin.trust_loopback = overview, trust_loopback
+    admin.metrics_token, admin.metrics_reviewer = metrics_token, metrics_reviewer
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/metrics", admin.metrics_page)
     app.router.add_get("/admin/endpoints", admin.endpoints)
@@ -203,6 +207,8 @@ class _Admin:
         self.data_planes: DataPlanes | None = None
         self.overview: Overview | None = None
         self.trust_loopback = False
+        self.metrics_token: str | None = None
+        self.metrics_reviewer: Callable[[str], Awaitable[bool]] | None = None
         self._drains_turn = asyncio.Lock()
 
     def refusal(self, request: web.Request) -> web.Response | None:
@@ -229,8 +235,23 @@ class _Admin:
         except ValueError as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
 
-    async def metrics_page(self, _: web.Request) -> web.Response:
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        if self.metrics_token is not None or self.metrics_reviewer is not None:
+            if not await self._may_read_metrics(request):
+                return _error(401, "/metrics needs a bearer token", {"WWW-Authenticate": "Bearer"})
         return web.Response(body=self.metrics.exposition(), headers={"content-type": CONTENT_TYPE_LATEST})
+
+    async def _may_read_metrics(self, request: web.Request) -> bool:
+        """The static metrics token (constant-time compare), else a token the API server vouches for."""
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        presented = presented.strip()
+        if scheme.lower() != "bearer" or not presented or len(presented) > 16384:
+            return False
+        token = self.metrics_token
+        if token is not None and hmac.compare_digest(presented.encode(), token.encode()):
+            return True
+        reviewer = self.metrics_reviewer
+        return reviewer is not None and await reviewer(presented)
 
     async def endpoints(self, _: web.Request) -> web.Response:
         pool = self.pool

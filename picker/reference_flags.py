@@ -134,6 +134,14 @@ MAPPED: tuple[Mapped, ...] = (
         "DURATION",
         "metrics older than this count as saturated (2s)",
     ),
+    Mapped(
+        "--metrics-endpoint-auth",
+        ("admin", "metrics_auth"),
+        go_bool,
+        "true|false",
+        "/metrics only for bearer tokens the API server vouches for (TokenReview)",
+        True,
+    ),
     Mapped("--zap-encoder", ("log_format",), _encoder, "json|console", "log lines as JSON or text"),
     Mapped("--zap-log-level", ("log_level",), _zap_level, "LEVEL", "debug, info, error"),
     Mapped("--v", ("log_level",), _verbosity, "N", "reference verbosity: 4 and above is debug"),
@@ -173,17 +181,6 @@ MAPPED: tuple[Mapped, ...] = (
 )
 
 ACCEPTED: tuple[Accepted, ...] = (
-    Accepted(
-        "--metrics-endpoint-auth",
-        go_bool,
-        lambda on: (
-            "--metrics-endpoint-auth: not implemented here: /metrics is served without "
-            "authentication (restrict the metrics port with a NetworkPolicy)"
-            if on
-            else "--metrics-endpoint-auth=false: /metrics is served without authentication, as here"
-        ),
-        boolean=True,
-    ),
     Accepted(
         "--enable-pprof", go_bool, lambda _: "--enable-pprof: a Go profiler; nothing to enable here", True
     ),

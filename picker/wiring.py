@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
     from picker.sources.kv_events import KvEvents
     from picker.sources.served_models import ModelCards
+    from picker.sources.token_review import TokenReviewer
     from picker.sources.tokenizer import EngineTokenizer
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Core:
     peer_inbox: PeerInbox | None = None  # peers.members: the channel between pickers, its receiving side
     guard: CapacityGuard | None = None
     rollout: RolloutRunner | None = None  # rollout.candidate set: the canary's clock and drains
+    reviewer: TokenReviewer | None = None  # admin.metrics_auth: who may read /metrics
 
     def start_background(self, spawn: Spawn) -> None:
         """The core's own loops (scraper, KV events, stall sweep), run by the frontend's `spawn`."""
@@ -123,7 +125,7 @@ class Core:
         from picker.http_admin import admin_app
         from picker.status_page import overview
 
-        token = self.config.admin.token
+        token, metrics_token = self.config.admin.token, self.config.admin.metrics_token
         drains = self.open_drains(spawn) or LocalDrains(self.pool)
         if self.rollout is not None:
             self.rollout.store = drains  # a rollback drains through the same store as the admin API
@@ -139,7 +141,19 @@ class Core:
             data_planes=self.path.data_planes,
             overview=lambda: overview(self.path),
             trust_loopback=self.config.admin.trust_loopback,
+            metrics_token=metrics_token.get_secret_value() if metrics_token else None,
+            metrics_reviewer=self.metrics_reviewer(),
         )
+
+    def metrics_reviewer(self) -> Callable[[str], Awaitable[bool]] | None:
+        """admin.metrics_auth: /metrics readers' tokens reviewed by the API server (TokenReview)."""
+        if not self.config.admin.metrics_auth:
+            return None
+        from picker.sources.kube_api import load_kubeconfig
+        from picker.sources.token_review import TokenReviewer
+
+        self.reviewer = TokenReviewer(load_kubeconfig(self.config.kube.kubeconfig))
+        return self.reviewer.authenticated
 
     def open_drains(self, spawn: Spawn) -> DrainStore | None:
         """Where admin drains are recorded so every picker replica applies them (drain_store.py):
@@ -147,26 +161,9 @@ class Core:
         file when it is the source; None: this replica's pool only."""
         kube = self.config.kube
         if kube.drains_configmap is not None:
-            from picker.sources.kube import WatchSettings
-            from picker.sources.kube_api import load_kubeconfig
-            from picker.sources.kube_drains import ConfigMapDrains
-            from picker.sources.kube_drains_api import LightkubeDrainRecordApi
+            from picker.sources.kube_drains_api import open_configmap_drains
 
-            api = LightkubeDrainRecordApi(
-                load_kubeconfig(kube.kubeconfig),
-                kube.drains_configmap,
-                namespace=kube.namespace,
-                request_timeout_s=kube.request_timeout_s,
-                read_timeout_s=kube.inactivity_deadline_s + kube.request_timeout_s,
-            )
-            settings = WatchSettings(
-                watch_timeout_s=kube.watch_timeout_s,
-                inactivity_deadline_s=kube.inactivity_deadline_s,
-                backoff_initial_s=kube.backoff_initial_s,
-                backoff_max_s=kube.backoff_max_s,
-            )
-            store = ConfigMapDrains(api, self.pool, settings)
-            self.drain_api = api
+            store, self.drain_api = open_configmap_drains(kube, self.pool)
             spawn(store.watch.run(), "drain-record")
             return store
         if self.sources.file is not None:
@@ -231,6 +228,8 @@ class Core:
         await self.sources.aclose()
         if self.drain_api is not None:
             await self.drain_api.aclose()
+        if self.reviewer is not None:
+            await self.reviewer.aclose()
 
 
 def build_core(config: PickerConfig) -> Core:

@@ -9,9 +9,11 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
 
-from picker.sources.kube import ApiFailure, Collection, Disconnected
-from picker.sources.kube_api import LightkubeCollection, make_client
-from picker.sources.kube_drains import DATA_KEY, WriteConflict, parse_record, render_record
+from picker.config import KubeSourceConfig
+from picker.pool import Pool
+from picker.sources.kube import ApiFailure, Collection, Disconnected, WatchSettings
+from picker.sources.kube_api import LightkubeCollection, load_kubeconfig, make_client
+from picker.sources.kube_drains import DATA_KEY, ConfigMapDrains, WriteConflict, parse_record, render_record
 
 
 class LightkubeDrainRecordApi:
@@ -76,3 +78,24 @@ class LightkubeDrainRecordApi:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def open_configmap_drains(
+    kube: KubeSourceConfig, pool: Pool
+) -> tuple[ConfigMapDrains, LightkubeDrainRecordApi]:
+    """The drain store over kube.drains_configmap (its watch still to be run) and its API client."""
+    assert kube.drains_configmap is not None
+    api = LightkubeDrainRecordApi(
+        load_kubeconfig(kube.kubeconfig),
+        kube.drains_configmap,
+        namespace=kube.namespace,
+        request_timeout_s=kube.request_timeout_s,
+        read_timeout_s=kube.inactivity_deadline_s + kube.request_timeout_s,
+    )
+    settings = WatchSettings(
+        watch_timeout_s=kube.watch_timeout_s,
+        inactivity_deadline_s=kube.inactivity_deadline_s,
+        backoff_initial_s=kube.backoff_initial_s,
+        backoff_max_s=kube.backoff_max_s,
+    )
+    return ConfigMapDrains(api, pool, settings), api

@@ -97,7 +97,6 @@ async def test_the_charts_arguments_start_a_picker_that_routes(
         lines = [json.loads(line) for line in proc.log_text().splitlines() if line.startswith("{")]
         assert lines, "--zap-encoder json: JSON log lines"
         said = " ".join(line["msg"] for line in lines)
-        assert "--metrics-endpoint-auth=false" in said
         assert "plugin configuration: affinity" in said and "'load_weight': 4.0" in said
         # replicas > 1: --ha-enable-leader-election; alone on the Lease, this one leads and is ready
         assert ("leader lease acquired" in said) == (replicas > 1)

@@ -109,6 +109,7 @@ class FakeApiServer:
         self._failures: list[tuple[int, str | None]] = []  # (status, only for this plural)
         self._released = asyncio.Event()
         self.requests: list[dict[str, Any]] = []
+        self.token_reviews = 0
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -119,6 +120,7 @@ class FakeApiServer:
         for plural, (path, _, _) in RESOURCES.items():
             app.router.add_get(f"{path}/namespaces/{{namespace}}/{plural}", self._collection)
         self._add_write_routes(app)
+        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
         # handler_cancellation: a watch whose client hung up ends at once, as on a real API server.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
@@ -167,6 +169,26 @@ class FakeApiServer:
             await healed.wait()  # cancelled when the client hangs up (handler_cancellation)
             raise web.HTTPServiceUnavailable()  # healed while this request waited: it is lost
         return await handler(request)  # type: ignore[no-any-return]
+
+    async def _token_review(self, request: web.Request) -> web.Response:
+        """authentication.k8s.io/v1 TokenReview: authenticated when the token is one of this
+        server's clients' (add_token), the caller itself authorized; counted in `token_reviews`."""
+        if not self._authorized(request):
+            return _status_response(401, "Unauthorized", "Unauthorized")
+        failure = next((f for f in self._failures if f[1] in (None, "tokenreviews")), None)
+        if failure is not None:
+            self._failures.remove(failure)
+            return _status_response(failure[0], "InternalError", f"injected {failure[0]}")
+        body = await request.json()
+        token = ((body or {}).get("spec") or {}).get("token", "")
+        self.token_reviews += 1
+        known = token in self.tokens
+        status: dict[str, Any] = {"authenticated": known}
+        if known:
+            status["user"] = {
+                "username": f"system:serviceaccount:default:client-{sorted(self.tokens).index(token)}"
+            }
+        return web.json_response({**body, "status": status}, status=201)
 
     @property
     def url(self) -> str:
