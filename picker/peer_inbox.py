@@ -168,10 +168,15 @@ class PeerInbox:
         if not isinstance(events, list):
             self._reject(sender, "not-a-list")
             return
+        members = self._peering.peers
         for event in events:
             reason = problem(event)
-            if reason is None and event[0] in OWN_ONLY and owner_of(event[1]) not in (None, sender):
-                reason = "not-its-own"  # a pick or move can only be in the sender's own books
+            if reason is None:
+                owner = owner_of(event[1])
+                if event[0] in OWN_ONLY and owner not in (None, sender):
+                    reason = "not-its-own"  # a pick or move can only be in the sender's own books
+                elif owner is not None and owner != self._peering.name and owner not in members:
+                    reason = "unknown-owner"  # no book is opened for a picker nobody configured
             if reason is not None:
                 self._reject(sender, reason)
                 continue

@@ -113,3 +113,10 @@ def test_mutated_events_never_raise_and_never_half_apply(data: st.DataObject) ->
     foreign = event[0] in ("pick", "move") and owner_of(str(event[1])) not in (None, B)
     if problem(event) is not None or foreign:  # rejected: the books as they were
         assert books(a) == before
+
+
+def test_an_event_naming_a_picker_nobody_configured_opens_no_book() -> None:
+    a = Picker(A)
+    box = inbox(a)
+    box.apply(B, [["end", f"10.9.9.{i}:1~x"] for i in range(50)])  # before: a book per invented owner
+    assert set(a.peering._books) <= {B} and box.rejected == {"unknown-owner": 50}
