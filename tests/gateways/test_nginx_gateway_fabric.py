@@ -52,7 +52,8 @@ class Deployment:
         return parse_metrics(text).get((name, ()), 0.0)
 
     def admin(self, address: str, verb: str) -> None:
-        url = f"http://127.0.0.1:{self.ports[2]}/admin/endpoints/{address}/{verb}"
+        force = "?force=true" if verb == "drain" else ""  # every replica drained on purpose
+        url = f"http://127.0.0.1:{self.ports[2]}/admin/endpoints/{address}/{verb}{force}"
         http_client.post(url, timeout=5).raise_for_status()
 
     def stop(self) -> None:
