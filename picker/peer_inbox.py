@@ -101,8 +101,11 @@ class PeerInbox:
         """Forever: read what peers sent every `read_every_s`; watch while requests are queued."""
         while True:
             await asyncio.sleep(self.read_every_s)  # the reading period, not a synchronisation
-            self.catch_up()
-            self.watch(self._path.flow.queued > 0)
+            try:
+                self.catch_up()
+                self.watch(self._path.flow.queued > 0)
+            except Exception:  # supervised: one bad turn must not end the reading for good
+                log.exception("reading peers failed; the next read runs in %.3f s", self.read_every_s)
 
     def catch_up(self) -> None:
         """Apply everything peers have sent so far (never waits)."""
