@@ -33,14 +33,16 @@ def inferred_ends(
     records: Sequence[RequestRecord], endpoint: Endpoint, transit_s: float
 ) -> list[RequestRecord]:
     """Of this picker's live `records` on `endpoint`, the engine-tracked ones its last scrape shows
-    have ended. A request sent within `transit_s` before the scrape was sent, and not answered
-    before it, may not have reached the engine: it counts as held, and is never ended by this scrape."""
+    have ended. A request not answered before the scrape was sent may not have reached the engine
+    yet: it counts as on its way, and is never ended by this scrape. That is every request still
+    waiting for its response headers (a burst can keep one in Envoy's hands for long), and, where no
+    response ever reaches the picker (the NGINX shim), one sent within `transit_s` of the scrape."""
     load = endpoint.load
     if load is None:
         return []
     sent = load.at if load.sent_at is None else load.sent_at
     cutoff = sent - transit_s
-    moving = [sent_at(r) >= cutoff and not answered(r, sent) for r in records]
+    moving = [not answered(r, sent) and (not r.engine_tracked or sent_at(r) >= cutoff) for r in records]
     # arrivals since the scrape was sent (a fallback moved here, say) are in transit too
     unseen = max(sum(moving), endpoint.arrivals - load.arrivals_before)
     engine = int(load.running + load.waiting) - endpoint.peer_in_flight  # this picker's share

@@ -151,3 +151,27 @@ def test_data_planes_are_bounded_and_report_news_only() -> None:
     assert not planes.blind()  # the scraper keeps its usual interval
     planes.note("d", Ends.ENGINE)
     assert planes.blind()  # a connection hides ends: the scraper runs at load.blind_scrape_interval_s
+
+
+async def test_a_request_still_waiting_for_its_headers_is_not_taken_for_one_on_the_engine() -> None:
+    """A burst keeps requests in Envoy's hands longer than the transit window: one routed long before
+    the scrape, its response not started, is not on the engine yet, and must not make the scrape end
+    a request that is (a clean-clone CI run of 1,100 held streams lost some that way)."""
+    h = make([A], grace=LONG_GRACE)
+    await route(h)  # answered and handed to the engine: it runs there
+    (running,) = h.path._live.values()
+    waiting = await asyncio.create_task(_collect_until_routed(h))  # routed, no response headers yet
+    endpoint = h.pool.get(A)
+    assert endpoint is not None and waiting.lease is not None and running.lease is not None
+    waiting.lease._picked_at -= 5.0  # type: ignore[attr-defined]  # long before the scrape
+    now = h.pool.now()
+    record_sample(endpoint, 1, 0, 0.0, now + 0.2, sent_at=now + 0.1)  # the engine holds the one
+    h.path.capacity_changed()
+    assert not running.ended and not waiting.ended
+
+
+async def _collect_until_routed(h: Any) -> Any:
+    before = set(h.path._live)
+    await _collect(h, [first(), body(BODY)])  # the routing stream ends before any response phase
+    (record,) = [r for k, r in h.path._live.items() if k not in before]
+    return record
