@@ -142,6 +142,11 @@ class RequestPath(ResponseSide):
         metrics.register_flow(self.flow)
 
     @property
+    def engine_gauges(self) -> bool:
+        """Whether endpoints are scraped, so that their gauges can end requests nobody reports."""
+        return self._engine_gauges
+
+    @property
     def live(self) -> int:
         """Requests dispatched and not yet ended."""
         return len(self._live)

@@ -250,8 +250,8 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         (on the routing stream, which then ended) and neither an observer nor the access log has
         ever reported here. Its engine's gauges take it over at once; should an observer claim it
         after all (the first requests of a connection), the observer takes it back."""
-        if self._response_end not in (ResponseEnd.AUTO, ResponseEnd.ENGINE):
-            return False
+        if self._response_end not in (ResponseEnd.AUTO, ResponseEnd.ENGINE) or not self.path.engine_gauges:
+            return False  # no scraping: a hand-over would release it at once, before its observer came
         if self._response_end is ResponseEnd.AUTO and (self.observer_seen or self.path.access_log_seen):
             return False
         return record.response_started_at is not None and peer not in self._observer_peers

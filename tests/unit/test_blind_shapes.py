@@ -175,3 +175,15 @@ async def _collect_until_routed(h: Any) -> Any:
     await _collect(h, [first(), body(BODY)])  # the routing stream ends before any response phase
     (record,) = [r for k, r in h.path._live.items() if k not in before]
     return record
+
+
+async def test_without_scraping_a_request_waits_for_its_observer_as_before() -> None:
+    """No gauges to hand it to (--no-scrape): an early hand-over would release the request at once,
+    before its observer came (a clean-clone CI run: one stream ended `unobserved`, another lost)."""
+    h = make([A], grace=LONG_GRACE, engine_gauges=False)
+    await route(h)
+    (record,) = h.path._live.values()
+    assert not record.ended and not record.engine_tracked
+    observer = [request_headers({headers.PICKER_REQUEST_ID: record.request_id}, observer=True)]
+    await _run_until_claimed(h, observer)
+    assert record.observed and not record.ended
