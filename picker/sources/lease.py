@@ -12,6 +12,7 @@ stops releases the Lease (holder "", duration 1 s) so a standby takes over at it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -136,7 +137,8 @@ class Election:
         self._version: str | None = None
         self.problem: str | None = None  # the last failure, for the log (once per kind)
         self._released = False  # stopping: never campaign again
-        self._turn = asyncio.Lock()  # one step or the release at a time
+        self._idle = asyncio.Event()  # no step in flight (the release waits for one, bounded)
+        self._idle.set()
 
     async def run(self) -> None:
         """Until released (or cancelled)."""
@@ -145,9 +147,13 @@ class Election:
             await asyncio.sleep(self._retry_period_s)  # the campaign's period, not a synchronisation
 
     async def step(self) -> None:
-        async with self._turn:
-            if not self._released:  # a release that came while this step waited ends the campaign
-                await self._step()
+        if self._released:  # stopping: the campaign is over
+            return
+        self._idle.clear()
+        try:
+            await self._step()
+        finally:
+            self._idle.set()
 
     async def _step(self) -> None:
         elector = self.elector
@@ -184,8 +190,9 @@ class Election:
         campaign stops first (after the step in flight, whose write may be the last renewal): a
         picker draining for minutes must not take the Lease again and renew it, unready."""
         self._released = True
-        async with self._turn:
-            await self._hand_back(timeout_s)
+        with contextlib.suppress(TimeoutError):  # a step stuck past its own timeout: release anyway
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        await self._hand_back(timeout_s)
 
     async def _hand_back(self, timeout_s: float) -> None:
         record = self.elector.release()

@@ -145,12 +145,13 @@ async def test_a_release_that_meets_its_own_late_renewal_still_releases(
     conflicts. Seen under load in a full suite run ('leader lease not released (the object has been
     modified)'): the standby then waited out the whole lease."""
     a = replicas("a", 20.0).start()
-    await async_wait_until(lambda: a.leading, 5, what="a to lead")
-    await a.stop()
-    record, version = await a.api.read()
-    assert record is not None
-    await a.api.write(record, version)  # the renewal that landed after the last version a knew
-    await a.election.release()
+    async with asyncio.timeout(30):  # every step below is bounded: a hang fails here, with its stack
+        await async_wait_until(lambda: a.leading, 5, what="a to lead")
+        await a.stop()
+        record, version = await a.api.read()
+        assert record is not None
+        await a.api.write(record, version)  # the renewal that landed after the last version a knew
+        await a.election.release()
     assert fake.objects(selector="", resource="leases")[0]["spec"].get("holderIdentity", "") == ""
 
 
