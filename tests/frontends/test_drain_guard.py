@@ -117,13 +117,20 @@ async def test_a_drain_that_would_starve_the_pool_waits_for_a_replacement(
             listed = await states()
             assert listed[second] == "draining" and listed[f"127.0.0.1:{spare_port}"] == "ready"
             # the guard refuses a drain that would starve the pool, and force overrides it: judged
-            # on the demand of the moment, so first the load is back at its level
-            deadline = time.monotonic() + 15
-            while not await busy():
-                assert time.monotonic() < deadline, "the load never came back"
-                await asyncio.sleep(0.05)  # polling the condition above
+            # on the demand of the moment, so each try first waits for the load to be back at its
+            # level; the 6 streams end in waves, and a drain that falls between two waves sees little
+            # demand and is allowed (seen once in a CI run): then it is lifted and tried again
             third = stack.replicas[2]
-            again = await client.post(f"{admin}/admin/endpoints/{third}/drain")
+            for _ in range(10):
+                deadline = time.monotonic() + 15
+                while not await busy():
+                    assert time.monotonic() < deadline, "the load never came back"
+                    await asyncio.sleep(0.05)  # polling the condition above
+                again = await client.post(f"{admin}/admin/endpoints/{third}/drain")
+                if again.status_code == 409:
+                    break
+                assert again.status_code == 200, again.text
+                await client.post(f"{admin}/admin/endpoints/{third}/undrain")
             assert again.status_code == 409, (statuses, again.text)
             forced = await client.post(f"{admin}/admin/endpoints/{third}/drain?force=true")
             assert forced.status_code == 200
