@@ -224,6 +224,12 @@ class _DataPlanesCollector(Collector):
         yield family
 
 
+_REJECTED_DOCS = {
+    "peer_events": "Events from peers rejected whole (malformed, or naming books not theirs), by reason",
+    "kv_events": "Engines' KV-event messages refused whole (not a batch, bad frames), by reason",
+}
+
+
 class _RejectedCollector(Collector):
     """Inputs from outside the process rejected whole, by reason (read at scrape time)."""
 
@@ -541,23 +547,10 @@ class Metrics:
     def register_flow(self, flow: FlowView) -> None:
         self.registry.register(_FlowCollector(flow))
 
-    def register_peer_rejections(self, read: Callable[[], Mapping[str, int]]) -> None:
-        self.registry.register(
-            _RejectedCollector(
-                "picker_peer_events_rejected",
-                "Events from peers rejected whole (malformed, or naming another picker's books), by reason",
-                read,
-            )
-        )
-
-    def register_kv_event_rejections(self, read: Callable[[], Mapping[str, int]]) -> None:
-        self.registry.register(
-            _RejectedCollector(
-                "picker_kv_events_rejected",
-                "Engines' KV-event messages refused whole (not a batch, bad frames), by reason",
-                read,
-            )
-        )
+    def register_rejections(self, source: str, read: Callable[[], Mapping[str, int]]) -> None:
+        """Inputs from outside refused whole, by reason, read at scrape time: `peer_events` (the
+        channel between pickers) or `kv_events` (the engines' KV events)."""
+        self.registry.register(_RejectedCollector(f"picker_{source}_rejected", _REJECTED_DOCS[source], read))
 
     def register_data_planes(self, planes: DataPlanes) -> None:
         self.registry.register(_DataPlanesCollector(planes))

@@ -192,7 +192,7 @@ class Core:
             self.pool.drain_summaries,
             read_every_s=peers.read_every_s,
         )
-        self.metrics.register_peer_rejections(lambda: inbox.rejected)
+        self.metrics.register_rejections("peer_events", lambda: inbox.rejected)
         port = await inbox.listen(self.config.server.bind_address, peers.port)
         self.peer_inbox = inbox
         self.path.catch_up = inbox.catch_up
@@ -313,7 +313,7 @@ def build_core(config: PickerConfig) -> Core:
         from picker.sources.tokenizer import EngineTokenizer
 
         core.kv_events = kv = KvEvents(pool, config.affinity)
-        metrics.register_kv_event_rejections(lambda: kv.rejected)
+        metrics.register_rejections("kv_events", lambda: kv.rejected)
         core.tokenizer = path.tokenizer = EngineTokenizer(pool, config.affinity.tokenize_timeout_s)
     return core
 

@@ -81,7 +81,7 @@ def test_a_stranger_cannot_write_in_another_pickers_books() -> None:
 def test_the_rejections_are_a_metric_by_reason() -> None:
     a = Picker(A)
     box = inbox(a)
-    a.metrics.register_peer_rejections(lambda: box.rejected)
+    a.metrics.register_rejections("peer_events", lambda: box.rejected)
     box.apply(B, [["end", 7], "nonsense"])
     assert (
         a.metrics.registry.get_sample_value("picker_peer_events_rejected_total", {"reason": "bad-request-id"})
