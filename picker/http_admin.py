@@ -36,7 +36,7 @@ from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
 from picker.rollout_runner import COMMANDS, RolloutRunner
 from picker.scheduling.capacity import Verdict, demand, drain_verdict, ready_capacity
 from picker.scheduling.load import estimated_load
-from picker.sources.drain_store import DrainRecordUnavailable, DrainStore, LocalDrains
+from picker.sources.drain_store import Check, DrainRecordUnavailable, DrainRefused, DrainStore, LocalDrains
 from picker.status_page import Overview
 from picker.streams.ends import DataPlanes
 from picker.telemetry import Metrics
@@ -103,14 +103,25 @@ class CapacityGuard:
         self._changed = asyncio.Event()
         pool.on_change(self._changed.set)
 
-    def verdict(self, address: str) -> Verdict:
+    def verdict(self, address: str, drained_elsewhere: frozenset[str] = frozenset()) -> Verdict:
         return drain_verdict(
             self.pool.endpoints(),
             address,
             queued=self.queued(),
             engine_slots=self.engine_slots,
             headroom=self.headroom,
+            drained_elsewhere=drained_elsewhere,
         )
+
+    def check(self, address: str) -> Check:
+        """The verdict again, inside the drain store's write, against the record it replaces."""
+
+        def judge(drained_elsewhere: frozenset[str]) -> None:
+            verdict = self.verdict(address, drained_elsewhere)
+            if not verdict.allowed:
+                raise DrainRefused(verdict.reason, verdict.as_dict())
+
+        return judge
 
     def figures(self) -> tuple[int | None, float]:
         """(ready capacity, demand), for the metrics page."""
@@ -164,8 +175,8 @@ def admin_app(
     app.router.add_get("/admin/endpoints", admin.endpoints)
     app.router.add_get("/admin/drains", admin.drains)
     app.router.add_get("/admin/endpoints/{address}", admin.one_endpoint)
-    app.router.add_post("/admin/endpoints/{address}/drain", admin.change(admin.store.drain, "drain"))
-    app.router.add_post("/admin/endpoints/{address}/undrain", admin.change(admin.store.undrain, "undrain"))
+    app.router.add_post("/admin/endpoints/{address}/drain", admin.change("drain"))
+    app.router.add_post("/admin/endpoints/{address}/undrain", admin.change("undrain"))
     app.router.add_get("/admin/rollout", admin.rollout_status)
     app.router.add_get("/admin/status", admin.status)
     app.router.add_get("/status", status_page.page)
@@ -282,7 +293,7 @@ class _Admin:
             return _error(404, f"no endpoint {address}")
         return web.json_response({"endpoint": describe(self.pool, endpoint)})
 
-    def change(self, action: Callable[[str], Awaitable[Endpoint]], verb: str) -> Handler:
+    def change(self, verb: str) -> Handler:
         async def handler(request: web.Request) -> web.Response:
             refused = self.refusal(request)
             if refused is not None:
@@ -292,12 +303,20 @@ class _Admin:
             # a drain is judged and applied as one: a second one waits, then is judged on the pool
             # the first left (two at once both passed, and left 4 slots for a demand of 6)
             async with self._drains_turn if verb == "drain" else contextlib.nullcontext():
+                check = None
                 if verb == "drain" and self.guard is not None:
                     blocked = await self.guarded(request, address, self.guard)
                     if blocked is not None:
                         return blocked
+                    check = None if _forced(request) else self.guard.check(address)
                 try:
-                    endpoint = await action(address)
+                    if verb == "drain":
+                        endpoint = await self.store.drain(address, check=check)
+                    else:
+                        endpoint = await self.store.undrain(address)
+                except DrainRefused as exc:  # another picker's drain reached the record first
+                    log.warning("admin drain refused by the capacity guard address=%s %s", address, exc.reason)
+                    return _refused(exc.reason, exc.figures)
                 except UnknownEndpoint:
                     return _error(404, f"no endpoint {address}")
                 except EndpointConflict as exc:
@@ -321,7 +340,7 @@ class _Admin:
     async def guarded(self, request: web.Request, address: str, guard: CapacityGuard) -> web.Response | None:
         """The capacity guard for one drain: None when it may go ahead (now, or after `?wait=S` saw
         a replacement become ready), else the 409 that says why. `?force=true` skips it."""
-        if request.query.get("force", "").lower() in ("1", "true", "yes"):
+        if _forced(request):
             log.warning("admin drain forced past the capacity guard address=%s", address)
             return None
         try:
@@ -339,9 +358,7 @@ class _Admin:
         if verdict.allowed:
             return None
         log.warning("admin drain refused by the capacity guard address=%s %s", address, verdict.reason)
-        return web.json_response(
-            {"error": {"message": verdict.reason, "code": 409, "capacity": verdict.as_dict()}}, status=409
-        )
+        return _refused(verdict.reason, verdict.as_dict())
 
     async def status(self, _: web.Request) -> web.Response:
         """What the status page polls: every lane, the canary, the queue, in one document."""
@@ -370,3 +387,12 @@ class _Admin:
             status["weight"],
         )
         return web.json_response({"rollout": status})
+
+
+def _forced(request: web.Request) -> bool:
+    return request.query.get("force", "").lower() in ("1", "true", "yes")
+
+
+def _refused(reason: str, figures: dict[str, object]) -> web.Response:
+    """The capacity guard's 409, with the figures it judged by."""
+    return web.json_response({"error": {"message": reason, "code": 409, "capacity": figures}}, status=409)

@@ -44,6 +44,7 @@ class RolloutRunner:
         self.store: DrainStore | None = None  # set by the wiring once the admin drains are open
         self._logged = canary.events
         self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
+        self._pods: dict[str, str | None] = {}  # the pod each rollback drain was for, by address
 
     def candidates(self) -> list[str]:
         """The candidate group's endpoints a rollback would drain: not gone, and not draining
@@ -106,9 +107,18 @@ class RolloutRunner:
         drains = actions.drain if self.drain_on_rollback else []
         for verb, addresses in (("drain", drains), ("undrain", actions.undrain)):
             for address in addresses:
+                # a rollback drains the candidate's pod, not its IP: a later pod given that IP is
+                # not drained, and `resume` lifts that pod's drain only
+                endpoint = self.pool.get(address)
+                pod = self._pods.get(address) if verb == "undrain" else endpoint and endpoint.instance
                 try:
-                    await (self.store.drain if verb == "drain" else self.store.undrain)(address)
-                    log.info("rollout %s address=%s", verb, address)
+                    if verb == "drain":
+                        await self.store.drain(address, pod=pod)
+                        self._pods[address] = pod
+                    else:
+                        await self.store.undrain(address, pod=pod)
+                        self._pods.pop(address, None)
+                    log.info("rollout %s address=%s pod=%s", verb, address, pod or "-")
                 except (EndpointConflict, UnknownEndpoint, DrainRecordUnavailable) as exc:
                     log.warning("rollout %s address=%s not done: %s", verb, address, exc)
 
@@ -117,7 +127,6 @@ class RolloutRunner:
         canary = self.canary
         fresh = min(canary.events - self._logged, len(canary.history))
         self._logged = canary.events
-        self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
         for event in list(canary.history)[len(canary.history) - fresh :]:
             kind = event["event"]
             if kind == "rolled-back":

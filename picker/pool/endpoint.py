@@ -63,6 +63,9 @@ class Endpoint:
     # Its pod's labels (the InferencePool source) or the endpoints file's `labels:`; canary groups
     # are read from them (picker/rollout). None: its source says nothing.
     labels: Mapping[str, str] | None = None
+    # Which instance stands behind the address (its pod's uid, from the InferencePool source): a
+    # rollback's drain is this instance's, not the address's. None: its source does not say.
+    instance: str | None = None
 
     @property
     def pickable(self) -> bool:

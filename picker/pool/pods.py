@@ -221,5 +221,15 @@ class PodStore:
                 out[address] = clean
         return out
 
+    def instances(self) -> dict[str, str]:
+        """Each endpoint's pod, by uid (namespace/name when the API gave none): a rollback's drain
+        is that pod's, and ends with it."""
+        out: dict[str, str] = {}
+        for key, obj in self._pods.items():
+            uid = _mapping(obj.get("metadata")).get("uid")
+            for address in read_pod(obj, self.ports)[0]:
+                out[address] = uid if isinstance(uid, str) and uid else key
+        return out
+
     def _problems(self, objects: Iterable[Mapping[str, Any]]) -> list[str]:
         return [problem for obj in objects if (problem := read_pod(obj, self.ports)[1]) is not None]

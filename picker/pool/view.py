@@ -154,16 +154,26 @@ class Pool:
         desired: Mapping[str, EndpointState],
         source: str,
         labels: Mapping[str, Mapping[str, str]] | None = None,
+        instances: Mapping[str, str] | None = None,
     ) -> None:
         """Replace the desired set: listed endpoints take the given state, the rest become GONE.
-        `labels`: each address's labels, when the source has them (canary groups)."""
+        `labels`: each address's labels, when the source has them (canary groups); `instances`:
+        which instance (pod uid) stands behind each address, when the source knows."""
         self.source = source
         self._desired = {a: s for a, s in desired.items() if s is not EndpointState.GONE}
-        # An admin drain is about one instance: it ends when the source stops listing the address.
+        # An admin drain is about one instance: it ends when the source stops listing the address,
+        # or lists another instance behind it (a new pod given a former one's IP).
         self._admin_drained &= self._desired.keys()
+        for address, instance in (instances or {}).items():
+            endpoint = self._endpoints.get(address)
+            if endpoint is not None and endpoint.instance not in (None, instance):
+                self._admin_drained.discard(address)
         changed = False
         for address in list(dict.fromkeys([*self._desired, *self._endpoints])):
             changed |= self._refresh(address)
+        if instances is not None:
+            for address, endpoint in self._endpoints.items():
+                endpoint.instance = instances.get(address)
         if labels is not None:
             for address, endpoint in self._endpoints.items():
                 now = labels.get(address)

@@ -72,25 +72,28 @@ def drain_verdict(
     queued: int,
     engine_slots: int | None,
     headroom: float,
+    drained_elsewhere: frozenset[str] = frozenset(),
 ) -> Verdict:
     """Whether draining `address` leaves enough READY capacity for the demand (x (1 + headroom)).
 
     Allowed when the endpoint is not READY (nothing changes), when nothing is asked of the pool, and
     when capacity cannot be known (an endpoint's slots unknown; say so); never for the last READY
-    endpoint (only `force` drains it)."""
+    endpoint (only `force` drains it). `drained_elsewhere`: addresses a shared drain record drains
+    that this view may not show yet (another picker's drain): they count as not ready."""
     listed = list(endpoints)
     target = next((e for e in listed if e.address == address), None)
     load = demand(listed, queued)
     needed = load * (1.0 + headroom)
-    if target is None or target.state is not EndpointState.READY:
+    if target is None or target.state is not EndpointState.READY or address in drained_elsewhere:
         return Verdict(True, None, load, needed, "not ready: a drain takes no capacity away")
-    if not any(e.state is EndpointState.READY and e.address != address for e in listed):
+    others = [e for e in listed if e.address != address and e.address not in drained_elsewhere]
+    if not any(e.state is EndpointState.READY for e in others):
         # whatever the demand this instant (0 between two requests): nothing would be left to route to
         left = 0
         return Verdict(False, left, load, needed, f"{address} is the last ready endpoint: force it if meant")
     if slots_of(target, engine_slots) is None:
         return Verdict(True, None, load, needed, "its slot count is unknown: not judged")
-    left = ready_capacity(listed, engine_slots, frozenset({address}))
+    left = ready_capacity(others, engine_slots)
     if left is None:
         return Verdict(True, None, load, needed, "a remaining endpoint's slot count is unknown: not judged")
     if load <= 0 or left >= needed:

@@ -21,6 +21,7 @@ import fcntl
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,15 +34,34 @@ from picker.sources.static_file import EndpointsFile, EndpointsFileError, parse_
 log = logging.getLogger(__name__)
 
 
+class DrainRefused(Exception):
+    """A drain's check (the capacity guard) refused it against the record it would have changed."""
+
+    def __init__(self, reason: str, figures: dict[str, object]) -> None:
+        super().__init__(reason)
+        self.reason, self.figures = reason, figures
+
+
+# Judges a drain against the shared record it is about to change, inside that change: called with
+# the addresses the record drains now (ones this replica may not have applied yet); raises
+# DrainRefused. A store whose write is conditional (the ConfigMap's resourceVersion, the file's
+# lock) judges and writes as one step, so two pickers' drains cannot both pass on the same record.
+Check = Callable[[frozenset[str]], None]
+
+
 class DrainStore(Protocol):
     """Admin drain / undrain of one endpoint (canonical address); raises UnknownEndpoint (404) or
-    EndpointConflict (409) like `Pool.drain`, and returns the endpoint as this replica now sees it."""
+    EndpointConflict (409) like `Pool.drain`, and returns the endpoint as this replica now sees it.
+
+    `pod`: the drain is that instance's (a rollback's), not the address's: it does not hold a later
+    pod given the same IP, and is cleared once the pod is gone, where the store can tell
+    (the ConfigMap store, over a source that knows pods). An undrain with `pod` lifts only that."""
 
     shared: bool  # True: every picker replica reading the same source sees the change
 
-    async def drain(self, address: str) -> Endpoint: ...
+    async def drain(self, address: str, *, pod: str | None = None, check: Check | None = None) -> Endpoint: ...
 
-    async def undrain(self, address: str) -> Endpoint: ...
+    async def undrain(self, address: str, *, pod: str | None = None) -> Endpoint: ...
 
 
 class DrainRecordUnavailable(RuntimeError):
@@ -56,10 +76,12 @@ class LocalDrains:
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
 
-    async def drain(self, address: str) -> Endpoint:
-        return self._pool.drain(address)
+    async def drain(self, address: str, *, pod: str | None = None, check: Check | None = None) -> Endpoint:
+        if check is not None:
+            check(frozenset())  # the pool is the record: what it drains, the guard already sees
+        return self._pool.drain(address)  # the pool lifts it when another instance takes the address
 
-    async def undrain(self, address: str) -> Endpoint:
+    async def undrain(self, address: str, *, pod: str | None = None) -> Endpoint:
         return self._pool.undrain(address)
 
 
@@ -72,11 +94,11 @@ class EndpointsFileDrains:
         self._file = file
         self._pool = pool
 
-    async def drain(self, address: str) -> Endpoint:
-        self._rewrite(address, draining=True)
+    async def drain(self, address: str, *, pod: str | None = None, check: Check | None = None) -> Endpoint:
+        self._rewrite(address, draining=True, check=check)  # the file names no pods: by address
         return self._known(address)
 
-    async def undrain(self, address: str) -> Endpoint:
+    async def undrain(self, address: str, *, pod: str | None = None) -> Endpoint:
         if self._pool.admin_drained(address):  # drained through this replica's pool before: lift it
             self._pool.undrain(address)
         self._rewrite(address, draining=False)
@@ -88,7 +110,7 @@ class EndpointsFileDrains:
             raise UnknownEndpoint(address)
         return endpoint
 
-    def _rewrite(self, address: str, *, draining: bool) -> None:
+    def _rewrite(self, address: str, *, draining: bool, check: Check | None = None) -> None:
         path = self._file.path
         with _locked(path):
             try:
@@ -106,6 +128,8 @@ class EndpointsFileDrains:
             entry = entries[index]
             listed = entry if isinstance(entry, str) else entry["address"]
             was = isinstance(entry, dict) and entry.get("draining") is True
+            if draining and not was and check is not None:
+                check(frozenset(_drained_in(entries)))  # under the lock: no other replica writes
             if was == draining:
                 if not draining:
                     raise EndpointConflict(f"{address} is not drained (the endpoints file lists it ready)")
@@ -119,6 +143,18 @@ class EndpointsFileDrains:
                 _replace(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
                 log.info("endpoints file %s rewritten: %s draining=%s", path, address, str(draining).lower())
         self._file.check()  # this replica at once; the others at their next poll
+
+
+def _drained_in(entries: list[Any]) -> set[str]:
+    """The addresses the file marks `draining: true`."""
+    out = set()
+    for entry in entries:
+        if isinstance(entry, dict) and entry.get("draining") is True and isinstance(entry.get("address"), str):
+            try:
+                out.add(canonical_address(entry["address"]))
+            except ValueError:
+                continue
+    return out
 
 
 def _find(entries: list[Any], address: str) -> int | None:

@@ -5,24 +5,30 @@ pods (only get/list/watch/create/update on one ConfigMap of its own), a drain of
 pod is gone or not yet seen stays a record anyone can read (`kubectl get cm -o yaml`), and one object
 holds the whole set, so a read-modify-write with its resourceVersion is one optimistic transaction.
 
-The record: ConfigMap `kube.drains_configmap`, key `drained`, a JSON list of "ip:port". A drain or
-undrain through any replica's admin API writes it (create when missing; on a 409 conflict, read and
-try again); every replica lists and watches that one object with the same list/watch loop as its
-endpoint source (picker/sources/kube.py) and holds each recorded address in an admin drain whenever
-its source lists it, so the drain outlives source updates, pod restarts at the same address and
-picker restarts, until someone undrains it.
+The record: ConfigMap `kube.drains_configmap`, key `drained`, a JSON list whose items are "ip:port"
+(an operator's drain: whatever runs at that address) or {"address": "ip:port", "pod": "<uid>"} (a
+rollback's drain: that pod's only; a later pod given the same IP is not drained, and the entry is
+cleared once a replica sees the pod gone or another pod at the address). A drain or undrain through
+any replica's admin API writes it (create when missing; on a 409 conflict, read and try again); every
+replica lists and watches that one object with the same list/watch loop as its endpoint source
+(picker/sources/kube.py) and holds each recorded drain in an admin drain whenever its source lists
+the address, so the drain outlives source updates, pod restarts at the same address (an operator's)
+and picker restarts, until someone undrains it. The write is conditional on the resourceVersion
+read, so the capacity guard's check judges and writes as one step across pickers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from picker.config import canonical_address
 from picker.pool import Endpoint, EndpointConflict, EndpointState, Pool, UnknownEndpoint
-from picker.sources.drain_store import DrainRecordUnavailable
+from picker.sources.drain_store import Check, DrainRecordUnavailable
 from picker.sources.kube import Collection, ListWatch, SourceError, WatchSettings
 
 log = logging.getLogger(__name__)
@@ -35,63 +41,107 @@ class WriteConflict(Exception):
     """The ConfigMap changed since it was read (HTTP 409): read again."""
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """What the ConfigMap records: drains by address (an operator's) and by pod (a rollback's)."""
+
+    addresses: frozenset[str] = frozenset()
+    pinned: frozenset[tuple[str, str]] = frozenset()  # (address, pod uid)
+
+    @property
+    def drained(self) -> frozenset[str]:
+        """Every address the record drains, whichever instance."""
+        return self.addresses | {address for address, _ in self.pinned}
+
+    def holds(self, address: str, instance: str | None) -> bool:
+        """Whether the record drains what runs at `address` now (`instance`: its pod, if known)."""
+        return address in self.addresses or (instance is not None and (address, instance) in self.pinned)
+
+    def adding(self, address: str, pod: str | None) -> Record:
+        if pod is None:
+            return Record(self.addresses | {address}, self.pinned)
+        return Record(self.addresses, self.pinned | {(address, pod)})
+
+    def removing(self, address: str, pod: str | None) -> Record:
+        """Without the pod's drain (`pod`), or without every drain at the address (None)."""
+        if pod is not None:
+            return Record(self.addresses, self.pinned - {(address, pod)})
+        return Record(self.addresses - {address}, frozenset(p for p in self.pinned if p[0] != address))
+
+    def dropping(self, stale: Iterable[tuple[str, str]]) -> Record:
+        return Record(self.addresses, self.pinned - set(stale))
+
+
 class DrainRecordApi(Protocol):
     """The one ConfigMap: listed and watched by the loop, read and written by the admin API."""
 
     def collection(self) -> Collection: ...
 
-    async def read(self) -> tuple[set[str], str | None]:
-        """The recorded addresses and the object's resourceVersion (None: there is no ConfigMap)."""
+    async def read(self) -> tuple[Record, str | None]:
+        """The record and the object's resourceVersion (None: there is no ConfigMap)."""
         ...
 
-    async def write(self, drained: set[str], version: str | None) -> None:
+    async def write(self, record: Record, version: str | None) -> None:
         """Replace the record (create it when `version` is None); WriteConflict on 409."""
         ...
 
 
-def parse_record(obj: Mapping[str, Any] | None) -> tuple[set[str], list[str]]:
-    """The addresses a ConfigMap records, and what in it was ignored (problems, for one log line)."""
+def parse_record(obj: Mapping[str, Any] | None) -> tuple[Record, list[str]]:
+    """The drains a ConfigMap records, and what in it was ignored (problems, for one log line)."""
     if obj is None:
-        return set(), []
+        return Record(), []
     raw = (obj.get("data") or {}).get(DATA_KEY)
     if raw is None:
-        return set(), []
+        return Record(), []
     try:
         listed = json.loads(raw)
     except ValueError:
-        return set(), [f"data.{DATA_KEY} is not JSON"]
+        return Record(), [f"data.{DATA_KEY} is not JSON"]
     if not isinstance(listed, list):
-        return set(), [f"data.{DATA_KEY} is not a JSON list"]
-    drained: set[str] = set()
+        return Record(), [f"data.{DATA_KEY} is not a JSON list"]
+    addresses: set[str] = set()
+    pinned: set[tuple[str, str]] = set()
     problems = []
     for item in listed:
         try:
-            drained.add(canonical_address(str(item)))
+            if isinstance(item, dict):
+                pod = item.get("pod")
+                if set(item) != {"address", "pod"} or not isinstance(pod, str) or not pod:
+                    raise ValueError(f"{item!r} is not {{address, pod}}")
+                pinned.add((canonical_address(str(item["address"])), pod))
+            else:
+                addresses.add(canonical_address(str(item)))
         except ValueError as exc:
             problems.append(f"data.{DATA_KEY}: {exc}")
-    return drained, problems
+    return Record(frozenset(addresses), frozenset(pinned)), problems
 
 
-def render_record(drained: Iterable[str]) -> str:
-    return json.dumps(sorted(drained))
+def render_record(record: Record) -> str:
+    items: list[Any] = sorted(record.addresses)
+    items += [{"address": address, "pod": pod} for address, pod in sorted(record.pinned)]
+    return json.dumps(items)
 
 
 class DrainRecord:
-    """The loop's store (kube.Store): the addresses the watched ConfigMap records."""
+    """The loop's store (kube.Store): the drains the watched ConfigMap records."""
 
     def __init__(self) -> None:
-        self.drained: set[str] = set()
+        self.current = Record()
+
+    @property
+    def drained(self) -> frozenset[str]:
+        return self.current.drained
 
     def __len__(self) -> int:
-        return len(self.drained)
+        return len(self.current.addresses) + len(self.current.pinned)
 
     def replace(self, objects: Iterable[Mapping[str, Any]]) -> list[str]:
         found = list(objects)
-        self.drained, problems = parse_record(found[0] if found else None)
+        self.current, problems = parse_record(found[0] if found else None)
         return problems
 
     def apply(self, event_type: str, obj: Mapping[str, Any]) -> list[str]:
-        self.drained, problems = parse_record(None if event_type == "DELETED" else obj)
+        self.current, problems = parse_record(None if event_type == "DELETED" else obj)
         return problems
 
 
@@ -119,41 +169,52 @@ class ConfigMapDrains:
             on_event=on_event,
         )
         self._applying = False
+        self._clearing: asyncio.Task[None] | None = None
+        self._stale: set[tuple[str, str]] = set()
         pool.on_change(self.apply)
+        pool.on_forget(self._forgotten)
 
-    async def drain(self, address: str) -> Endpoint:
+    async def drain(self, address: str, *, pod: str | None = None, check: Check | None = None) -> Endpoint:
         endpoint = self._pool.get(address)
         if endpoint is None:
             raise UnknownEndpoint(address)
         if endpoint.state is EndpointState.GONE:
             raise EndpointConflict(f"{address} is gone: its source no longer lists it")
-        await self._update(address, add=True)
-        self.record.drained.add(address)  # at once here; the watch confirms it
+        await self._update(lambda record: record.adding(address, pod), check=check)
+        self.record.current = self.record.current.adding(address, pod)  # at once here; the watch confirms
         self.apply()
         return endpoint
 
-    async def undrain(self, address: str) -> Endpoint:
+    async def undrain(self, address: str, *, pod: str | None = None) -> Endpoint:
         endpoint = self._pool.get(address)
-        if endpoint is None and address not in self.record.drained:
+        recorded = address in self.record.drained
+        if endpoint is None and not recorded:
             raise UnknownEndpoint(address)
-        if address not in self.record.drained and not self._pool.admin_drained(address):
+        if not recorded and not self._pool.admin_drained(address):
             return self._pool.undrain(address)  # raises the pool's own conflict (not drained, or source)
-        await self._update(address, add=False)
-        self.record.drained.discard(address)
+        await self._update(lambda record: record.removing(address, pod))
+        self.record.current = self.record.current.removing(address, pod)
         self.apply()
         if endpoint is None:
             raise UnknownEndpoint(address)  # the record is lifted; the pool has no such endpoint
         return endpoint
 
     def apply(self) -> None:
-        """Hold every recorded address the source lists in an admin drain; lift the others."""
+        """Hold every recorded drain the source lists in an admin drain; lift the others. A pod's
+        drain whose pod is gone (its address gone, or another pod's now) is cleared from the record."""
         if self._applying:
             return  # the pool's change announcements while this runs
         self._applying = True
         try:
+            record, stale = self.record.current, set()
             for endpoint in self._pool.endpoints():
                 address = endpoint.address
-                wanted = address in self.record.drained
+                for pinned in record.pinned:
+                    if pinned[0] == address and endpoint.instance is not None and (
+                        endpoint.state is EndpointState.GONE or endpoint.instance != pinned[1]
+                    ):
+                        stale.add(pinned)
+                wanted = record.holds(address, endpoint.instance)
                 held = self._pool.admin_drained(address)
                 if wanted and not held and endpoint.state is not EndpointState.GONE:
                     try:
@@ -162,21 +223,57 @@ class ConfigMapDrains:
                         pass  # not listed by the source any more: applied again if it returns
                 elif held and not wanted:
                     self._pool.undrain(address)
+            self._mark_stale(stale)
         finally:
             self._applying = False
 
-    async def _update(self, address: str, *, add: bool) -> None:
+    def _forgotten(self, address: str) -> None:
+        """The source stopped listing `address` and its last request ended: no pod runs there, so
+        every pod's drain recorded at it is over."""
+        self._mark_stale({p for p in self.record.current.pinned if p[0] == address})
+
+    def _mark_stale(self, stale: set[tuple[str, str]]) -> None:
+        self._stale |= stale
+        if self._stale and self._clearing is None:
+            self._clearing = _spawn(self._clear())
+
+    async def _clear(self) -> None:
+        """Remove pods' drains whose pods are gone (any replica may; the write is conditional)."""
+        try:
+            while self._stale:
+                stale = frozenset(self._stale)
+                await self._update(lambda record: record.dropping(stale))
+                self._stale -= stale
+                log.info("drain record cleared %d drain(s) of pods gone: %s", len(stale), sorted(stale))
+        except DrainRecordUnavailable as exc:
+            log.warning("drain record: drains of pods gone not cleared now (%s); tried again later", exc)
+            self._stale.clear()  # found again at the next change
+        finally:
+            self._clearing = None
+
+    async def _update(self, change: Callable[[Record], Record], *, check: Check | None = None) -> None:
         for _ in range(_WRITE_ATTEMPTS):
             try:
-                drained, version = await self._api.read()
-                wanted = drained | {address} if add else drained - {address}
-                if wanted == drained and version is not None:
+                record, version = await self._api.read()
+                wanted = change(record)
+                if wanted == record and version is not None:
                     return
+                if check is not None:
+                    check(record.drained)  # judged on the record this write replaces, or not at all
                 await self._api.write(wanted, version)
-                log.info("drain record %s %s", "added" if add else "removed", address)
+                log.info("drain record written: %d drain(s)", len(wanted.addresses) + len(wanted.pinned))
                 return
             except WriteConflict:
                 continue  # another replica wrote in between: read again
             except SourceError as exc:
                 raise DrainRecordUnavailable(f"the drain record cannot be changed now ({exc})") from None
         raise DrainRecordUnavailable(f"the drain record kept changing ({_WRITE_ATTEMPTS} attempts)")
+
+
+def _spawn(work: Any) -> asyncio.Task[None] | None:
+    """A background task when a loop runs (the pool announces changes from sync code too)."""
+    try:
+        return asyncio.get_running_loop().create_task(work)
+    except RuntimeError:
+        work.close()
+        return None

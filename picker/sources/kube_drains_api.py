@@ -13,7 +13,14 @@ from picker.config import KubeSourceConfig
 from picker.pool import Pool
 from picker.sources.kube import ApiFailure, Collection, Disconnected, WatchSettings
 from picker.sources.kube_api import LightkubeCollection, load_kubeconfig, make_client
-from picker.sources.kube_drains import DATA_KEY, ConfigMapDrains, WriteConflict, parse_record, render_record
+from picker.sources.kube_drains import (
+    DATA_KEY,
+    ConfigMapDrains,
+    Record,
+    WriteConflict,
+    parse_record,
+    render_record,
+)
 
 
 class LightkubeDrainRecordApi:
@@ -43,21 +50,21 @@ class LightkubeDrainRecordApi:
     def collection(self) -> Collection:
         return self._collection
 
-    async def read(self) -> tuple[set[str], str | None]:
+    async def read(self) -> tuple[Record, str | None]:
         try:
             obj: Any = await self._client.request("get", ConfigMap, name=self.name, namespace=self.namespace)
         except httpx2.HTTPStatusError as exc:
             if exc.response.status_code == 404:
-                return set(), None
+                return Record(), None
             raise self._failure("get", exc) from None
         except httpx2.HTTPError as exc:
             raise Disconnected(f"get configmap {self.name}: {type(exc).__name__}: {exc}") from None
-        drained, _ = parse_record(obj.to_dict())
-        return drained, obj.metadata.resourceVersion
+        record, _ = parse_record(obj.to_dict())
+        return record, obj.metadata.resourceVersion
 
-    async def write(self, drained: set[str], version: str | None) -> None:
+    async def write(self, record: Record, version: str | None) -> None:
         meta = ObjectMeta(name=self.name, namespace=self.namespace, resourceVersion=version)
-        obj = ConfigMap(metadata=meta, data={DATA_KEY: render_record(drained)})
+        obj = ConfigMap(metadata=meta, data={DATA_KEY: render_record(record)})
         method = "post" if version is None else "put"
         name = None if version is None else self.name
         try:

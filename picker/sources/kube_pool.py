@@ -182,7 +182,9 @@ class PoolSource:
 
     def _publish_pods(self, store: PodStore) -> None:
         if self.pods is not None and self.pods.store is store:  # never a replaced watch's late word
-            self._pool.reconcile(store.desired(), source=SOURCE, labels=store.labels())
+            self._pool.reconcile(
+                store.desired(), source=SOURCE, labels=store.labels(), instances=store.instances()
+            )
 
     def _spawn_pods(self) -> None:
         assert self.pods is not None
@@ -232,7 +234,10 @@ class SelectorSource:
             settings,
             what="pods",
             publish=lambda: pool.reconcile(
-                self.store.desired(), source=SELECTOR_SOURCE, labels=self.store.labels()
+                self.store.desired(),
+                source=SELECTOR_SOURCE,
+                labels=self.store.labels(),
+                instances=self.store.instances(),
             ),
             kept=lambda: len(pool.ready()),
             sleep=sleep,

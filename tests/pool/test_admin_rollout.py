@@ -124,3 +124,27 @@ async def test_resume_lifts_only_the_drains_the_rollback_made(pool: Pool) -> Non
     await runner.command("resume")
     assert pool.get(CANDIDATE).state is EndpointState.READY  # type: ignore[union-attr]
     assert pool.get(second).state is EndpointState.DRAINING  # type: ignore[union-attr]
+
+
+async def test_an_unobservable_gate_is_said_once_not_every_tick(
+    pool: Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each tick's log of decisions reset the set of gates already said to be unobservable, so the
+    warning came again every tick (`rollout.tick_s`, 1 s by default)."""
+    from picker.rollout import CANDIDATE as GROUP
+    from picker.rollout import STABLE, Sample
+
+    plan = CanaryPlan.of(RolloutConfig(candidate="v2", step_interval_s=100.0, window_s=5.0, min_samples=10))
+    canary = Canary(plan, 0.0)
+    clock = [0.0]
+    runner = RolloutRunner(canary, pool, 1.0, clock=lambda: clock[0])
+    for i in range(30):  # headers only: the streamed gates cannot be fed
+        for group in (STABLE, GROUP):
+            canary.ended(group, Sample(i * 0.05, cut=None, error=False, ttft_s=None, itl_s=None))
+    caplog.set_level("WARNING", logger="picker.rollout_runner")
+    for tick in range(3):
+        clock[0] = 1.6 + tick
+        await runner.tick()
+    said = [r for r in caplog.records if "not observable" in r.getMessage()]
+    gates = [r.getMessage().split()[2] for r in said]
+    assert sorted(gates) == sorted(set(gates)) and gates, [r.getMessage() for r in said]
