@@ -315,7 +315,7 @@ class _Admin:
                     else:
                         endpoint = await self.store.undrain(address)
                 except DrainRefused as exc:  # another picker's drain reached the record first
-                    log.warning("admin drain refused by the capacity guard address=%s %s", address, exc.reason)
+                    log.warning("admin drain refused by the capacity guard address=%s %s", address, exc)
                     return _refused(exc.reason, exc.figures)
                 except UnknownEndpoint:
                     return _error(404, f"no endpoint {address}")

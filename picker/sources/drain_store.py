@@ -59,7 +59,9 @@ class DrainStore(Protocol):
 
     shared: bool  # True: every picker replica reading the same source sees the change
 
-    async def drain(self, address: str, *, pod: str | None = None, check: Check | None = None) -> Endpoint: ...
+    async def drain(
+        self, address: str, *, pod: str | None = None, check: Check | None = None
+    ) -> Endpoint: ...
 
     async def undrain(self, address: str, *, pod: str | None = None) -> Endpoint: ...
 
@@ -149,7 +151,8 @@ def _drained_in(entries: list[Any]) -> set[str]:
     """The addresses the file marks `draining: true`."""
     out = set()
     for entry in entries:
-        if isinstance(entry, dict) and entry.get("draining") is True and isinstance(entry.get("address"), str):
+        drained = isinstance(entry, dict) and entry.get("draining") is True
+        if drained and isinstance(entry.get("address"), str):
             try:
                 out.add(canonical_address(entry["address"]))
             except ValueError:

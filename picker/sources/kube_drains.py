@@ -210,8 +210,10 @@ class ConfigMapDrains:
             for endpoint in self._pool.endpoints():
                 address = endpoint.address
                 for pinned in record.pinned:
-                    if pinned[0] == address and endpoint.instance is not None and (
-                        endpoint.state is EndpointState.GONE or endpoint.instance != pinned[1]
+                    if (
+                        pinned[0] == address
+                        and endpoint.instance is not None
+                        and (endpoint.state is EndpointState.GONE or endpoint.instance != pinned[1])
                     ):
                         stale.add(pinned)
                 wanted = record.holds(address, endpoint.instance)
@@ -242,7 +244,7 @@ class ConfigMapDrains:
         try:
             while self._stale:
                 stale = frozenset(self._stale)
-                await self._update(lambda record: record.dropping(stale))
+                await self._update(lambda record, gone=stale: record.dropping(gone))
                 self._stale -= stale
                 log.info("drain record cleared %d drain(s) of pods gone: %s", len(stale), sorted(stale))
         except DrainRecordUnavailable as exc:

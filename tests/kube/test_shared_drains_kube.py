@@ -177,3 +177,74 @@ async def test_two_picker_apps_share_admin_drains(fake: FakeApiServer, kubeconfi
             await second.stop()
     finally:
         await first.stop()
+
+
+def listed(replica: Replica, pods: dict[str, str]) -> None:
+    """The replica's source lists these addresses, ready, each with its pod's uid."""
+    replica.pool.reconcile(dict.fromkeys(pods, EndpointState.READY), "kube-pods", instances=pods)
+
+
+async def test_a_rollback_drain_is_the_pods_and_ends_with_it(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    """Issue 40, item 8: rollback drains recorded by IP drained, silently, a later pod given a former
+    candidate's IP. A drain with `pod` holds that pod only, and is cleared once it is gone."""
+    first, second = await replicas().start(), await replicas().start()
+    for replica in (first, second):
+        listed(replica, {A: "uid-a", B: "uid-b"})
+    await first.drains.drain(A, pod="uid-a")
+    assert recorded(fake) == [{"address": A, "pod": "uid-a"}]
+    await until(lambda: second.state(A) is EndpointState.DRAINING)
+    listed(second, {A: "uid-new", B: "uid-b"})  # the candidate's pod went; a new pod got its IP
+    assert second.state(A) is EndpointState.READY
+    await until(lambda: recorded(fake) == [])  # cleared from the record by the replica that saw it
+    listed(first, {A: "uid-new", B: "uid-b"})
+    await until(lambda: first.state(A) is EndpointState.READY)
+
+
+async def test_an_operators_drain_stays_the_addresses_and_undrain_lifts_both(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    first = await replicas().start()
+    listed(first, {A: "uid-a", B: "uid-b"})
+    await first.drains.drain(A, pod="uid-a")
+    await first.drains.drain(A)  # the operator's, by address
+    listed(first, {A: "uid-new", B: "uid-b"})
+    assert first.state(A) is EndpointState.DRAINING  # the address's drain holds the new pod
+    await until(lambda: recorded(fake) == [A])  # the pod's drain is cleared, the address's stays
+    await first.drains.undrain(A)
+    assert recorded(fake) == [] and first.state(A) is EndpointState.READY
+
+
+async def test_a_pods_drain_is_cleared_when_its_address_leaves_the_source(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    first = await replicas().start()
+    listed(first, {A: "uid-a", B: "uid-b"})
+    await first.drains.drain(A, pod="uid-a")
+    listed(first, {B: "uid-b"})  # the pod is deleted; no request was running on it
+    await until(lambda: recorded(fake) == [])
+
+
+async def test_the_guard_judges_against_the_record_it_replaces_across_pickers(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    """Issue 40, item 6: two pickers' guards each judged on their own view, so drains through two
+    pickers at once both passed. The check runs inside the conditional write: one of them sees
+    the other's drain in the record it would replace, and is refused."""
+    from picker.sources.drain_store import DrainRefused
+
+    first, second = await replicas().start(), await replicas().start()
+
+    def one_at_most(drained_elsewhere: frozenset[str]) -> None:
+        if drained_elsewhere:  # the pool cannot spare two
+            raise DrainRefused("would leave too little", {"drained": sorted(drained_elsewhere)})
+
+    results = await asyncio.gather(
+        first.drains.drain(A, check=one_at_most),
+        second.drains.drain(B, check=one_at_most),
+        return_exceptions=True,
+    )
+    refused = [r for r in results if isinstance(r, DrainRefused)]
+    assert len(refused) == 1, results
+    assert len(recorded(fake)) == 1

@@ -208,9 +208,9 @@ async def test_two_drains_at_once_are_judged_one_after_the_other(pool: Pool) -> 
         pool.get(address).in_flight = in_flight  # type: ignore[union-attr]  # a demand of 6
 
     class SlowDrains(LocalDrains):
-        async def drain(self, address: str):  # type: ignore[no-untyped-def]
+        async def drain(self, address: str, **options):  # type: ignore[no-untyped-def]
             await asyncio.sleep(0.05)  # a store's round trip (the ConfigMap's): the window the race had
-            return await super().drain(address)
+            return await super().drain(address, **options)
 
     metrics = Metrics()
     metrics.register_pool(pool)

@@ -211,6 +211,18 @@ def test_admin_drain_ends_when_the_source_drops_the_address(pool: Pool) -> None:
     assert pool.get("a:1").state is READY  # type: ignore[union-attr]
 
 
+def test_admin_drain_ends_when_another_instance_takes_the_address(pool: Pool) -> None:
+    """The source lists the address without a gap (one list replaced another pod's): the drain was
+    that pod's; the endpoint says which pod stands behind it."""
+    pool.reconcile({"a:1": READY}, source="kube-pods", instances={"a:1": "uid-1"})
+    pool.drain("a:1")
+    pool.reconcile({"a:1": READY}, source="kube-pods", instances={"a:1": "uid-1"})
+    assert pool.get("a:1").state is DRAINING  # type: ignore[union-attr]
+    pool.reconcile({"a:1": READY}, source="kube-pods", instances={"a:1": "uid-2"})
+    endpoint = pool.get("a:1")
+    assert endpoint is not None and endpoint.state is READY and endpoint.instance == "uid-2"
+
+
 def test_admin_errors_say_why(pool: Pool) -> None:
     pool.reconcile({"a:1": READY, "b:1": DRAINING}, source="kube")
     with pytest.raises(UnknownEndpoint):
