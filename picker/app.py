@@ -96,6 +96,7 @@ class PickerApp:
             from picker.sources.lease_api import open_election
 
             self.election = open_election(self.config, self._leader_changed)
+            self.metrics.register_rejections("lease", lambda: self.election.rejected)  # type: ignore[union-attr]
             self.health.holds.add("standby")  # until the first campaign step says otherwise
             self.metrics.set_leader(False)
         self._grpc, grpc_port = ext_proc_server(

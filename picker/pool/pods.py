@@ -154,6 +154,8 @@ def read_pod(obj: Mapping[str, Any], ports: tuple[int, ...]) -> tuple[dict[str, 
     ip_text = _mapping(obj.get("status")).get("podIP")
     if not ip_text:
         return {}, None  # not scheduled / no sandbox yet: nothing to send work to
+    if not isinstance(ip_text, str):
+        return {}, f"pod {object_key(obj)}: status.podIP is not a string"
     try:
         ip = ipaddress.ip_address(ip_text)
     except ValueError:

@@ -15,12 +15,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
-from picker.sources.kube import ApiFailure, Disconnected
+from picker.sources.kube import ApiFailure, Disconnected, SourceError
 from picker.sources.kube_drains import WriteConflict
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,45 @@ class LeaseRecord:
     transitions: int = 0
     acquired: datetime | None = None
     renewed: datetime | None = None
+
+
+_INT32_MAX = 2**31 - 1  # the API's int32 fields
+
+
+class LeaseInvalid(SourceError):
+    """The Lease cannot be read as one (a type the API never writes, a value out of its range):
+    refused whole; nobody leads on it until a valid one is written."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"the leader lease is refused ({reason}): {detail}")
+        self.reason = reason
+
+
+def lease_record(spec: Mapping[str, Any]) -> LeaseRecord:
+    """The election's record from a Lease's spec (its fields as the client library read them:
+    str, int, datetime or None), checked whole; LeaseInvalid names what is wrong."""
+    holder, duration = spec.get("holderIdentity"), spec.get("leaseDurationSeconds")
+    transitions = spec.get("leaseTransitions")
+    if holder is not None and not isinstance(holder, str):
+        raise LeaseInvalid("malformed", "holderIdentity is not a string")
+    for name, value, least in (("leaseDurationSeconds", duration, 1), ("leaseTransitions", transitions, 0)):
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise LeaseInvalid("malformed", f"{name} is not an integer")
+        if not least <= value <= _INT32_MAX:
+            raise LeaseInvalid("out-of-range", f"{name} {value} is outside {least}..{_INT32_MAX}")
+    times = {name: spec.get(name) for name in ("acquireTime", "renewTime")}
+    for name, value in times.items():
+        if value is not None and not isinstance(value, datetime):
+            raise LeaseInvalid("malformed", f"{name} is not a time")
+    return LeaseRecord(
+        holder=holder or "",
+        duration_s=float(duration or 0),
+        transitions=transitions or 0,
+        acquired=times["acquireTime"],
+        renewed=times["renewTime"],
+    )
 
 
 class LeaseApi(Protocol):
@@ -137,6 +176,7 @@ class Election:
         self._version: str | None = None
         self.problem: str | None = None  # the last failure, for the log (once per kind)
         self._released = False  # stopping: never campaign again
+        self.rejected: dict[str, int] = {}  # Leases refused whole, by reason (picker_lease_rejected_total)
         self._idle = asyncio.Event()  # no step in flight (the release waits for one, bounded)
         self._idle.set()
 
@@ -163,6 +203,12 @@ class Election:
             self.problem = None
         except WriteConflict:
             elector.failed()  # another replica wrote in between: read again next time
+        except LeaseInvalid as exc:
+            self.rejected[exc.reason] = self.rejected.get(exc.reason, 0) + 1
+            if str(exc) != self.problem:
+                log.warning("%s", exc)
+            self.problem = str(exc)
+            elector.failed()
         except (ApiFailure, Disconnected, TimeoutError) as exc:
             text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if text != self.problem:

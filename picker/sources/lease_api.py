@@ -17,7 +17,7 @@ from lightkube.resources.coordination_v1 import Lease
 from picker.sources.kube import ApiFailure, Disconnected
 from picker.sources.kube_api import make_client
 from picker.sources.kube_drains import WriteConflict
-from picker.sources.lease import Election, Elector, LeaseRecord
+from picker.sources.lease import Election, Elector, LeaseInvalid, LeaseRecord, lease_record
 
 if TYPE_CHECKING:
     from picker.config import PickerConfig
@@ -40,15 +40,9 @@ class LightkubeLeaseApi:
             raise self._failure("get", exc) from None
         except httpx2.HTTPError as exc:
             raise Disconnected(f"get lease {self.name}: {type(exc).__name__}: {exc}") from None
-        spec = obj.spec or LeaseSpec()
-        record = LeaseRecord(
-            holder=spec.holderIdentity or "",
-            duration_s=float(spec.leaseDurationSeconds or 0),
-            transitions=spec.leaseTransitions or 0,
-            acquired=spec.acquireTime,
-            renewed=spec.renewTime,
-        )
-        return record, obj.metadata.resourceVersion
+        except ValueError as exc:  # the client library's decoding refused a field (msgspec)
+            raise LeaseInvalid("malformed", str(exc)) from None
+        return lease_record(spec_fields(obj.spec)), obj.metadata.resourceVersion
 
     async def write(self, record: LeaseRecord, version: str | None) -> str | None:
         spec = LeaseSpec(
@@ -84,6 +78,12 @@ class LightkubeLeaseApi:
 
     async def aclose(self) -> None:
         await self._client.close()
+
+
+def spec_fields(spec: LeaseSpec | None) -> dict[str, Any]:
+    """The fields of a decoded Lease spec the election reads (their decoded types, unchecked)."""
+    names = ("holderIdentity", "leaseDurationSeconds", "leaseTransitions", "acquireTime", "renewTime")
+    return {name: getattr(spec, name, None) for name in names}
 
 
 def lease_name(config: PickerConfig) -> str:

@@ -166,3 +166,28 @@ async def test_a_released_lease_is_not_taken_again_by_its_own_campaign(
     await asyncio.sleep(5 * RETRY_S)  # five of its campaign rounds (a measurement window)
     assert not a.leading and [on for _, on in a.changes] == [True, False]
     assert fake.objects(selector="", resource="leases")[0]["spec"].get("holderIdentity", "") == ""
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"holderIdentity": "x", "leaseDurationSeconds": 30, "renewTime": "not a time"},
+        {"holderIdentity": 7, "leaseDurationSeconds": 30},
+        {"holderIdentity": "x", "leaseDurationSeconds": "thirty"},
+        {"holderIdentity": "x", "leaseDurationSeconds": -30},
+        {"holderIdentity": "x", "leaseDurationSeconds": 30, "leaseTransitions": -1},
+    ],
+)
+async def test_a_malformed_lease_is_refused_and_the_election_lives_on(
+    fake: FakeApiServer, replicas: Callable[..., Replica], spec: dict[str, object]
+) -> None:
+    """Issue 40, item 2 (Lease objects): a Lease the client library could not read raised out of the
+    election's step and ended its task for good; now it is refused whole (a problem, counted), nobody
+    leads on it, and once someone writes a valid one the election goes on."""
+    fake.put("leases", "vllm-picker-leader", {"spec": spec})
+    a = replicas("a").start()
+    await async_wait_until(lambda: a.election.rejected, 5, what="the lease refused")
+    assert not a.leading and a.task is not None and not a.task.done()
+    assert "lease" in (a.election.problem or "")
+    fake.delete("leases", "vllm-picker-leader")
+    await async_wait_until(lambda: a.leading, 5, what="a to lead once the lease is valid")
