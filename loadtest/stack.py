@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import http_client
 from loadtest.procs import Proc, free_port, port_open, wait_until
+from loadtest.relay import Relay
 from picker.envoyconf import SHIPPED, EnvoyParams, envoy_binary, render, shape_template
 
 
@@ -50,6 +51,9 @@ class StackOptions:
     routing_response_body: str = "NONE"  # STREAMED / FULL_DUPLEX_STREAMED: the routing stream tracks bodies
     picker_env: dict[str, str] | None = None  # extra environment for the picker(s) (OTEL_*, ...)
     peers: bool = False  # with pickers > 1: one set of books over the channel between them (issue 23)
+    # with peers: each picker is reached by its peers through a TCP relay the test can cut
+    # (loadtest/relay.py; `Stack.relays[i]` stands for picker i's peer port)
+    peer_relays: bool = False
     args_at: tuple[tuple[str, ...], ...] = ()  # more arguments for picker i (its own kubeconfig, ...)
     paired_port: int = 0  # each replica also binds its port + this (vLLM's KV events): kept free too
     # a mixed pool: replica i runs in a process of its own with sim_args + replica_args[i] (speed,
@@ -159,6 +163,7 @@ class Stack:
         ]
         self.pickers: list[Proc | None] = [None] * self.options.pickers  # pickers[0] is `picker`
         self.peer_ports = [free_port() for _ in range(self.options.pickers)] if self.options.peers else []
+        self.relays = [Relay(port) for port in self.peer_ports] if self.options.peer_relays else []
         self.sims: Proc | None = None
         self.more_sims: list[Proc] = []  # a mixed pool's processes after the first (replica_args)
         self.picker: Proc | None = None
@@ -175,6 +180,8 @@ class Stack:
 
     def start(self) -> Stack:
         try:
+            for relay in self.relays:
+                relay.start()
             self.start_sims()
             self.start_picker()
             self.start_envoy()
@@ -225,7 +232,9 @@ class Stack:
     def peer_args(self, index: int) -> tuple[str, ...]:
         if not self.peer_ports:
             return ()
-        members = ",".join(f"127.0.0.1:{port}" for port in self.peer_ports)
+        # with relays, each picker is known (and advertises itself) by its relay's address
+        reached = [relay.port for relay in self.relays] or self.peer_ports
+        members = ",".join(f"127.0.0.1:{port}" for port in reached)
         port = self.peer_ports[index]
         secret = self.workdir / "peer-secret"  # the pickers' credential, as a mounted Secret's key
         if not secret.exists():
@@ -236,7 +245,7 @@ class Stack:
             "--peer-port",
             str(port),
             "--peer-advertise",
-            f"127.0.0.1:{port}",
+            f"127.0.0.1:{reached[index]}",
             "--peer-secret-file",
             str(secret),
         )
@@ -336,3 +345,5 @@ class Stack:
         for proc in (self.envoy, self.picker, *self.pickers[1:], self.sims, *self.more_sims):
             if proc is not None:
                 proc.stop()
+        for relay in self.relays:
+            relay.stop()

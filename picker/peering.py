@@ -285,6 +285,18 @@ class Peering:
     def orphans(self) -> int:
         return len(self._orphans)
 
+    def held(self) -> dict[str, Any]:
+        """What this picker keeps for others, by table: each peer's book, the records of peers'
+        requests whose observer is here, the orphans, the events not yet sent. All empty when no
+        request runs: anything left is a leak."""
+        return {
+            "books": {peer: len(book) for peer, book in self._books.items()},
+            "shadows": len(self._shadows),
+            "orphans": len(self._orphans),
+            "outbox": sum(len(events) for events in self.outbox.pending.values()),
+            "connections": len(self.connections),
+        }
+
     def set_members(self, members: Sequence[str]) -> tuple[list[str], list[str]]:
         """The pickers are now `members` (peer discovery re-resolved): (added, removed). A removed
         peer's requests become orphans; a peer that writes before it is discovered is booked anyway."""
@@ -353,7 +365,9 @@ class Peering:
             self._add(orphaned, -1)
         book = self._books.setdefault(owner, {})  # a peer not discovered yet still counts
         if kind != "end" and request_id in self._ended:
-            del self._ended[request_id]  # its end came first, by another picker's channel
+            # its end came first, by another picker's channel: every pick of it is stale, and after
+            # a broken link it may come twice (the resent books, then what was queued meanwhile),
+            # so the tombstone stays (the oldest go beyond _TOMBSTONES)
             return True
         if kind in ("pick", "move"):
             previous = book.get(request_id)
@@ -370,8 +384,11 @@ class Peering:
             previous = book.pop(request_id, None)
             if previous is not None:
                 self._add(previous, -1)
-            elif orphaned is None and peer != owner:
-                self._ended[request_id] = None  # heard before its pick: that pick must not count
+            if peer != owner:
+                # seen to end by another picker than its owner, which then sends this one no `end`
+                # of its own: a pick of it heard later (queued behind a broken link, or resent with
+                # the owner's books before the owner heard of the end) must not count
+                self._ended[request_id] = None
                 if len(self._ended) > _TOMBSTONES:
                     self._ended.popitem(last=False)
         return True

@@ -51,7 +51,12 @@ def overview(path: RequestPath) -> dict[str, Any]:
         "accepting": path.accepting,
         "peers": None
         if peering is None
-        else {"name": peering.name, "members": list(peering.peers), "unlinked": peering.unlinked()},
+        else {
+            "name": peering.name,
+            "members": list(peering.peers),
+            "unlinked": peering.unlinked(),
+            "held": peering.held(),
+        },
     }
 
 

@@ -150,6 +150,27 @@ def test_an_orphan_goes_when_its_end_is_seen_or_its_owner_resends_its_books() ->
     assert b.peering.orphans == 0 and peer_counts(b) == 1
 
 
+def test_an_end_heard_first_outlives_every_pick_that_comes_after_it() -> None:
+    """Found by the chaos test (tests/envoy/test_chaos.py): a request picked by A while its link to B
+    was cut, observed and ended on B. On the reconnect B hears A's pick twice (the resent books,
+    then the pick queued during the cut): the first used up the tombstone of its end, the second
+    was booked and stayed, since A, told of the end by B, sends B no `end`. B over-counted for ever."""
+    a, b = Picker(A), Picker(B)
+    cut = a.path.admit(REQUEST).payload
+    queued = a.peering.outbox.take(B)  # A's pick, held while the link is down
+    shadow = b.path.attach_observer(cut.request_id)
+    assert shadow is not None
+    b.path.response_started(shadow, 200, cut.picked[0], True)
+    b.path.body_chunk(shadow, LAST)
+    b.path.observer_ended(shadow, True)
+    assert peer_counts(b) == 0
+    b.peering.book(A, ["pick", cut.request_id, cut.picked[0]])  # the link back: A's books first
+    for event in queued:  # then what was queued during the cut
+        b.peering.book(A, event)
+    deliver(a, b)  # B's reports reach A: its record ends there, told by B
+    assert a.path.live == 0 and peer_counts(b) == 0
+
+
 def test_requests_of_no_known_peer_are_unmatched_as_before() -> None:
     b = Picker(B)
     assert b.path.attach_observer("10.9.9.9:9004~deadbeef") is None
@@ -280,3 +301,22 @@ def test_an_observer_that_sees_no_body_hands_the_end_to_the_owners_engine_gauges
     endpoint.load = LoadSample(0, 0, 0.0, a.pool.now() + 1, endpoint.arrivals, endpoint.departures)
     a.path.capacity_changed()
     assert record.ended and a.pool.in_flight() == 0
+
+
+def test_an_orphan_ended_by_its_observer_is_not_booked_again_by_the_owners_resent_books() -> None:
+    """Found by the chaos test: the link broke (A's books on B became orphans); B's observer saw one
+    of them end; A, not yet told (B's report waits behind the link), resent it with its books on
+    the reconnect. B booked it again, and A, told by B, never sent B an `end`: B over-counted."""
+    a, b = Picker(A), Picker(B)
+    request = a.path.admit(REQUEST).payload
+    deliver(a, b)
+    shadow = b.path.attach_observer(request.request_id)
+    assert shadow is not None
+    deliver(a, b)
+    b.path.peer_gone(A)  # the link breaks: A's request is an orphan on B
+    b.path.response_started(shadow, 200, request.picked[0], True)
+    b.path.body_chunk(shadow, LAST)
+    b.path.observer_ended(shadow, True)  # the orphan goes with it
+    b.peering.book(A, ["pick", request.request_id, request.picked[0]])  # A's books, resent
+    deliver(a, b)
+    assert a.path.live == 0 and peer_counts(b) == 0

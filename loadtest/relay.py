@@ -1,0 +1,98 @@
+"""A TCP relay on loopback that a test controls: what a network partition between two processes is.
+
+Each connection to the relay's port is forwarded to the target port, bytes both ways. `cut()` resets
+every open connection and stops listening, so new ones are refused (a partition: the peer's backoff
+runs as it would against a dead host); `restore()` listens again. It runs in a thread of its own with
+its own event loop, so the synchronous stack helpers and async tests can both drive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from loadtest.procs import free_port
+
+_CHUNK = 64 * 1024
+
+
+class Relay:
+    """127.0.0.1:`port` -> 127.0.0.1:`target`, until cut."""
+
+    def __init__(self, target: int, port: int | None = None) -> None:
+        self.target = target
+        self.port = port or free_port()
+        self.connections = 0  # accepted since start, for a test to see that traffic went through
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"relay-{self.port}", daemon=True)
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    def start(self) -> Relay:
+        self._thread.start()
+        self._call(self._listen())
+        return self
+
+    def cut(self) -> None:
+        """Reset every connection through the relay and refuse new ones."""
+        self._call(self._cut())
+
+    def restore(self) -> None:
+        self._call(self._listen())
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        with contextlib.suppress(Exception):
+            self._call(self._cut())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def _call(self, work: Coroutine[Any, Any, None]) -> None:
+        asyncio.run_coroutine_threadsafe(work, self._loop).result(5)
+
+    async def _listen(self) -> None:
+        if self._server is None:
+            self._server = await asyncio.start_server(self._relay, "127.0.0.1", self.port, reuse_address=True)
+
+    async def _cut(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        for writer in list(self._open):
+            writer.transport.abort()  # a reset, as a partition's timeout would end it
+        self._open.clear()
+        if server is not None:
+            await server.wait_closed()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        pair = {writer, up_writer}
+        self._open |= pair
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            for end in pair:
+                self._open.discard(end)
+                end.transport.abort()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Bytes from `reader` to `writer` until either side ends; then both ends are reset."""
+    try:
+        while chunk := await reader.read(_CHUNK):
+            writer.write(chunk)
+            await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        writer.transport.abort()
