@@ -29,7 +29,8 @@ import msgpack
 
 from picker.config import canonical_address, format_address, parse_address
 from picker.peer_auth import challenge_of, proof
-from picker.peering import BOOKKEEPING, Event, Peering
+from picker.peer_outbox import BOOKKEEPING, Event
+from picker.peering import Peering
 from picker.pipeline import RequestPath
 
 log = logging.getLogger(__name__)

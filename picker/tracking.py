@@ -14,7 +14,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from picker.peering import Peering, happened_at
+from picker.peer_outbox import happened_at
+from picker.peering import Peering
 from picker.placement import Placement
 from picker.pool import EndpointState, Pool
 from picker.rollout import Canary

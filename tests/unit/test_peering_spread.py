@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 
 from picker.config import AffinityConfig
-from picker.peering import CLAIM_WITHIN_S, REPORT_WITHIN_S, Peering
+from picker.peer_outbox import CLAIM_WITHIN_S, REPORT_WITHIN_S
+from picker.peering import Peering
 from picker.pool import Pool
 from picker.pool.load import record_sample
 from picker.scheduling import LoadPolicy, Stagger, estimated_load, pick
