@@ -1,0 +1,82 @@
+"""The per-replica latency model (picker/scheduling/latency.py): it learns each replica's speed from
+observations alone, a cold replica starts from the pool's figures, a change is re-learned within
+seconds, an outlier moves little, and a replica left alone slides back to the pool's figures."""
+
+from __future__ import annotations
+
+import random
+
+from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
+
+FAST, SLOW = "10.0.0.1:8000", "10.0.0.2:8000"
+
+
+def feed(model: LatencyModel, address: str, speed: float, start: float, count: int, rng: random.Random) -> float:
+    """`count` requests 0.02 s apart on a replica whose TTFT is speed x (20 ms + 0.5 s per 1k
+    prefill tokens ahead + 60 ms per queued request) and TPOT speed x (10 ms + 1 ms per running)."""
+    now = start
+    for _ in range(count):
+        tokens, queued, running = rng.uniform(0, 2000), rng.choice([0, 0, 0, 1, 2]), rng.randint(1, 8)
+        x = ttft_features(tokens, queued)
+        ttft = speed * (0.02 + 0.5 * tokens / 1000 + 0.06 * queued) * rng.uniform(0.95, 1.05)
+        model.learn_ttft(address, x, ttft, now)
+        model.learn_tpot(address, tpot_features(running), speed * (0.01 + 0.001 * running), now)
+        now += 0.02
+    return now
+
+
+def close(a: float, b: float, within: float) -> bool:
+    return abs(a - b) <= within * b
+
+
+def test_it_learns_each_replicas_figures_and_tells_a_slow_one_apart() -> None:
+    model, rng = LatencyModel(half_life_s=5.0), random.Random(1)
+    now = feed(model, FAST, 1.0, 0.0, 200, rng)
+    now = feed(model, SLOW, 2.0, now, 200, rng)
+    x = ttft_features(1000, 1)
+    assert close(model.ttft(FAST, x), 0.58, 0.1) and close(model.ttft(SLOW, x), 1.16, 0.1)
+    assert close(model.tpot(FAST, tpot_features(4)), 0.014, 0.1)
+    assert close(model.tpot(SLOW, tpot_features(4)), 0.028, 0.1)
+    summary = model.summary()
+    assert summary[FAST]["ttft_mape"] is not None and summary[FAST]["ttft_mape"] < 0.2  # type: ignore[operator]
+
+
+def test_a_cold_replica_starts_from_the_pools_figures() -> None:
+    model, rng = LatencyModel(), random.Random(2)
+    now = feed(model, FAST, 1.0, 0.0, 200, rng)
+    x = ttft_features(500, 0)
+    assert close(model.ttft("10.0.0.9:8000", x), model.ttft(FAST, x), 0.1)
+    assert "10.0.0.9:8000" not in model.replicas
+    assert now > 0
+
+
+def test_a_replica_that_turns_slow_is_relearned_within_seconds() -> None:
+    model, rng = LatencyModel(half_life_s=2.0), random.Random(3)
+    now = feed(model, SLOW, 1.0, 0.0, 300, rng)  # 6 s at normal speed
+    x = ttft_features(1000, 0)
+    before = model.ttft(SLOW, x)
+    now = feed(model, SLOW, 2.0, now, 100, rng)  # then twice as slow, for 2 s
+    assert close(model.ttft(SLOW, x), 2 * before, 0.15)
+
+
+def test_an_outlier_moves_little() -> None:
+    model, rng = LatencyModel(), random.Random(4)
+    now = feed(model, FAST, 1.0, 0.0, 200, rng)
+    x = ttft_features(1000, 0)
+    before = model.ttft(FAST, x)
+    model.learn_ttft(FAST, x, 30.0, now)  # one stalled request
+    assert close(model.ttft(FAST, x), before, 0.1)
+    model.learn_ttft(FAST, x, float("inf"), now)  # nonsense is ignored
+    model.learn_ttft(FAST, x, -1.0, now)
+    assert close(model.ttft(FAST, x), before, 0.1)
+
+
+def test_a_replica_left_alone_slides_back_to_the_pool() -> None:
+    model, rng = LatencyModel(half_life_s=2.0), random.Random(5)
+    now = feed(model, FAST, 1.0, 0.0, 200, rng)
+    now = feed(model, SLOW, 3.0, now, 200, rng)
+    x = ttft_features(1000, 0)
+    assert model.ttft(SLOW, x) > 2.5 * model.ttft(FAST, x)
+    now = feed(model, FAST, 1.0, now, 600, rng)  # 12 s with no traffic to the slow one
+    model.refresh(now)
+    assert model.ttft(SLOW, x) < 1.5 * model.ttft(FAST, x)  # so it gets traffic again, and is measured
