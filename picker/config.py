@@ -511,6 +511,21 @@ class AffinityConfig(_Group):
     )
     kv_events_topic: str = Field("kv@", description="precise: the topic prefix subscribed to")
     tokenize_timeout_s: float = Field(0.5, gt=0, description="precise: an engine's /tokenize answer, at most")
+    # Routing by predicted latency (picker/scheduling/latency.py; docs, "Cache-aware routing"): each
+    # replica's TTFT and time per output token learned online; the SLO headers are read with it on.
+    latency: bool = Field(
+        False, description="route by each replica's predicted TTFT, learned online (and read SLO headers)"
+    )
+    latency_weight: float = Field(4.0, ge=0, description="score weight of the predicted TTFT")
+    latency_gap_ratio: float = Field(
+        0.5,
+        ge=0,
+        description="a replica is a choice while its predicted TTFT is within this share of the best",
+    )
+    latency_gap_s: float = Field(0.05, ge=0, description="... or within this many seconds of it")
+    latency_half_life_s: float = Field(
+        5.0, gt=0, le=3600, description="an observation's weight in the model halves every this many seconds"
+    )
 
 
 class PeersConfig(_Group):

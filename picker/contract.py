@@ -28,6 +28,9 @@ class Outcome(enum.Enum):
     # context window its prompt + max_tokens fits (rather than a replica's 404 or 400)
     REJECTED_MODEL_NOT_SERVED = "rejected-model-not-served"
     REJECTED_CONTEXT_TOO_LONG = "rejected-context-too-long"
+    # affinity.latency: a sheddable request (priority < 0) whose SLO headers no replica is predicted
+    # to meet now; a critical one goes to the best replica instead
+    REJECTED_SLO_UNATTAINABLE = "rejected-slo-unattainable"
     BAD_REQUEST = "bad-request"
     TOO_LARGE = "too-large"
     INTERNAL_ERROR = "internal-error"
@@ -82,6 +85,16 @@ def reply_for(outcome: Outcome, message: str = "") -> Reply:
                 _RETRY_AFTER_SATURATED_S,
                 "rate_limit_error",
                 message or "all model servers are saturated and the admission queue is full",
+            )
+        case Outcome.REJECTED_SLO_UNATTAINABLE:
+            return Reply(
+                outcome,
+                429,
+                True,
+                _RETRY_AFTER_SATURATED_S,
+                "rate_limit_error",
+                message
+                or "no model server is predicted to meet this sheddable request's latency objective now",
             )
         case Outcome.REJECTED_TTL_EXPIRED:
             return Reply(

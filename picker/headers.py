@@ -40,6 +40,10 @@ PRIORITY: Final = "x-gateway-inference-priority"
 # GIE v1: the InferenceObjective (its metadata.name) whose spec.priority the request gets.
 OBJECTIVE: Final = "x-gateway-inference-objective"
 CLIENT_HINTS: Final = (FAIRNESS_ID, PRIORITY)
+# Per-request latency objectives, in milliseconds (the reference picker's spellings; read with
+# affinity.latency on): route to a replica predicted to meet them, or shed a sheddable request.
+SLO_TTFT: Final = ("x-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
+SLO_TPOT: Final = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
 
 # GIE conformance suite hooks (only with --enable-test-hooks): the endpoints a test allows, and the
 # endpoint that served, echoed to the test client.

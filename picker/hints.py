@@ -17,6 +17,7 @@ from picker import headers
 from picker.config import canonical_address
 from picker.contract import Outcome, Reply, reply_for
 from picker.objectives import Objectives, request_priority
+from picker.streams.record import Slo
 
 Header = Callable[[str], str | None]
 
@@ -28,6 +29,7 @@ class HintRules:
     max_bytes: int = 256
     test_hooks: bool = False
     session_header: str | None = None
+    slo_headers: bool = False  # affinity.latency: read the SLO headers (headers.SLO_TTFT, SLO_TPOT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,7 @@ class Hints:
     allowed: frozenset[str] | None = None
     session: str | None = None
     trace_context: dict[str, str] = field(default_factory=dict)
+    slo: Slo | None = None
 
 
 def endpoints(values: Iterable[str]) -> frozenset[str]:
@@ -78,4 +81,28 @@ def read_hints(
         )
     session = header(rules.session_header) if rules.session_header else None
     trace_context = {name: value for name in headers.TRACE_CONTEXT if (value := header(name)) is not None}
-    return Hints(header(headers.FAIRNESS_ID) or "", priority, allowed, session or None, trace_context)
+    slo = read_slo(header) if rules.slo_headers else None
+    if isinstance(slo, Reply):
+        return slo
+    return Hints(header(headers.FAIRNESS_ID) or "", priority, allowed, session or None, trace_context, slo)
+
+
+def read_slo(header: Header) -> Slo | Reply | None:
+    """The request's latency objectives (milliseconds in, seconds out); None when it sets none."""
+    found: list[float | None] = []
+    for names in (headers.SLO_TTFT, headers.SLO_TPOT):
+        value = None
+        for name in names:
+            raw = header(name)
+            if raw is None or not raw.strip():
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                value = -1.0
+            if not 0 < value <= 3_600_000:  # NaN fails too
+                return reply_for(Outcome.BAD_REQUEST, f"header {name} must be milliseconds in (0, 3600000]")
+            break
+        found.append(None if value is None else value / 1000.0)
+    ttft, tpot = found
+    return None if ttft is None and tpot is None else Slo(ttft, tpot)

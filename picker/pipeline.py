@@ -29,6 +29,7 @@ from picker.scheduling.fit import fits, need_of, refusal
 from picker.streams import EndReason, RequestRecord
 from picker.streams.ends import DataPlanes
 from picker.streams.inferred import inferred_ends
+from picker.streams.record import Slo
 from picker.telemetry import Metrics
 from picker.tracing import Tracing
 from picker.tracking import ResponseSide
@@ -110,6 +111,8 @@ class RequestPath(ResponseSide):
         affinity = affinity or AffinityConfig(prefix="off")
         sessions = Sessions(affinity.session_ttl_s, clock=clock) if affinity.session_header else None
         self.placement = Placement(pool, affinity, metrics, sessions)
+        if self.placement.latency is not None:
+            metrics.register_latency(self.placement.latency)
         self.tokenizer: Tokenizer | None = None  # precise prefix affinity: set by the wiring
         self._engine_tracked = 0
         # what each data-plane connection shows of responses' ends (the frontends note it)
@@ -171,6 +174,7 @@ class RequestPath(ResponseSide):
         session: str | None = None,
         tokens: Sequence[int] | None = None,
         connection: str | None = None,
+        slo: Slo | None = None,
     ) -> Ticket[RequestRecord]:
         """Admit one parsed request: dispatched now, refused now, or queued (await `ticket.wait()`).
 
@@ -179,7 +183,9 @@ class RequestPath(ResponseSide):
         `trace_context`: the client's `traceparent` / `tracestate`, continued with tracing on.
         `session`: the request's session (affinity.session_header); `tokens`: its prompt's token ids
         from an engine (precise prefix affinity). `connection`: the HTTP/1.x client connection it
-        came on (picker/pool/connections.py).
+        came on (picker/pool/connections.py). `slo`: its latency objectives (SLO headers): with
+        affinity.latency on, a sheddable one (priority < 0) no replica is predicted to meet now is
+        refused (`rejected-slo-unattainable`); the others go where the prediction is best.
         """
         self.catch_up()  # the books as fresh as can be for this pick (peers' picks and ends)
         now = self._clock()
@@ -195,6 +201,8 @@ class RequestPath(ResponseSide):
             fallbacks=fallbacks,
             keys=self.placement.keys(request, session, tokens),
             connection=connection,
+            priority=priority,
+            slo=slo,
         )
         if self.peering is not None:
             self.peering.arrived(record)
@@ -220,6 +228,11 @@ class RequestPath(ResponseSide):
             )
             if never is not None and not self.flow.closed:
                 return self.flow.refuse(record, never)
+        if slo is not None and priority < 0 and not self.flow.closed:
+            candidates = self._pool.ready()
+            if not self.placement.attainable(record, candidates, self._policy):
+                self._metrics.count_slo(slo, "refused")
+                return self.flow.refuse(record, Outcome.REJECTED_SLO_UNATTAINABLE)
         ticket = self.flow.submit(record, flow=flow, priority=priority, size=request.body_bytes)
         if record.trace is not None and not ticket.done:
             record.trace.queued()

@@ -29,6 +29,8 @@ from picker.pool.cache import CacheKeys, PrefixIndex
 from picker.pool.sessions import Sessions
 from picker.scheduling import LoadPolicy, Stagger, estimated_load
 from picker.scheduling.affinity import Affinity, AffinityPolicy, Choice, lora_score, pick_with_affinity
+from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
+from picker.scheduling.load import estimated_waiting
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
 from picker.streams import RequestRecord
 from picker.telemetry import Metrics
@@ -46,6 +48,9 @@ class Placement:
         self.sessions = sessions
         self.policy = AffinityPolicy.of(config)
         self.block_tokens = config.block_tokens
+        # affinity.latency: each replica's TTFT and time per output token, learned online
+        self.latency = LatencyModel(config.latency_half_life_s) if config.latency else None
+        self._refreshed_at = float("-inf")
         pool.on_forget(self._forgotten)
 
     @property
@@ -94,15 +99,26 @@ class Placement:
         keys = record.keys
         model = record.model  # an adapter some candidate runs or queues: LoRA affinity applies
         lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
-        if keys is None and not lora:
+        latency = self.latency
+        if keys is None and not lora and latency is None:
             return None
         bound = self.bound_endpoint(record)
         size = keys.estimated_tokens if keys is not None else 0
         affinities = []
         window = self._config.balance_window_s
+        features: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
         for c in candidates:
-            load_avg = _averaged(c, estimated_load(c), now, window)
+            current = estimated_load(c)
+            load_avg = _averaged(c, current, now, window)
             cached = keys.cached_fraction(c) if keys is not None else 0.0
+            ttft_s = tpot_s = None
+            if latency is not None:
+                ttft_x = ttft_features(
+                    c.pending_prefill + size * (1.0 - cached), _queued_ahead(c, current, load)
+                )
+                tpot_x = tpot_features(current + 1.0)
+                features.append((ttft_x, tpot_x))
+                ttft_s, tpot_s = latency.ttft(c.address, ttft_x), latency.tpot(c.address, tpot_x)
             affinities.append(
                 Affinity(
                     cached=cached,
@@ -113,14 +129,30 @@ class Placement:
                     prefill=c.pending_prefill + size * (1.0 - cached),
                     room=_room(c),
                     load_avg=load_avg,
+                    ttft_s=ttft_s,
+                    tpot_s=tpot_s,
                 )
             )
+        slo = record.slo
         choice = pick_with_affinity(
-            candidates, affinities, count, rng, now, load, self.policy, suspects, stagger
+            candidates,
+            affinities,
+            count,
+            rng,
+            now,
+            load,
+            self.policy,
+            suspects,
+            stagger,
+            slo=None if slo is None else (slo.ttft_s, slo.tpot_s),
         )
         if choice.destinations:
             primary = choice.destinations[0]
-            found = next(a for c, a in zip(candidates, affinities, strict=True) if c.address == primary)
+            at = next(i for i, c in enumerate(candidates) if c.address == primary)
+            found = affinities[at]
+            if features:
+                record.ttft_x, record.tpot_x = features[at]
+                record.predicted_ttft, record.dispatched_at = found.ttft_s, now
             if keys is not None and keys.blocks:
                 record.predicted_blocks = round(found.cached * len(keys.blocks))
             record.prefill = size * (1.0 - found.cached)
@@ -144,6 +176,41 @@ class Placement:
         if keys.session is not None and self.sessions is not None:
             self.sessions.bind(keys.session, address)
 
+    def attainable(self, record: RequestRecord, candidates: Sequence[Endpoint], load: LoadPolicy) -> bool:
+        """Whether some candidate is predicted to meet the request's SLO now (True without one)."""
+        slo, latency = record.slo, self.latency
+        if slo is None or latency is None or not candidates:
+            return True
+        keys = record.keys
+        size = keys.estimated_tokens if keys is not None else 0
+        for c in candidates:
+            current = estimated_load(c)
+            cached = keys.cached_fraction(c) if keys is not None else 0.0
+            ttft_x = ttft_features(c.pending_prefill + size * (1.0 - cached), _queued_ahead(c, current, load))
+            ttft_s, tpot_s = (
+                latency.ttft(c.address, ttft_x),
+                latency.tpot(c.address, tpot_features(current + 1)),
+            )
+            if slo.met_by(ttft_s, tpot_s):
+                return True
+        return False
+
+    def first_token(self, record: RequestRecord) -> None:
+        """Its first token came: its prompt leaves the backlog, and the model learns its TTFT."""
+        if record.prefill_at is not None:
+            self.prefilled(record)
+        tracker, latency, x = record.tracker, self.latency, record.ttft_x
+        if latency is None or x is None or tracker is None or tracker.first_byte_at is None:
+            return
+        record.ttft_x = None  # learned once
+        if record.dispatched_at is None or not record.picked or record.endpoint != record.picked[0]:
+            return  # a fallback served it: the features were its primary's
+        ttft = tracker.first_byte_at - record.dispatched_at
+        latency.learn_ttft(record.picked[0], x, ttft, tracker.first_byte_at)
+        self._metrics.observe_latency_prediction(
+            record.picked[0], "ttft", record.predicted_ttft, ttft, record.slo
+        )
+
     def prefilled(self, record: RequestRecord) -> None:
         """Its first token came (or it ended): its prompt no longer waits in its endpoint's prefill."""
         address, record.prefill_at = record.prefill_at, None
@@ -152,7 +219,9 @@ class Placement:
             endpoint.pending_prefill = max(0.0, endpoint.pending_prefill - record.prefill)
 
     def ended(self, record: RequestRecord) -> None:
-        """The engine said how much of the prompt it had cached: correct the approximate index."""
+        """It completed: the model learns its time per output token; the engine said how much of the
+        prompt it had cached: correct the approximate index."""
+        self._learn_tpot(record)
         keys, tracker = record.keys, record.tracker
         if keys is None or not keys.blocks or tracker is None or tracker.usage_cached_tokens is None:
             return
@@ -171,8 +240,25 @@ class Placement:
             record.predicted_blocks * self.block_tokens, tracker.usage_cached_tokens
         )
 
+    def _learn_tpot(self, record: RequestRecord) -> None:
+        tracker, latency, x = record.tracker, self.latency, record.tpot_x
+        if latency is None or x is None or tracker is None or not record.picked:
+            return
+        first, last, tokens = tracker.first_byte_at, tracker.last_chunk_at, tracker.tokens
+        if first is None or last is None or tokens < 2 or record.endpoint != record.picked[0]:
+            return
+        tpot = (last - first) / (tokens - 1)
+        predicted = latency.tpot(record.picked[0], x)
+        latency.learn_tpot(record.picked[0], x, tpot, last)
+        self._metrics.observe_latency_prediction(record.picked[0], "tpot", predicted, tpot, record.slo)
+
     def tune(self) -> None:
-        """Raise the block size to the engines' when they publish a larger one (after a scrape)."""
+        """After a scrape: let the latency model's old observations fade (at most once a second),
+        and raise the block size to the engines' when they publish a larger one."""
+        now = self._pool.now()
+        if self.latency is not None and now - self._refreshed_at >= 1.0:
+            self._refreshed_at = now
+            self.latency.refresh(now)
         published = max((e.block_size or 0 for e in self._pool.endpoints()), default=0)
         wanted = max(self._config.block_tokens, published)
         if self._config.prefix != "approximate" or wanted == self.block_tokens:
@@ -195,6 +281,8 @@ class Placement:
         return None
 
     def _forgotten(self, address: str) -> None:
+        if self.latency is not None:
+            self.latency.forget(address)
         if self.sessions is not None:
             self.sessions.forget_endpoint(address)
 
@@ -217,3 +305,12 @@ def _averaged(endpoint: Endpoint, load: float, now: float, window_s: float) -> f
         endpoint.load_avg += (1.0 - math.exp((at - now) / window_s)) * (load - endpoint.load_avg)
     endpoint.load_avg_at = now
     return endpoint.load_avg
+
+
+def _queued_ahead(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
+    """Requests that would wait on the engine ahead of one more: its queue now, plus this one's own
+    wait when every slot is taken (slots configured or learned; else the scrape's queue alone)."""
+    slots = policy.engine_slots or endpoint.learned_slots
+    if slots:
+        return max(0.0, load + 1.0 - slots)
+    return estimated_waiting(endpoint, policy)

@@ -39,6 +39,10 @@ APPLIED: Mapping[str, str] = {
     "lora-affinity-scorer": "affinity.lora_weight",
     "session-affinity-scorer": "affinity.session_header (the session_id mode)",
     "token-producer": "precise: token ids from the engines' /tokenize",
+    "latency-scorer": "affinity.latency, affinity.latency_weight (learned in the picker, no sidecar)",
+    "predicted-latency-producer": "affinity.latency (each replica's TTFT and TPOT learned online)",
+    "latency-slo-admitter": "the SLO headers: a sheddable request no replica can serve in time is refused",
+    "slo-headroom-tier-filter": "the SLO headers: the replicas predicted to meet them are preferred",
 }
 # Types this picker knows and will apply, not yet in this version: named in a log line at start.
 NOT_YET: Mapping[str, str] = {
@@ -203,6 +207,11 @@ def affinity_settings(config: PluginConfig) -> dict[str, Any]:
     capacity = parameters.get("lruCapacityPerServer")
     if isinstance(capacity, int) and capacity >= 64:
         out["index_blocks"] = capacity
+    latency = config.weight("latency-scorer")
+    if latency is not None or "predicted-latency-producer" in types:
+        out["latency"] = True
+        if latency is not None:
+            out["latency_weight"] = latency
     session = types.get("session-affinity-scorer")
     if session is not None:
         header = session.parameters.get("headerName", "x-session-id")

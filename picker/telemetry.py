@@ -27,9 +27,11 @@ from prometheus_client.registry import Collector
 
 from picker.contract import Outcome
 from picker.pool import DrainEnd, DrainExit, DrainRecord, Endpoint, EndpointState, Pool
+from picker.scheduling.latency import LatencyModel
 from picker.scheduling.load import books_gap
 from picker.streams import EndReason
 from picker.streams.ends import DataPlanes, Ends
+from picker.streams.record import Slo
 
 # `_created` samples double every counter's page size and nobody reads them.
 disable_created_metrics()
@@ -203,6 +205,27 @@ class _FlowCollector(Collector):
             "Request bytes waiting in the admission queue",
             value=self._flow.queued_bytes,
         )
+
+
+class _LatencyCollector(Collector):
+    """affinity.latency: each replica's learned figures and its predictions' error."""
+
+    def __init__(self, model: LatencyModel) -> None:
+        self._model = model
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "picker_latency_model",
+            "Each replica's learned latency: ttft_base_s, prefill_s_per_ktoken, queue_s_per_request, "
+            "tpot_base_s, tpot_s_per_running, and the mean absolute percentage error of its recent "
+            "predictions (ttft_mape, tpot_mape)",
+            labels=["endpoint", "figure"],
+        )
+        for address, figures in self._model.summary().items():
+            for name, value in figures.items():
+                if value is not None and name != "weight":
+                    family.add_metric([bounded_label(address), name], float(value))
+        yield family
 
 
 class _DataPlanesCollector(Collector):
@@ -458,6 +481,21 @@ class Metrics:
             buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0),
             registry=r,
         )
+        self._latency_error = Histogram(
+            "picker_latency_prediction_error",
+            "affinity.latency: |predicted - measured| / measured of the primary's TTFT or time per output "
+            "token, per request (the predictions' per-replica error: picker_latency_model)",
+            ["kind"],
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
+        self._slo = Counter(
+            "picker_slo_requests",
+            "Requests with a latency objective (SLO headers), by objective and whether it was met, "
+            "missed, or the request refused (sheddable, no replica predicted to meet it)",
+            ["objective", "result"],
+            registry=r,
+        )
         self._prefix_predicted = Counter(
             "picker_prefix_predicted_tokens",
             "Prompt tokens the approximate index expected the serving engine to hold",
@@ -501,6 +539,24 @@ class Metrics:
             self._requests.labels(outcome.value)
         for reason in EndReason:
             self._ends.labels(reason.value)
+
+    def register_latency(self, model: LatencyModel) -> None:
+        self.registry.register(_LatencyCollector(model))
+
+    def observe_latency_prediction(
+        self, endpoint: str, kind: str, predicted: float | None, measured: float, slo: Slo | None
+    ) -> None:
+        """One checked prediction (`kind` ttft or tpot), and the request's objective for it, if any."""
+        if predicted is not None and measured > 0:
+            self._latency_error.labels(kind).observe(abs(predicted - measured) / measured)
+        bound = None if slo is None else slo.ttft_s if kind == "ttft" else slo.tpot_s
+        if bound is not None:
+            self._slo.labels(kind, "met" if measured <= bound else "missed").inc()
+
+    def count_slo(self, slo: Slo, result: str) -> None:
+        for objective, bound in (("ttft", slo.ttft_s), ("tpot", slo.tpot_s)):
+            if bound is not None:
+                self._slo.labels(objective, result).inc()
 
     def register_pool(self, pool: Pool) -> None:
         self.registry.register(_PoolCollector(pool))

@@ -110,8 +110,7 @@ class ResponseSide:
         gap = tracker.feed(chunk, now)
         if first and tracker.first_byte_at is not None:
             self._metrics.observe_ttft(record.model, now - record.admitted_at)
-            if record.prefill_at is not None:
-                self.placement.prefilled(record)
+            self.placement.first_token(record)
             if record.trace is not None:
                 record.trace.first_token()
         elif gap is not None:
@@ -342,8 +341,7 @@ class ResponseSide:
                     self._metrics.observe_ttft(record.model, at - record.admitted_at)
                     if record.trace is not None:
                         record.trace.first_token()
-                    if record.prefill_at is not None:
-                        self.placement.prefilled(record)
+                    self.placement.first_token(record)
             case "blind":  # its observer, on that picker, sees no body: no end will come from there
                 self.observer_blind(record)
             case "alive":

@@ -265,6 +265,7 @@ class RoutingSession:
             session=hints.session,
             tokens=tokens,
             connection=self._connection,
+            slo=hints.slo,
         )
         if ticket.done:
             return list(self._answer(ticket, phase))

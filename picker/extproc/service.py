@@ -74,12 +74,15 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         fallbacks: str = "auto",
         max_model_bytes: int | None = None,
         session_header: str | None = None,
+        slo_headers: bool = False,
     ) -> None:
         self.path = path
         self.max_body_bytes = max_body_bytes
         self.queue_wait_s = queue_wait_s  # asked of Envoy while queued; <= its max_message_timeout
         self._routing = RoutingOptions(
-            max_body_bytes, HintRules(max_hint_bytes, test_hooks, session_header), max_model_bytes
+            max_body_bytes,
+            HintRules(max_hint_bytes, test_hooks, session_header, slo_headers),
+            max_model_bytes,
         )
         self._fallbacks = fallbacks
         self._grace_s = observer_attach_grace_s

@@ -55,6 +55,7 @@ class ProxyApp:
             max_model_bytes=requests.max_model_name_bytes,
             test_hooks=requests.enable_test_hooks,
             session_header=config.affinity.session_header,
+            slo_headers=config.affinity.latency,
         )
         self.ready = False
         self._stopping = False  # once shutdown starts, readiness only goes down

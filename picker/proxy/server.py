@@ -73,9 +73,10 @@ class ProxyFrontend:
         max_model_bytes: int | None = None,
         test_hooks: bool = False,
         session_header: str | None = None,
+        slo_headers: bool = False,
     ) -> None:
         self.path = path
-        self._hint_rules = HintRules(max_hint_bytes, test_hooks, session_header)
+        self._hint_rules = HintRules(max_hint_bytes, test_hooks, session_header, slo_headers)
         self._test_hooks = test_hooks  # GIE conformance hooks (requests.enable_test_hooks)
         self._pool = pool
         self._upstream = upstream
@@ -129,6 +130,7 @@ class ProxyFrontend:
             trace_context=hints.trace_context,
             session=hints.session,
             tokens=tokens,
+            slo=hints.slo,
         )
         if not ticket.done:
             try:

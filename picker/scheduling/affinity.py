@@ -50,6 +50,9 @@ class AffinityPolicy:
     load_gap_ratio: float
     balance_ratio: float
     prefill_penalty_tokens: float
+    latency_weight: float = 0.0
+    latency_gap_ratio: float = 0.5
+    latency_gap_s: float = 0.05
 
     @classmethod
     def of(cls, config: AffinityConfig) -> AffinityPolicy:
@@ -63,6 +66,9 @@ class AffinityPolicy:
             load_gap_ratio=config.load_gap_ratio,
             balance_ratio=config.balance_ratio,
             prefill_penalty_tokens=config.prefill_penalty_tokens,
+            latency_weight=config.latency_weight if config.latency else 0.0,
+            latency_gap_ratio=config.latency_gap_ratio,
+            latency_gap_s=config.latency_gap_s,
         )
 
 
@@ -77,6 +83,9 @@ class Affinity:
     prefill: float = 0.0
     room: float = 1.0  # the share of the candidate's cache not yet known to be taken (0-1)
     load_avg: float = 0.0  # its load averaged over the last seconds (sustained, not a swing)
+    # affinity.latency: its predicted seconds to this request's first token, and per output token
+    ttft_s: float | None = None
+    tpot_s: float | None = None
 
 
 _BALANCE_SLACK = 0.05  # requests: a pool at rest is never out of balance
@@ -113,11 +122,13 @@ def pick_with_affinity(
     policy: AffinityPolicy,
     last_resort: frozenset[str] = frozenset(),
     stagger: Stagger | None = None,
+    slo: tuple[float | None, float | None] | None = None,
 ) -> Choice:
     """Up to `count` addresses, primary first; no destinations when no candidate has room.
 
     With `stagger` (several pickers), loads compare in whole requests and ties go by the picker's
-    own order (`Stagger`), not at random."""
+    own order (`Stagger`), not at random. `slo`: the request's (TTFT, TPOT) objectives in seconds:
+    the replicas predicted to meet them are preferred (when none is, the quickest)."""
     if count <= 0 or not candidates:
         return Choice([], "")
     rows = []
@@ -135,13 +146,16 @@ def pick_with_affinity(
         if rows[0].full:
             return Choice([], "")  # every candidate is saturated: queue
         return Choice([row.candidate.address for row in rows[:count]], "score")  # suspects only
-    primary, reason = _primary(open_rows, policy)
+    primary, reason = _primary(open_rows, policy, slo)
     rest = [row.candidate.address for row in rows if row is not primary]
     return Choice([primary.candidate.address, *rest[: count - 1]], reason)
 
 
-def _primary(rows: list[_Row], policy: AffinityPolicy) -> tuple[_Row, str]:
-    """Session, then sticky prefix, each within the load gap; else the best weighted score."""
+def _primary(
+    rows: list[_Row], policy: AffinityPolicy, slo: tuple[float | None, float | None] | None = None
+) -> tuple[_Row, str]:
+    """Session, then sticky prefix, each within the load gap (and the latency gap, with predictions);
+    else the best weighted score."""
     loads = [estimated_load(row.candidate) for row in rows]
     least = min(loads)
     limit = least + max(policy.max_load_gap, policy.load_gap_ratio * least)
@@ -154,6 +168,9 @@ def _primary(rows: list[_Row], policy: AffinityPolicy) -> tuple[_Row, str]:
     ]
     if not within:
         within = rows[:1]  # every one is past a bound: the least loaded
+    predicted = rows[0].affinity.ttft_s is not None
+    if predicted:
+        within = _quick(within, rows, policy, slo)
     for row in within:  # rows come least loaded first
         if row.affinity.session:
             return row, "session"
@@ -177,9 +194,16 @@ def _primary(rows: list[_Row], policy: AffinityPolicy) -> tuple[_Row, str]:
 
     near = {id(row) for row in within}
 
+    quickest = min((row.affinity.ttft_s or 0.0) for row in rows) if predicted else 0.0
+    slowest = max((row.affinity.ttft_s or 0.0) for row in rows) if predicted else 0.0
+
     def score(row: _Row) -> tuple[float, float]:
         load_score = 1.0 if span <= 0 else 1.0 - (row.cost - low) / span
         affinity = row.affinity
+        if predicted and slowest > quickest:
+            latency_score = 1.0 - ((affinity.ttft_s or 0.0) - quickest) / (slowest - quickest)
+        else:
+            latency_score = 1.0
         # past the load gap an endpoint's cache earns nothing: that is where stickiness breaks
         cached = affinity.cached if id(row) in near else 0.0
         total = (
@@ -187,10 +211,35 @@ def _primary(rows: list[_Row], policy: AffinityPolicy) -> tuple[_Row, str]:
             + policy.load_weight * load_score
             + policy.lora_weight * affinity.lora
             + policy.room_weight * affinity.room
+            + policy.latency_weight * latency_score
         )
         return total, -row.tiebreak  # ties: the lowest, as everywhere else
 
     return max(rows, key=score), "score"
+
+
+def _quick(
+    within: list[_Row],
+    rows: list[_Row],
+    policy: AffinityPolicy,
+    slo: tuple[float | None, float | None] | None,
+) -> list[_Row]:
+    """The replicas predicted to meet the request's SLO (any with room, when those within the load
+    gap cannot), else those within the latency gap of the quickest: a replica twice as slow is not
+    a choice while a quick one has room, whatever it holds."""
+    if slo is not None:
+        ttft, tpot = slo
+
+        def meets(row: _Row) -> bool:
+            a = row.affinity
+            return (ttft is None or (a.ttft_s or 0.0) <= ttft) and (tpot is None or (a.tpot_s or 0.0) <= tpot)
+
+        meeting = [row for row in within if meets(row)] or [row for row in rows if meets(row)]
+        if meeting:
+            within = meeting
+    best = min((row.affinity.ttft_s or 0.0) for row in within)
+    bound = max(best * (1.0 + policy.latency_gap_ratio), best + policy.latency_gap_s)
+    return [row for row in within if (row.affinity.ttft_s or 0.0) <= bound]
 
 
 def lora_score(

@@ -49,6 +49,19 @@ class TraceHooks(Protocol):
     def ended(self, reason: str, tokens: int, endpoint: str | None) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """A request's latency objectives, in seconds (None: no objective for that)."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+    def met_by(self, ttft_s: float, tpot_s: float) -> bool:
+        return (self.ttft_s is None or ttft_s <= self.ttft_s) and (
+            self.tpot_s is None or tpot_s <= self.tpot_s
+        )
+
+
 @dataclass(slots=True)
 class RequestRecord:
     request_id: str
@@ -88,6 +101,14 @@ class RequestRecord:
     group: str | None = None  # a canary runs: the group it was sent to (picker/rollout)
     # the client connection it came on, when an HTTP/1.x one (picker/pool/connections.py)
     connection: str | None = None
+    priority: int = 0  # flow control's: below 0, sheddable
+    slo: Slo | None = None  # its latency objectives (SLO headers, with affinity.latency on)
+    # affinity.latency: when it was picked, and the features its primary's predictions were made
+    # from (the model learns from them at its first token and its end)
+    dispatched_at: float | None = None
+    ttft_x: tuple[float, ...] | None = None
+    tpot_x: tuple[float, ...] | None = None
+    predicted_ttft: float | None = None
 
     @property
     def ended(self) -> bool:

@@ -11,7 +11,9 @@ from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
 FAST, SLOW = "10.0.0.1:8000", "10.0.0.2:8000"
 
 
-def feed(model: LatencyModel, address: str, speed: float, start: float, count: int, rng: random.Random) -> float:
+def feed(
+    model: LatencyModel, address: str, speed: float, start: float, count: int, rng: random.Random
+) -> float:
     """`count` requests 0.02 s apart on a replica whose TTFT is speed x (20 ms + 0.5 s per 1k
     prefill tokens ahead + 60 ms per queued request) and TPOT speed x (10 ms + 1 ms per running)."""
     now = start
