@@ -165,6 +165,23 @@ async def set_faults(request: web.Request) -> web.Response:
     return _json(board.describe())
 
 
+async def get_speed(request: web.Request) -> web.Response:
+    return _json({"slowdown": request.app[STATE_KEY].engine.slowdown})
+
+
+async def set_speed(request: web.Request) -> web.Response:
+    """POST {"slowdown": F}: from now on every duration on this replica is F times longer (F >= 0.01)."""
+    try:
+        data = await _read_json_object(request)
+        slowdown = data.get("slowdown")
+        if isinstance(slowdown, bool) or not isinstance(slowdown, int | float) or not 0.01 <= slowdown <= 100:
+            raise bad_request("slowdown must be a number in [0.01, 100]", "slowdown")
+    except ApiError as err:
+        return _api_error(err)
+    request.app[STATE_KEY].engine.slowdown = float(slowdown)
+    return _json({"slowdown": float(slowdown)})
+
+
 async def clear_faults(request: web.Request) -> web.Response:
     board = request.app[STATE_KEY].faults
     board.clear()
@@ -243,6 +260,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/sim/faults", get_faults)
     app.router.add_post("/sim/faults", set_faults)
     app.router.add_delete("/sim/faults", clear_faults)
+    app.router.add_get("/sim/speed", get_speed)
+    app.router.add_post("/sim/speed", set_speed)
     app.router.add_get("/sim/requests", get_requests)
     app.router.add_delete("/sim/requests", clear_requests)
     app.router.add_get("/sim/state", get_state)

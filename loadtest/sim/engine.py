@@ -125,6 +125,9 @@ class Engine:
         self.publisher: KvEventPublisher | None = None
         self._prefill_free_at = 0.0  # loop time when the prefill compute is next free
         self.active_loras: dict[str, int] = {}  # adapter -> running requests using it
+        # every duration is this many times longer (prefill, first token, each next token): a
+        # replica on a slower GPU, or one that turns slow mid-run (POST /sim/speed)
+        self.slowdown = 1.0
 
     def prefill(self, flight: InFlight, now: float) -> float:
         """Look up and store the prompt's blocks; return when its prefill is done (loop time)."""
@@ -138,7 +141,8 @@ class Engine:
         if rate is None:
             return now
         start = max(now, self._prefill_free_at)
-        self._prefill_free_at = start + max(0, flight.prompt_tokens - flight.cached_tokens) / rate
+        tokens = max(0, flight.prompt_tokens - flight.cached_tokens)
+        self._prefill_free_at = start + tokens * self.slowdown / rate
         return self._prefill_free_at
 
     def clear_prefix_cache(self) -> None:

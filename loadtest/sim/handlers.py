@@ -164,6 +164,10 @@ async def _validate(
     plan = plan_tokens(
         config.latency, key, parsed.prompt_tokens, parsed.max_tokens, parsed.ignore_eos, overrides
     )
+    slowdown = state.engine.slowdown
+    if slowdown != 1.0:  # a slower replica: every duration of the plan, stretched
+        plan.ttft_s, plan.itl_s = plan.ttft_s * slowdown, plan.itl_s * slowdown
+        plan.per_prompt_token_s *= slowdown
     prefix = "cmpl-" if endpoint is Endpoint.COMPLETIONS else "chatcmpl-"
     return Call(parsed, plan, fault, arrival, prefix + secrets.token_hex(16), int(time.time()))
 

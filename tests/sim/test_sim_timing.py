@@ -66,3 +66,19 @@ async def test_tokens_never_arrive_before_their_deadline() -> None:
         assert event.at >= 0.030 + index * 0.015 - EARLY_TOLERANCE_S, (index, event.at)
     assert overridden.ttft is not None and overridden.ttft >= 0.080 - EARLY_TOLERANCE_S
     assert overridden.events[11].at >= 0.080 + 11 * 0.005 - EARLY_TOLERANCE_S
+
+
+async def test_a_replica_slowed_down_mid_run_stretches_every_duration() -> None:
+    """POST /sim/speed: what a replica that turns slow (a noisy neighbour, a throttled GPU) does."""
+    async with run_sim(fast_config(latency=LatencyConfig(ttft_ms=20, itl_ms=5))) as (replica,):
+        async with http_client.AsyncClient(base_url=replica.url) as http:
+            body = {"prompt": "x", "max_tokens": 10, "ignore_eos": True, "stream": True}
+            before = await stream_request(http, "/v1/completions", body)
+            slowed = await http.post("/sim/speed", json={"slowdown": 3})
+            assert slowed.status_code == 200 and (await http.get("/sim/speed")).json() == {"slowdown": 3.0}
+            after = await stream_request(http, "/v1/completions", body)
+            refused = await http.post("/sim/speed", json={"slowdown": "fast"})
+    assert refused.status_code == 400
+    assert after.ttft is not None and after.ttft >= 3 * 0.020 - EARLY_TOLERANCE_S
+    assert after.events[9].at >= 3 * (0.020 + 9 * 0.005) - EARLY_TOLERANCE_S
+    assert before.events[9].at < after.events[9].at
