@@ -203,6 +203,7 @@ class RequestPath(ResponseSide):
             connection=connection,
             priority=priority,
             slo=slo,
+            max_tokens=request.max_tokens,
         )
         if self.peering is not None:
             self.peering.arrived(record)
@@ -230,7 +231,7 @@ class RequestPath(ResponseSide):
                 return self.flow.refuse(record, never)
         if slo is not None and priority < 0 and not self.flow.closed:
             candidates = self._pool.ready()
-            if not self.placement.attainable(record, candidates, self._policy):
+            if not self.placement.attainable(record, candidates, self._policy, now):
                 self._metrics.count_slo(slo, "refused")
                 return self.flow.refuse(record, Outcome.REJECTED_SLO_UNATTAINABLE)
         ticket = self.flow.submit(record, flow=flow, priority=priority, size=request.body_bytes)

@@ -30,12 +30,17 @@ from picker.pool.sessions import Sessions
 from picker.scheduling import LoadPolicy, Stagger, estimated_load
 from picker.scheduling.affinity import Affinity, AffinityPolicy, Choice, lora_score, pick_with_affinity
 from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
-from picker.scheduling.load import estimated_waiting
+from picker.scheduling.load import assess, estimated_waiting
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
 from picker.streams import RequestRecord
 from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
+
+# affinity.latency: the output a request that sets no max_tokens is expected to ask for, and the
+# most any request is expected to produce (a huge max_tokens usually ends at a stop long before)
+_DEFAULT_OUTPUT_TOKENS = 128
+_MAX_OUTPUT_TOKENS = 1024
 
 
 class Placement:
@@ -107,11 +112,12 @@ class Placement:
         affinities = []
         window = self._config.balance_window_s
         features: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
+        out_tokens = min(record.max_tokens or _DEFAULT_OUTPUT_TOKENS, _MAX_OUTPUT_TOKENS)
         for c in candidates:
             current = estimated_load(c)
             load_avg = _averaged(c, current, now, window)
             cached = keys.cached_fraction(c) if keys is not None else 0.0
-            ttft_s = tpot_s = None
+            ttft_s = tpot_s = latency_s = None
             if latency is not None:
                 ttft_x = ttft_features(
                     c.pending_prefill + size * (1.0 - cached), _queued_ahead(c, current, load)
@@ -119,6 +125,7 @@ class Placement:
                 tpot_x = tpot_features(current + 1.0)
                 features.append((ttft_x, tpot_x))
                 ttft_s, tpot_s = latency.ttft(c.address, ttft_x), latency.tpot(c.address, tpot_x)
+                latency_s = ttft_s + tpot_s * out_tokens
             affinities.append(
                 Affinity(
                     cached=cached,
@@ -131,6 +138,7 @@ class Placement:
                     load_avg=load_avg,
                     ttft_s=ttft_s,
                     tpot_s=tpot_s,
+                    latency_s=latency_s,
                 )
             )
         slo = record.slo
@@ -176,11 +184,15 @@ class Placement:
         if keys.session is not None and self.sessions is not None:
             self.sessions.bind(keys.session, address)
 
-    def attainable(self, record: RequestRecord, candidates: Sequence[Endpoint], load: LoadPolicy) -> bool:
-        """Whether some candidate is predicted to meet the request's SLO now (True without one)."""
+    def attainable(
+        self, record: RequestRecord, candidates: Sequence[Endpoint], load: LoadPolicy, now: float
+    ) -> bool:
+        """Whether some candidate with room is predicted to meet the request's SLO now (True without
+        one). With none, it would wait in the queue behind what is queued already: not in time."""
         slo, latency = record.slo, self.latency
-        if slo is None or latency is None or not candidates:
+        if slo is None or latency is None:
             return True
+        candidates = [c for c in candidates if not assess(c, now, load)[0]]
         keys = record.keys
         size = keys.estimated_tokens if keys is not None else 0
         for c in candidates:

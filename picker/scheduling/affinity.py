@@ -86,6 +86,8 @@ class Affinity:
     # affinity.latency: its predicted seconds to this request's first token, and per output token
     ttft_s: float | None = None
     tpot_s: float | None = None
+    # ... and to its last token (TTFT + TPOT x the tokens it asks for): what the pick minimizes
+    latency_s: float | None = None
 
 
 _BALANCE_SLACK = 0.05  # requests: a pool at rest is never out of balance
@@ -168,7 +170,7 @@ def _primary(
     ]
     if not within:
         within = rows[:1]  # every one is past a bound: the least loaded
-    predicted = rows[0].affinity.ttft_s is not None
+    predicted = rows[0].affinity.latency_s is not None
     if predicted:
         within = _quick(within, rows, policy, slo)
     for row in within:  # rows come least loaded first
@@ -194,14 +196,14 @@ def _primary(
 
     near = {id(row) for row in within}
 
-    quickest = min((row.affinity.ttft_s or 0.0) for row in rows) if predicted else 0.0
-    slowest = max((row.affinity.ttft_s or 0.0) for row in rows) if predicted else 0.0
+    quickest = min((row.affinity.latency_s or 0.0) for row in rows) if predicted else 0.0
+    slowest = max((row.affinity.latency_s or 0.0) for row in rows) if predicted else 0.0
 
     def score(row: _Row) -> tuple[float, float]:
         load_score = 1.0 if span <= 0 else 1.0 - (row.cost - low) / span
         affinity = row.affinity
         if predicted and slowest > quickest:
-            latency_score = 1.0 - ((affinity.ttft_s or 0.0) - quickest) / (slowest - quickest)
+            latency_score = 1.0 - ((affinity.latency_s or 0.0) - quickest) / (slowest - quickest)
         else:
             latency_score = 1.0
         # past the load gap an endpoint's cache earns nothing: that is where stickiness breaks
@@ -215,7 +217,9 @@ def _primary(
         )
         return total, -row.tiebreak  # ties: the lowest, as everywhere else
 
-    return max(rows, key=score), "score"
+    # with predictions, only the replicas within the latency gap (and meeting the SLO) are scored:
+    # a slow one is no choice at all while a quick one has room
+    return max(within if predicted else rows, key=score), "score"
 
 
 def _quick(
@@ -225,8 +229,8 @@ def _quick(
     slo: tuple[float | None, float | None] | None,
 ) -> list[_Row]:
     """The replicas predicted to meet the request's SLO (any with room, when those within the load
-    gap cannot), else those within the latency gap of the quickest: a replica twice as slow is not
-    a choice while a quick one has room, whatever it holds."""
+    gap cannot), then those predicted to finish it within the latency gap of the quickest: a
+    replica twice as slow is not a choice while a quick one has room, whatever it holds."""
     if slo is not None:
         ttft, tpot = slo
 
@@ -237,9 +241,9 @@ def _quick(
         meeting = [row for row in within if meets(row)] or [row for row in rows if meets(row)]
         if meeting:
             within = meeting
-    best = min((row.affinity.ttft_s or 0.0) for row in within)
+    best = min((row.affinity.latency_s or 0.0) for row in within)
     bound = max(best * (1.0 + policy.latency_gap_ratio), best + policy.latency_gap_s)
-    return [row for row in within if (row.affinity.ttft_s or 0.0) <= bound]
+    return [row for row in within if (row.affinity.latency_s or 0.0) <= bound]
 
 
 def lora_score(

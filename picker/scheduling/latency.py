@@ -159,9 +159,9 @@ def _dot(params: Sequence[float], x: Sequence[float]) -> float:
     return max(_FLOOR_S, sum(p * v for p, v in zip(params, x, strict=True)))
 
 
-# A pool nobody has measured yet: 50 ms to a first token, 1 s per 1,000 prefill tokens ahead,
+# A pool nobody has measured yet: 50 ms to a first token, 0.1 s per 1,000 prefill tokens ahead,
 # 100 ms per request queued ahead, 20 ms per token. Replaced by the pool's own figures at once.
-STARTING_TTFT = (0.05, 1.0, 0.1)
+STARTING_TTFT = (0.05, 0.1, 0.1)
 STARTING_TPOT = (0.02, 0.0)
 
 
@@ -196,7 +196,8 @@ class LatencyModel:
             return
         replica = self._replica(address)
         predicted = _dot(replica.ttft_params, x)
-        replica.ttft_error.add(predicted, seconds)
+        if replica.ttft.weight >= _PRIOR_WEIGHT:  # past its start from the pool's figures
+            replica.ttft_error.add(predicted, seconds)
         replica.ttft.observe(x, seconds, now, predicted)
         self.pool.ttft.observe(x, seconds, now, _dot(self.pool.ttft_params, x))
         self.pool.ttft_params = self.pool.ttft.solve(STARTING_TTFT, now)
@@ -209,7 +210,8 @@ class LatencyModel:
             return
         replica = self._replica(address)
         predicted = _dot(replica.tpot_params, x)
-        replica.tpot_error.add(predicted, seconds)
+        if replica.tpot.weight >= _PRIOR_WEIGHT:
+            replica.tpot_error.add(predicted, seconds)
         replica.tpot.observe(x, seconds, now, predicted)
         self.pool.tpot.observe(x, seconds, now, _dot(self.pool.tpot_params, x))
         self.pool.tpot_params = self.pool.tpot.solve(STARTING_TPOT, now)

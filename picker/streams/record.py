@@ -102,6 +102,7 @@ class RequestRecord:
     # the client connection it came on, when an HTTP/1.x one (picker/pool/connections.py)
     connection: str | None = None
     priority: int = 0  # flow control's: below 0, sheddable
+    max_tokens: int | None = None  # what it asks for (None: the engine's default)
     slo: Slo | None = None  # its latency objectives (SLO headers, with affinity.latency on)
     # affinity.latency: when it was picked, and the features its primary's predictions were made
     # from (the model learns from them at its first token and its end)

@@ -1,0 +1,440 @@
+"""Routing a pool that is not uniform by predicted latency, against today's default, side by side (issue 43).
+
+Four simulated replicas, each in its own process: two normal ones, one half as fast (prefill and
+decode: twice the base TTFT and the time per token, half the prefill rate) and one with half the
+batch slots. Mixed prompt lengths with shared prefixes (system prompts of 500 to 3,000 tokens, each
+request a short question), 24 to 40 tokens out. The same seeded Poisson arrivals go through two
+`picker proxy` processes over the same replicas:
+  default   load + prefix affinity (the picker's default)
+  latency   the same with affinity.latency on: each replica's TTFT and time per output token learned
+            online, a latency gap and score in the pick
+Phases (each bounded in time and requests; the prefix caches emptied before each row):
+  (a) at 80 % of the pool's capacity: TTFT and TPOT p50/p90/p99, prefix hit rate, each replica's share
+  (b) uniform replicas at 60 %; one turns twice as slow 8 s in (POST /sim/speed): its share of new
+      work in 2-s windows, and how long after the change it fell below 75 % of its share before
+  (c) at 110 %: TTFT SLO 500 ms (x-slo-ttft-ms) on half the requests, priority -1 on a quarter:
+      SLO attainment of the admitted, refusals by priority and reason
+  (d) each replica's prediction error (MAPE, from picker_latency_model) after (a)
+  (e) the cost of one pick in-process, four candidates: default and with the latency model
+Run: `python -m loadtest.bench_slo` (about 3 minutes; `--quick`: shorter windows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from loadtest.procs import Proc, free_port, port_open
+from loadtest.stack import health_ok, parse_metrics, sim_argv
+from loadtest.traffic import percentile
+
+MODEL = "tiny-llama"
+BASE = ("--ttft-ms", "15", "--itl-ms", "15", "--prefill-tokens-per-s", "40000", "--max-num-seqs", "6")
+COMMON = (
+    "--block-size", "16", "--num-gpu-blocks", "4000", "--kv-capacity-tokens", "4000000",
+    "--max-model-len", "64000", "--enable-prompt-tokens-details", "--enable-force-include-usage",
+)  # fmt: skip
+MIXED = {
+    "normal-1": BASE,
+    "normal-2": BASE,
+    "half-speed": (
+        "--ttft-ms",
+        "30",
+        "--itl-ms",
+        "30",
+        "--prefill-tokens-per-s",
+        "20000",
+        "--max-num-seqs",
+        "6",
+    ),
+    "half-slots": (*BASE[:-1], "3"),
+}
+# What the pool can serve (requests/s): slots / (TTFT + 32 tokens x time per token), summed
+CAPACITY = 6 / 0.5 + 6 / 0.5 + 6 / 1.0 + 3 / 0.5
+
+
+@dataclass
+class Outcome:
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    by_replica: Counter[str] = field(default_factory=Counter)
+    starts: list[tuple[float, str]] = field(default_factory=list)  # (sent, replica)
+    served: list[tuple[str, float]] = field(default_factory=list)  # (replica, TTFT)
+    failed: Counter[str] = field(default_factory=Counter)  # reason -> count
+    refused_by_priority: Counter[int] = field(default_factory=Counter)
+    slo_total: int = 0
+    slo_met: int = 0
+    hits: float = 0.0
+
+
+def _words(rng: random.Random, count: int) -> str:
+    return " ".join(f"w{rng.randrange(100_000)}" for _ in range(count))
+
+
+class Workload:
+    """System prompts of 500-3,000 tokens shared by groups; each request a new short question."""
+
+    def __init__(self, seed: int, slo: bool = False) -> None:
+        rng = random.Random(seed)
+        self.prompts = [f"System {g}. " + _words(rng, rng.randint(300, 1700)) for g in range(24)]
+        self.rng = random.Random(seed + 1)
+        self.slo = slo
+
+    def next(self) -> tuple[dict[str, object], dict[str, str], int]:
+        rng = self.rng
+        prompt = rng.choice(self.prompts) + "\nQuestion: " + _words(rng, 20)
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": rng.randint(24, 40), "stream": True,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        headers: dict[str, str] = {}
+        priority = 0
+        if self.slo:
+            if rng.random() < 0.5:
+                headers["x-slo-ttft-ms"] = "500"
+            if rng.random() < 0.25:
+                priority = -1
+                headers["x-gateway-inference-priority"] = "-1"
+        return body, headers, priority
+
+
+async def one(
+    session: aiohttp.ClientSession, url: str, body: dict[str, object], headers: dict[str, str],
+    priority: int, out: Outcome | None,
+) -> None:  # fmt: skip
+    sent = time.monotonic()
+    try:
+        async with session.post(url + "/v1/completions", json=body, headers=headers) as response:
+            if response.status != 200:
+                await response.read()
+                if out is not None:
+                    reason = response.headers.get("x-picker-dropped-reason", str(response.status))
+                    out.failed[reason] += 1
+                    out.refused_by_priority[priority] += 1
+                return
+            replica = response.headers.get("x-sim-replica", "")
+            first = last = None
+            chunks = 0
+            async for chunk in response.content.iter_any():
+                now = time.monotonic()
+                if first is None:
+                    first = now
+                last = now
+                chunks += chunk.count(b'"text"')
+    except (aiohttp.ClientError, TimeoutError):
+        if out is not None:
+            out.failed["transport"] += 1
+        return
+    if out is None or first is None or last is None:
+        return
+    ttft = first - sent
+    out.ttft.append(ttft)
+    out.by_replica[replica] += 1
+    out.starts.append((sent, replica))
+    out.served.append((replica, ttft))
+    if chunks > 1:
+        out.tpot.append((last - first) / (chunks - 1))
+    if "x-slo-ttft-ms" in headers:
+        out.slo_total += 1
+        out.slo_met += ttft <= 0.5
+
+
+async def hit_counters(replicas: Sequence[str]) -> tuple[float, float]:
+    queries = hits = 0.0
+    async with aiohttp.ClientSession() as session:
+        for replica in replicas:
+            async with session.get(f"http://{replica}/metrics") as response:
+                page = parse_metrics(await response.text())
+            queries += sum(v for (n, _), v in page.items() if n == "vllm:prefix_cache_queries_total")
+            hits += sum(v for (n, _), v in page.items() if n == "vllm:prefix_cache_hits_total")
+    return queries, hits
+
+
+async def post_all(urls: Sequence[str], body: dict[str, object] | None = None) -> None:
+    async with aiohttp.ClientSession() as session:
+        for url in urls:
+            async with session.post(url, json=body) as response:
+                await response.read()
+
+
+async def phase(
+    url: str, workload: Workload, rate: float, warmup_s: float, measure_s: float, replicas: Sequence[str],
+    seed: int, event_at: float | None = None, event: object = None,
+) -> Outcome:  # fmt: skip
+    """Poisson arrivals at `rate` (bounded in count and time): a warm-up, then the measured window."""
+    await post_all([f"http://{r}/reset_prefix_cache" for r in replicas])
+    rng = random.Random(seed)
+    out = Outcome()
+    tasks: set[asyncio.Task[None]] = set()
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+        start = time.monotonic()
+        measure_from, end = start + warmup_s, start + warmup_s + measure_s
+        before = (0.0, 0.0)
+        measuring = False
+        fired = False
+        next_at, issued, limit = start, 0, int(rate * (warmup_s + measure_s) * 2) + 10
+        while issued < limit and (now := time.monotonic()) < end:
+            if not measuring and now >= measure_from:
+                measuring, before = True, await hit_counters(replicas)
+            if event_at is not None and not fired and now >= measure_from + event_at:
+                fired = True
+                await event  # type: ignore[misc]
+            if next_at > now:
+                await asyncio.sleep(next_at - now)  # the arrival schedule, not a synchronisation
+                continue
+            body, headers, priority = workload.next()
+            task = asyncio.create_task(one(session, url, body, headers, priority, out if measuring else None))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            issued += 1
+            next_at += rng.expovariate(rate)
+        if tasks:
+            await asyncio.wait(tasks, timeout=60)
+    after = await hit_counters(replicas)
+    queries = after[0] - before[0]
+    out.hits = (after[1] - before[1]) / queries if queries else 0.0
+    return out
+
+
+def ms(values: list[float], q: float) -> float:
+    return percentile(sorted(values), q) * 1e3 if values else float("nan")
+
+
+def lower(new: list[float], base: list[float]) -> float:
+    """How much lower the p90 of `new` is than that of `base`, in percent."""
+    return 100 * (1 - ms(new, 90) / ms(base, 90))
+
+
+def start_proxy(
+    workdir: Path, name: str, replicas: Sequence[str], latency: bool, extra_env: dict[str, str]
+) -> tuple[Proc, str, str]:
+    port, metrics = free_port(), free_port()
+    argv = [
+        sys.executable, "-m", "picker", "proxy", "--bind-address", "127.0.0.1", "--port", str(port),
+        "--metrics-port", str(metrics), "--endpoints", ",".join(replicas), "--log-level", "WARNING",
+    ]  # fmt: skip
+    env = {"PICKER_AFFINITY__LATENCY": "true", **extra_env} if latency else None
+    proc = Proc(f"proxy-{name}", argv, workdir / f"proxy-{name}.log", env=env)
+    proc.wait_ready(lambda: "picker proxy ready" in proc.log_text() and port_open(port))
+    return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}"
+
+
+async def model_errors(admin: str) -> dict[str, dict[str, float]]:
+    async with aiohttp.ClientSession() as session, session.get(f"{admin}/metrics") as response:
+        page = parse_metrics(await response.text())
+    out: dict[str, dict[str, float]] = {}
+    for (name, labels), value in page.items():
+        if name == "picker_latency_model":
+            tags = dict(labels)
+            out.setdefault(tags["endpoint"], {})[tags["figure"]] = value
+    return out
+
+
+def pick_cost(rounds: int) -> tuple[float, float]:
+    """Microseconds per pick, four candidates with load samples: default, and with the latency model."""
+    from picker.config import AffinityConfig
+    from picker.placement import Placement
+    from picker.pool import EndpointState, Pool
+    from picker.pool.load import LoadSample
+    from picker.scheduling import LoadPolicy
+    from picker.streams import RequestRecord
+    from picker.telemetry import Metrics
+
+    results = []
+    for latency in (False, True):
+        pool = Pool()
+        addresses = [f"10.0.0.{i}:8000" for i in range(1, 5)]
+        pool.reconcile(dict.fromkeys(addresses, EndpointState.READY), "bench")
+        for i, endpoint in enumerate(pool.endpoints()):
+            endpoint.load = LoadSample(float(i), 0.0, 0.1, 0.0, 0, 0)
+        placement = Placement(pool, AffinityConfig(latency=latency), Metrics(), None)
+        from picker.inference import InferenceRequest
+
+        request = InferenceRequest(
+            method="POST", path="/v1/completions", model="m", stream=True, prompt=b"x" * 4000
+        )
+        record = RequestRecord(request_id="r", admitted_at=0.0, keys=placement.keys(request, None, None))
+        candidates, rng, policy = pool.ready(), random.Random(1), LoadPolicy()
+        started = time.perf_counter()
+        for _ in range(rounds):
+            placement.choose(record, candidates, 3, rng, 0.5, policy, frozenset())
+        results.append((time.perf_counter() - started) / rounds * 1e6)
+    return results[0], results[1]
+
+
+Setups = dict[str, tuple[str, str]]  # row -> (its URL, its admin URL)
+
+
+def by_replica(values: list[tuple[str, float]], replicas: Sequence[str], names: dict[str, str]) -> str:
+    """Each replica's share of the requests and its TTFT p90."""
+    parts = []
+    for replica in replicas:
+        mine = [v for r, v in values if r == replica]
+        parts.append(f"{names[replica]}={len(mine) * 100 // max(1, len(values))}%/{ms(mine, 90):.0f}ms")
+    return " ".join(parts)
+
+
+async def phase_a(
+    setups: Setups, replicas: list[str], names: dict[str, str], windows: tuple[float, float]
+) -> None:
+    rate = 0.8 * CAPACITY
+    print(f"\n(a) 80 % of capacity ({rate:.1f} req/s), mixed prompts with shared prefixes")
+    print("  row        ok fail  TTFT p50  TTFT p90  TTFT p99  TPOT p50  TPOT p90   hit %  share/TTFT p90")
+    rows = {}
+    for name, (url, _) in setups.items():
+        out = rows[name] = await phase(url, Workload(seed=1), rate, *windows, replicas, seed=2)
+        print(
+            f"  {name:<8} {len(out.ttft):>5} {sum(out.failed.values()):>4} {ms(out.ttft, 50):>8.0f}ms"
+            f" {ms(out.ttft, 90):>7.0f}ms {ms(out.ttft, 99):>7.0f}ms {ms(out.tpot, 50):>7.1f}ms"
+            f" {ms(out.tpot, 90):>7.1f}ms {out.hits * 100:>6.1f}  {by_replica(out.served, replicas, names)}",
+            flush=True,
+        )
+    base, new = rows["default"], rows["latency"]
+    print(
+        f"  latency vs default: TTFT p90 {lower(new.ttft, base.ttft):+.0f}% lower,"
+        f" TPOT p90 {lower(new.tpot, base.tpot):+.0f}% lower,"
+        f" hit rate {100 * (new.hits - base.hits):+.1f} points"
+    )
+    print("\n(d) prediction error after (a), latency row: MAPE per replica (TTFT, TPOT)")
+    for address, figures in sorted((await model_errors(setups["latency"][1])).items()):
+        ttft, tpot = (figures.get(f"{k}_mape", float("nan")) * 100 for k in ("ttft", "tpot"))
+        print(f"  {names.get(address, address):<11} ttft {ttft:5.1f}%  tpot {tpot:5.1f}%")
+
+
+async def phase_b(setups: Setups, replicas: list[str]) -> None:
+    """A uniform pool (every replica as `normal`), one replica twice as slow 8 s in."""
+    slow, change_at, window, length = replicas[0], 8.0, 2.0, 20.0
+    print("\n(b) one replica turns twice as slow 8 s in, 60 % of capacity: its share of new work (%)")
+    for name, (url, _) in setups.items():
+        await post_all([f"http://{r}/sim/speed" for r in replicas], {"slowdown": 1.0})
+        change = post_all([f"http://{slow}/sim/speed"], {"slowdown": 2.0})
+        rate = 0.6 * CAPACITY
+        out = await phase(url, Workload(seed=3), rate, 2.0, length, replicas, 4, change_at, change)
+        started = min(t for t, _ in out.starts)
+        shares = []
+        for k in range(int(length / window)):
+            inside = [r for t, r in out.starts if started + k * window <= t < started + (k + 1) * window]
+            shares.append(sum(r == slow for r in inside) / max(1, len(inside)))
+        before = sum(shares[: int(change_at / window)]) / int(change_at / window)
+        after = [
+            k * window - change_at
+            for k, v in enumerate(shares)
+            if k * window >= change_at and v < 0.75 * before
+        ]
+        fell = f"{after[0]:.0f}-{after[0] + window:.0f} s after" if after else "never"
+        print(
+            f"  {name:<8} per {window:.0f} s: "
+            + " ".join(f"{v * 100:3.0f}" for v in shares)
+            + f"  (before {before * 100:.0f}; below 75 % of it: {fell})",
+            flush=True,
+        )
+    await post_all([f"http://{r}/sim/speed" for r in replicas], {"slowdown": 1.0})
+
+
+async def phase_c(setups: Setups, replicas: list[str], windows: tuple[float, float]) -> None:
+    over = 1.1 * CAPACITY
+    print(f"\n(c) 110 % of capacity ({over:.1f} req/s): TTFT SLO 500 ms on half, priority -1 on a quarter")
+    print("  row        ok  SLO met (of admitted with one)  refused by priority  reasons")
+    for name, (url, _) in setups.items():
+        out = await phase(url, Workload(seed=5, slo=True), over, *windows, replicas, seed=6)
+        met = out.slo_met / out.slo_total if out.slo_total else float("nan")
+        print(
+            f"  {name:<8} {len(out.ttft):>5}  {met * 100:>6.1f}% of {out.slo_total:<5}"
+            f"                {dict(out.refused_by_priority)!s:<20} {dict(out.failed)}",
+            flush=True,
+        )
+
+
+async def run(args: argparse.Namespace) -> None:
+    windows = (4.0, 10.0) if args.quick else (6.0, 20.0)
+    with tempfile.TemporaryDirectory(prefix="bench-slo-") as tmp:
+        workdir = Path(tmp)
+        ports = {name: free_port() for name in MIXED}
+        replicas = [f"127.0.0.1:{p}" for p in ports.values()]
+        names = {f"127.0.0.1:{p}": name for name, p in ports.items()}
+        sims = {
+            name: Proc(f"sim-{name}", sim_argv([port], [*MIXED[name], *COMMON]), workdir / f"sim-{name}.log")
+            for name, port in ports.items()
+        }
+        proxies: list[Proc] = []
+        try:
+            for name, sim in sims.items():
+                sim.wait_ready(lambda p=ports[name]: health_ok(p))
+            setups: Setups = {}
+            extra_env = dict(item.split("=", 1) for item in args.latency_env)
+            for name, latency in (("default", False), ("latency", True)):
+                proc, url, admin = start_proxy(workdir, name, replicas, latency, extra_env)
+                proxies.append(proc)
+                setups[name] = (url, admin)
+            print(f"bench_slo: 2 normal replicas, 1 half speed, 1 half slots: ~{CAPACITY:.0f} req/s")
+            print(
+                f"each phase: {windows[0]:.0f} s warm-up + {windows[1]:.0f} s measured; same arrivals per row"
+            )
+            if "a" in args.only:
+                await phase_a(setups, replicas, names, windows)
+            if "c" in args.only:
+                await phase_c(setups, replicas, windows)
+        finally:
+            for proc in proxies:
+                proc.stop()
+            for sim in sims.values():
+                sim.stop()
+    if "b" in args.only:
+        await uniform_phase_b(args)
+    if "e" in args.only:
+        default_us, latency_us = pick_cost(20000)
+        print(
+            f"\n(e) one pick in-process, 4 candidates: default {default_us:.1f} us,"
+            f" latency model {latency_us:.1f} us (+{latency_us - default_us:.1f} us)"
+        )
+
+
+async def uniform_phase_b(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-slo-b-") as tmp:
+        workdir = Path(tmp)
+        ports = [free_port() for _ in MIXED]
+        replicas = [f"127.0.0.1:{p}" for p in ports]
+        sim = Proc("sim-uniform", sim_argv(ports, [*BASE, *COMMON]), workdir / "sim.log")
+        proxies: list[Proc] = []
+        try:
+            for port in ports:
+                sim.wait_ready(lambda p=port: health_ok(p))
+            setups: Setups = {}
+            extra_env = dict(item.split("=", 1) for item in args.latency_env)
+            for name, latency in (("default", False), ("latency", True)):
+                proc, url, admin = start_proxy(workdir, name, replicas, latency, extra_env)
+                proxies.append(proc)
+                setups[name] = (url, admin)
+            await phase_b(setups, replicas)
+        finally:
+            for proc in proxies:
+                proc.stop()
+            sim.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shorter windows")
+    parser.add_argument("--only", default="abcde", help="the phases to run (default: all)")
+    parser.add_argument(
+        "--latency-env",
+        action="append",
+        default=[],
+        help="KEY=VALUE for the latency row's picker (a setting)",
+    )
+    import uvloop
+
+    uvloop.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""Routing by predicted latency through each frontend (issue 43): a pool of two replicas, one three
+times slower, with affinity.latency on. The picker learns each replica's speed from what it sees and
+sends the slow one little new work; a sheddable request whose SLO no replica can meet gets the
+contract's refusal, a critical one goes to the best replica, and a malformed SLO header is a 400."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from loadtest import http_client
+from loadtest.stack import StackOptions, parse_metrics
+from loadtest.traffic import completion_body, stream_one
+from tests.frontends.conftest import FRONTENDS, start_stack
+
+pytestmark = pytest.mark.envoy
+
+REQUESTS, WORKERS = 160, 6
+FAST = ("--ttft-ms", "10", "--itl-ms", "10")
+SLOW = ("--ttft-ms", "30", "--itl-ms", "30")
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+async def test_the_slow_replica_is_learned_and_slo_requests_are_routed_or_refused(
+    tmp_path: Path, frontend: str
+) -> None:
+    options = StackOptions(
+        replicas=2,
+        sim_args=(),
+        replica_args=(FAST, SLOW),
+        picker_env={"PICKER_AFFINITY__LATENCY": "true"},
+        envoy_picker_tls=False,
+    )
+    stack = start_stack(frontend, tmp_path, options)
+    fast, slow = stack.replicas
+    try:
+        served: list[str] = []
+        async with http_client.AsyncClient(timeout=30) as client:
+
+            async def worker() -> None:
+                while len(served) < REQUESTS:  # bounded: REQUESTS in all
+                    result = await stream_one(client, stack.url, completion_body(12))
+                    assert result.ok, result
+                    served.append(result.replica)
+
+            await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(WORKERS))), 120)
+            unattainable = {"x-slo-ttft-ms": "1"}
+            shed = await stream_one(
+                client,
+                stack.url,
+                completion_body(4),
+                {**unattainable, "x-gateway-inference-priority": "-1"},
+            )
+            critical = await stream_one(client, stack.url, completion_body(4), unattainable)
+            attainable = await stream_one(
+                client,
+                stack.url,
+                completion_body(4),
+                {"x-llm-d-slo-ttft-ms": "5000", "x-gateway-inference-priority": "-1"},
+            )
+            malformed = await client.post(
+                stack.url + "/v1/completions",
+                json=completion_body(4, stream=False),
+                headers={"x-slo-tpot-ms": "soon"},
+            )
+        page = parse_metrics(
+            http_client.get(f"http://127.0.0.1:{stack.metrics_port}/metrics", timeout=5).text
+        )
+    finally:
+        stack.stop()
+    later = Counter(served[REQUESTS // 2 :])
+    figures = {"first_half": dict(Counter(served[: REQUESTS // 2])), "second_half": dict(later)}
+    # a 3x slower replica, at equal load, gets a third of the work by load alone; learned, far less
+    assert later[slow] <= 0.15 * sum(later.values()), figures
+    learned = {dict(labels)["endpoint"] for (name, labels) in page if name == "picker_latency_model"}
+    assert learned == {fast, slow}, learned
+    assert shed.status == 429 and shed.reason_header == "rejected-slo-unattainable" and shed.retry_after
+    assert critical.ok and critical.replica == fast, critical
+    assert attainable.ok, attainable
+    assert malformed.status_code == 400, malformed.text
+    refused = page.get(("picker_slo_requests_total", (("objective", "ttft"), ("result", "refused"))), 0.0)
+    missed = page.get(("picker_slo_requests_total", (("objective", "ttft"), ("result", "missed"))), 0.0)
+    assert refused == 1 and missed >= 1, page
