@@ -47,7 +47,9 @@ class ProxyStack(Stack):
         ]
 
     def start_picker(self) -> None:
-        self.picker = Proc("picker-proxy", self.picker_argv(), self.workdir / "picker-proxy.log")
+        self.picker = Proc(
+            "picker-proxy", self.picker_argv(), self.workdir / "picker-proxy.log", env=self.options.picker_env
+        )
         self.picker.wait_ready(
             lambda: "picker proxy ready" in self.picker.log_text() and port_open(self.listen_port)  # type: ignore[union-attr]
         )

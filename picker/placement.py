@@ -29,7 +29,7 @@ from picker.pool.cache import CacheKeys, PrefixIndex
 from picker.pool.sessions import Sessions
 from picker.scheduling import LoadPolicy, Stagger, estimated_load
 from picker.scheduling.affinity import Affinity, AffinityPolicy, Choice, lora_score, pick_with_affinity
-from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
+from picker.scheduling.latency import LatencyModel
 from picker.scheduling.load import assess, estimated_waiting
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
 from picker.streams import RequestRecord
@@ -119,10 +119,13 @@ class Placement:
             cached = keys.cached_fraction(c) if keys is not None else 0.0
             ttft_s = tpot_s = latency_s = None
             if latency is not None:
-                ttft_x = ttft_features(
-                    c.pending_prefill + size * (1.0 - cached), _queued_ahead(c, current, load)
+                ttft_x, tpot_x = latency.features(
+                    c.address,
+                    c.pending_prefill + size * (1.0 - cached),
+                    _queued_ahead(c, current, load),
+                    _slots(c, current, load),
+                    current + 1.0,
                 )
-                tpot_x = tpot_features(current + 1.0)
                 features.append((ttft_x, tpot_x))
                 ttft_s, tpot_s = latency.ttft(c.address, ttft_x), latency.tpot(c.address, tpot_x)
                 latency_s = ttft_s + tpot_s * out_tokens
@@ -198,11 +201,14 @@ class Placement:
         for c in candidates:
             current = estimated_load(c)
             cached = keys.cached_fraction(c) if keys is not None else 0.0
-            ttft_x = ttft_features(c.pending_prefill + size * (1.0 - cached), _queued_ahead(c, current, load))
-            ttft_s, tpot_s = (
-                latency.ttft(c.address, ttft_x),
-                latency.tpot(c.address, tpot_features(current + 1)),
+            ttft_x, tpot_x = latency.features(
+                c.address,
+                c.pending_prefill + size * (1.0 - cached),
+                _queued_ahead(c, current, load),
+                _slots(c, current, load),
+                current + 1.0,
             )
+            ttft_s, tpot_s = latency.ttft(c.address, ttft_x), latency.tpot(c.address, tpot_x)
             if slo.met_by(ttft_s, tpot_s):
                 return True
         return False
@@ -261,7 +267,7 @@ class Placement:
             return
         tpot = (last - first) / (tokens - 1)
         predicted = latency.tpot(record.picked[0], x)
-        latency.learn_tpot(record.picked[0], x, tpot, last)
+        latency.learn_tpot(record.picked[0], x, tpot, last, tokens)
         self._metrics.observe_latency_prediction(record.picked[0], "tpot", predicted, tpot, record.slo)
 
     def tune(self) -> None:
@@ -326,3 +332,8 @@ def _queued_ahead(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
     if slots:
         return max(0.0, load + 1.0 - slots)
     return estimated_waiting(endpoint, policy)
+
+
+def _slots(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
+    """The engine's batch slots: configured, learned, else at least what it runs now."""
+    return float(policy.engine_slots or endpoint.learned_slots or max(1.0, load))

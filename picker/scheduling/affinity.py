@@ -172,7 +172,9 @@ def _primary(
         within = rows[:1]  # every one is past a bound: the least loaded
     predicted = rows[0].affinity.latency_s is not None
     if predicted:
-        within = _quick(within, rows, policy, slo)
+        # the predictions count each replica's load in its own speed (a slow replica with fewer
+        # requests may still be the slower choice): the latency gap replaces the load gap
+        within = _quick(rows, rows, policy, slo)
     for row in within:  # rows come least loaded first
         if row.affinity.session:
             return row, "session"

@@ -6,7 +6,8 @@ pool's tail. The picker already sees every request's time to first token, its ch
 uncached prompt tokens and each replica's queue, so it learns, per replica:
 
 - **TTFT** = a + b x (prefill tokens ahead, in thousands: the replica's backlog of uncached prompt
-  tokens not started, plus this request's own) + c x (requests queued on the engine ahead of it);
+  tokens not started, plus this request's own) + c x (the wait for a batch slot: the requests queued
+  on the engine ahead of it x the replica's predicted time to serve one / its slots; c is about 1);
 - **time per output token** = d + e x (requests running there).
 
 Each is a linear fit over decayed sums (every observation's weight halves every `half_life_s`), so a
@@ -24,7 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-TTFT_FEATURES = 3  # 1, prefill kilo-tokens ahead, requests queued ahead
+TTFT_FEATURES = 3  # 1, prefill kilo-tokens ahead, seconds of slot wait ahead (estimated)
 TPOT_FEATURES = 2  # 1, requests running
 _CLIP = 4.0  # residuals beyond this many times their running mean size are clipped
 _PRIOR_WEIGHT = 5.0  # the pool's figures weigh as much as this many observations
@@ -147,8 +148,8 @@ class ReplicaLatency:
         return cls(DecayedFit(TTFT_FEATURES, half_life_s), DecayedFit(TPOT_FEATURES, half_life_s))
 
 
-def ttft_features(prefill_tokens: float, queued_ahead: float) -> tuple[float, float, float]:
-    return (1.0, max(0.0, prefill_tokens) / 1000.0, max(0.0, queued_ahead))
+def ttft_features(prefill_tokens: float, slot_wait_s: float) -> tuple[float, float, float]:
+    return (1.0, max(0.0, prefill_tokens) / 1000.0, max(0.0, slot_wait_s))
 
 
 def tpot_features(running: float) -> tuple[float, float]:
@@ -160,8 +161,8 @@ def _dot(params: Sequence[float], x: Sequence[float]) -> float:
 
 
 # A pool nobody has measured yet: 50 ms to a first token, 0.1 s per 1,000 prefill tokens ahead,
-# 100 ms per request queued ahead, 20 ms per token. Replaced by the pool's own figures at once.
-STARTING_TTFT = (0.05, 0.1, 0.1)
+# the slot wait as estimated, 20 ms per token. Replaced by the pool's own figures at once.
+STARTING_TTFT = (0.05, 0.1, 1.0)
 STARTING_TPOT = (0.02, 0.0)
 
 
@@ -173,6 +174,17 @@ class LatencyModel:
         self.pool = ReplicaLatency.new(half_life_s)
         self.pool.ttft_params, self.pool.tpot_params = STARTING_TTFT, STARTING_TPOT
         self.replicas: dict[str, ReplicaLatency] = {}
+        self.output_tokens = 64.0  # tokens a stream produces, on average lately (the slot wait's unit)
+
+    def features(
+        self, address: str, prefill_tokens: float, queued_ahead: float, slots: float, running: float
+    ) -> tuple[tuple[float, float, float], tuple[float, float]]:
+        """What the model reads of one request on one replica: its TTFT features (the slot wait ahead
+        estimated from the replica's own speed: a replica with half the slots, or twice as slow,
+        makes a request wait twice as long per request queued ahead) and its TPOT features."""
+        tpot_x = tpot_features(running)
+        serve_s = self.tpot(address, tpot_x) * self.output_tokens
+        return ttft_features(prefill_tokens, queued_ahead * serve_s / max(1.0, slots)), tpot_x
 
     def _replica(self, address: str) -> ReplicaLatency:
         found = self.replicas.get(address)
@@ -204,10 +216,14 @@ class LatencyModel:
         replica.ttft_params = replica.ttft.solve(self.pool.ttft_params, now)
         replica.last_at = now
 
-    def learn_tpot(self, address: str, x: Sequence[float], seconds: float, now: float) -> None:
-        """A stream ended; its chunks came `seconds` per output token after the first, on `address`."""
+    def learn_tpot(
+        self, address: str, x: Sequence[float], seconds: float, now: float, tokens: int = 0
+    ) -> None:
+        """A stream of `tokens` ended; its chunks came `seconds` per output token after the first."""
         if not (0.0 <= seconds < 60.0):
             return
+        if tokens > 0:
+            self.output_tokens += 0.05 * (min(tokens, 4096) - self.output_tokens)
         replica = self._replica(address)
         predicted = _dot(replica.tpot_params, x)
         if replica.tpot.weight >= _PRIOR_WEIGHT:

@@ -71,8 +71,13 @@ async def test_the_slow_replica_is_learned_and_slo_requests_are_routed_or_refuse
         )
     finally:
         stack.stop()
+    model = {labels: v for (name, labels), v in page.items() if name == "picker_latency_model"}
     later = Counter(served[REQUESTS // 2 :])
-    figures = {"first_half": dict(Counter(served[: REQUESTS // 2])), "second_half": dict(later)}
+    figures = {
+        "first_half": dict(Counter(served[: REQUESTS // 2])),
+        "second_half": dict(later),
+        "model": model,
+    }
     # a 3x slower replica, at equal load, gets a third of the work by load alone; learned, far less
     assert later[slow] <= 0.15 * sum(later.values()), figures
     learned = {dict(labels)["endpoint"] for (name, labels) in page if name == "picker_latency_model"}
