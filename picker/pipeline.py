@@ -21,9 +21,9 @@ from picker.inference import InferenceRequest
 from picker.objectives import Objectives
 from picker.peering import Peering
 from picker.placement import Placement
-from picker.pool import Endpoint, EndpointState, Pool
+from picker.pool import EndpointState, Pool
 from picker.pool.sessions import Sessions
-from picker.rollout import CANDIDATE, STABLE, Canary
+from picker.rollout import Canary, canary_side
 from picker.scheduling import LoadPolicy, pick, without_metrics
 from picker.scheduling.fit import fits, need_of, refusal
 from picker.streams import EndReason, RequestRecord
@@ -229,11 +229,12 @@ class RequestPath(ResponseSide):
             )
             if never is not None and not self.flow.closed:
                 return self.flow.refuse(record, never)
-        if slo is not None and priority < 0 and not self.flow.closed:
-            candidates = self._pool.ready()
-            if not self.placement.attainable(record, candidates, self._policy, now):
-                self._metrics.count_slo(slo, "refused")
-                return self.flow.refuse(record, Outcome.REJECTED_SLO_UNATTAINABLE)
+        if (
+            priority < 0
+            and not self.flow.closed
+            and self.placement.shed(record, self._pool, self._policy, now)
+        ):
+            return self.flow.refuse(record, Outcome.REJECTED_SLO_UNATTAINABLE)
         ticket = self.flow.submit(record, flow=flow, priority=priority, size=request.body_bytes)
         if record.trace is not None and not ticket.done:
             record.trace.queued()
@@ -347,7 +348,9 @@ class RequestPath(ResponseSide):
             need = record.need
             candidates = [endpoint for endpoint in candidates if fits(endpoint.served, need)]
         if self.canary is not None:
-            candidates = self._canary_side(record, candidates, self.canary)
+            bound = self.placement.bound_endpoint(record) if record.group is None else None
+            home = self._pool.get(bound) if bound is not None else None
+            record.group, candidates = canary_side(self.canary, record.group, home, candidates)
         count = 1 + (self._fallback_count if record.fallbacks else 0)
         policy = self._policy
         if without_metrics(candidates, policy):
@@ -382,27 +385,6 @@ class RequestPath(ResponseSide):
         if record.trace is not None:
             record.trace.picked(record.picked, started_ns)
         return True
-
-    def _canary_side(
-        self, record: RequestRecord, candidates: list[Endpoint], canary: Canary
-    ) -> list[Endpoint]:
-        """The candidates of the request's canary group: chosen once (a session keeps the group of
-        the endpoint it is bound to; the others by the weighted split), the other side only when
-        its own has no ready endpoint that fits, and never the candidate at weight 0."""
-        if record.group is None:
-            bound = self.placement.bound_endpoint(record)
-            home = self._pool.get(bound) if bound is not None else None
-            record.group = canary.group_of(home.labels) if home is not None else canary.assign()
-        if record.group == CANDIDATE and canary.weight <= 0:  # rolled back while it waited: stable now
-            record.group = STABLE
-        side = [e for e in candidates if canary.group_of(e.labels) == record.group]
-        if side or not candidates:
-            return side
-        other = STABLE if record.group == CANDIDATE else CANDIDATE
-        if other == CANDIDATE and canary.weight <= 0:
-            return side
-        record.group = other
-        return [e for e in candidates if canary.group_of(e.labels) == other]
 
     def on_idle(self, listener: Callable[[], None]) -> None:
         """Call `listener` each time the last live request ends (shutdown waits on it)."""

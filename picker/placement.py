@@ -187,6 +187,14 @@ class Placement:
         if keys.session is not None and self.sessions is not None:
             self.sessions.bind(keys.session, address)
 
+    def shed(self, record: RequestRecord, pool: Pool, load: LoadPolicy, now: float) -> bool:
+        """A sheddable request with an SLO that no ready replica is predicted to meet now: refused
+        (`rejected-slo-unattainable`), and counted so."""
+        if record.slo is None or self.attainable(record, pool.ready(), load, now):
+            return False
+        self._metrics.count_slo(record.slo, "refused")
+        return True
+
     def attainable(
         self, record: RequestRecord, candidates: Sequence[Endpoint], load: LoadPolicy, now: float
     ) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from picker.config import RolloutConfig
 from picker.rollout.gates import Limits, Reading, Sample, Window, judge, step_may_end
@@ -231,3 +231,31 @@ class Canary:
     def _event(self, now: float, event: str, **fields: Any) -> None:
         self.history.append({"at_s": round(now, 3), "event": event, **fields})
         self.events += 1
+
+
+class Labelled(Protocol):
+    @property
+    def labels(self) -> Mapping[str, str] | None: ...
+
+
+E = TypeVar("E", bound=Labelled)
+
+
+def canary_side(
+    canary: Canary, group: str | None, home: Labelled | None, candidates: list[E]
+) -> tuple[str, list[E]]:
+    """A request's canary group and the candidates on its side: the group is chosen once (a
+    session keeps the group of the endpoint it is bound to, `home`; the others by the weighted
+    split), the other side only when its own has no ready endpoint that fits, and never the
+    candidate at weight 0 (a request that waited through a rollback goes to the stable side)."""
+    if group is None:
+        group = canary.group_of(home.labels) if home is not None else canary.assign()
+    if group == CANDIDATE and canary.weight <= 0:
+        group = STABLE
+    side = [e for e in candidates if canary.group_of(e.labels) == group]
+    if side or not candidates:
+        return group, side
+    other = STABLE if group == CANDIDATE else CANDIDATE
+    if other == CANDIDATE and canary.weight <= 0:
+        return group, side
+    return other, [e for e in candidates if canary.group_of(e.labels) == other]
