@@ -187,7 +187,10 @@ def _primary(
         # (its backlog of uncached tokens not started, plus what it lacks) exceeds the quickest
         # endpoint's by more than the penalty: computing a prefix again costs more than its own time
         # (it evicts other prefixes), as the reference's maxTTFTPenalty says
-        sticky = min(holders, key=lambda row: (row.affinity.prefill, row.cost, row.tiebreak))
+        # (with predictions: the holder predicted to finish it first)
+        sticky = min(
+            holders, key=lambda row: (row.affinity.latency_s or row.affinity.prefill, row.cost, row.tiebreak)
+        )
         quickest = min(row.affinity.prefill for row in within)
         if sticky.affinity.prefill <= quickest + policy.prefill_penalty_tokens:
             return sticky, "sticky"
@@ -243,9 +246,16 @@ def _quick(
         meeting = [row for row in within if meets(row)] or [row for row in rows if meets(row)]
         if meeting:
             within = meeting
-    best = min((row.affinity.latency_s or 0.0) for row in within)
-    bound = max(best * (1.0 + policy.latency_gap_ratio), best + policy.latency_gap_s)
-    return [row for row in within if (row.affinity.latency_s or 0.0) <= bound]
+    # within the gap both to the first token and to the last: a replica that would make the
+    # request wait for a batch slot is out as much as one that decodes slowly; when no replica is
+    # quick on both, the first token decides
+    quick = {}
+    for figure in ("ttft_s", "latency_s"):
+        best = min(getattr(row.affinity, figure) or 0.0 for row in within)
+        bound = max(best * (1.0 + policy.latency_gap_ratio), best + policy.latency_gap_s)
+        quick[figure] = [row for row in within if (getattr(row.affinity, figure) or 0.0) <= bound]
+    both = [row for row in quick["ttft_s"] if row in quick["latency_s"]]
+    return both or quick["ttft_s"]
 
 
 def lora_score(

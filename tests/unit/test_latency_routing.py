@@ -44,10 +44,12 @@ def test_the_replica_predicted_to_finish_first_wins_even_holding_less() -> None:
 
 def test_an_slo_prefers_a_replica_predicted_to_meet_it() -> None:
     first_token_soon = Affinity(ttft_s=0.05, tpot_s=0.03, latency_s=1.0)
-    finishes_first = Affinity(ttft_s=0.4, tpot_s=0.01, latency_s=0.72)
+    finishes_first = Affinity(ttft_s=0.07, tpot_s=0.02, latency_s=0.72)
     assert pick([first_token_soon, finishes_first]) == SLOW
-    assert pick([first_token_soon, finishes_first], slo=(0.1, None)) == FAST
+    assert pick([first_token_soon, finishes_first], slo=(0.06, None)) == FAST
     assert pick([first_token_soon, finishes_first], slo=(0.01, None)) == SLOW  # none can: the best
+    waits_for_a_slot = Affinity(ttft_s=0.4, tpot_s=0.01, latency_s=0.72)  # out of the TTFT gap
+    assert pick([first_token_soon, waits_for_a_slot]) == FAST
 
 
 def header_of(values: dict[str, str]):  # type: ignore[no-untyped-def]
