@@ -119,7 +119,7 @@ class Placement:
             cached = keys.cached_fraction(c) if keys is not None else 0.0
             ttft_s = tpot_s = latency_s = None
             if latency is not None:
-                ttft_x, tpot_x = latency.features(
+                ttft_s, tpot_s, ttft_x, tpot_x = latency.predict(
                     c.address,
                     c.pending_prefill + size * (1.0 - cached),
                     _queued_ahead(c, current, load),
@@ -127,7 +127,6 @@ class Placement:
                     current + 1.0,
                 )
                 features.append((ttft_x, tpot_x))
-                ttft_s, tpot_s = latency.ttft(c.address, ttft_x), latency.tpot(c.address, tpot_x)
                 latency_s = ttft_s + tpot_s * out_tokens
             affinities.append(
                 Affinity(
@@ -209,14 +208,13 @@ class Placement:
         for c in candidates:
             current = estimated_load(c)
             cached = keys.cached_fraction(c) if keys is not None else 0.0
-            ttft_x, tpot_x = latency.features(
+            ttft_s, tpot_s, _, _ = latency.predict(
                 c.address,
                 c.pending_prefill + size * (1.0 - cached),
                 _queued_ahead(c, current, load),
                 _slots(c, current, load),
                 current + 1.0,
             )
-            ttft_s, tpot_s = latency.ttft(c.address, ttft_x), latency.tpot(c.address, tpot_x)
             if slo.met_by(ttft_s, tpot_s):
                 return True
         return False
