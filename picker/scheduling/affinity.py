@@ -23,6 +23,10 @@ there). Then, among the candidates with room (not saturated, not suspect):
    the most, min-max as the reference's queue scorer), the LoRA score and the cache's room (a cold
    prompt goes where it evicts least, as the reference's no-hit-LRU scorer spreads cold requests);
    ties random.
+With `affinity.latency` (picker/scheduling/latency.py), each candidate comes with its predicted time
+to the request's first and last token: the replicas within the latency gap of the quickest on both
+(or, when none is, on the first token), and meeting the request's SLO when some can, replace the
+load gap in every step above, and the score adds `latency_weight` for the quickest.
 Fallbacks follow as `pick` orders them. No I/O; the weights come from configuration.
 """
 
@@ -156,8 +160,8 @@ def pick_with_affinity(
 def _primary(
     rows: list[_Row], policy: AffinityPolicy, slo: tuple[float | None, float | None] | None = None
 ) -> tuple[_Row, str]:
-    """Session, then sticky prefix, each within the load gap (and the latency gap, with predictions);
-    else the best weighted score."""
+    """Session, then sticky prefix, each within the load gap (with latency predictions: the latency
+    gap instead); else the best weighted score."""
     loads = [estimated_load(row.candidate) for row in rows]
     least = min(loads)
     limit = least + max(policy.max_load_gap, policy.load_gap_ratio * least)
@@ -174,7 +178,7 @@ def _primary(
     if predicted:
         # the predictions count each replica's load in its own speed (a slow replica with fewer
         # requests may still be the slower choice): the latency gap replaces the load gap
-        within = _quick(rows, rows, policy, slo)
+        within = _quick(rows, policy, slo)
     for row in within:  # rows come least loaded first
         if row.affinity.session:
             return row, "session"
@@ -228,14 +232,11 @@ def _primary(
 
 
 def _quick(
-    within: list[_Row],
-    rows: list[_Row],
-    policy: AffinityPolicy,
-    slo: tuple[float | None, float | None] | None,
+    within: list[_Row], policy: AffinityPolicy, slo: tuple[float | None, float | None] | None
 ) -> list[_Row]:
-    """The replicas predicted to meet the request's SLO (any with room, when those within the load
-    gap cannot), then those predicted to finish it within the latency gap of the quickest: a
-    replica twice as slow is not a choice while a quick one has room, whatever it holds."""
+    """The replicas predicted to meet the request's SLO (all of them when none is), then those
+    within the latency gap of the quickest: a replica twice as slow is not a choice while a quick
+    one has room, whatever it holds."""
     if slo is not None:
         ttft, tpot = slo
 
@@ -243,9 +244,7 @@ def _quick(
             a = row.affinity
             return (ttft is None or (a.ttft_s or 0.0) <= ttft) and (tpot is None or (a.tpot_s or 0.0) <= tpot)
 
-        meeting = [row for row in within if meets(row)] or [row for row in rows if meets(row)]
-        if meeting:
-            within = meeting
+        within = [row for row in within if meets(row)] or within
     # within the gap both to the first token and to the last: a replica that would make the
     # request wait for a batch slot is out as much as one that decodes slowly; when no replica is
     # quick on both, the first token decides
