@@ -61,6 +61,25 @@ def _summary(value: Any) -> bool:
     )
 
 
+MAX_SYNC = 100_000  # requests in flight one picker may list in a sync of its books
+
+
+def _entries(value: Any) -> bool:
+    """A sync's books: [[request id, address], ...]."""
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_SYNC
+        and all(
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and 0 < len(entry[0]) <= MAX_ID
+            and _text(entry[1])
+            for entry in value
+        )
+    )
+
+
 def _plain(value: Any) -> bool:
     return (
         value is None
@@ -74,6 +93,7 @@ Check = Callable[[Any], bool]
 SHAPES: dict[str, tuple[tuple[Check, ...], tuple[Check, ...]]] = {
     "pick": ((_text,), (_text,)),  # address; its client connection
     "move": ((_text,), ()),  # address
+    "sync": ((_entries,), ()),  # "<sender>~": its books whole
     "end": ((), ()),
     "claim": ((), ()),
     "started": ((_status, _text_or_none, _bool_or_none), ()),  # status, served endpoint, streaming

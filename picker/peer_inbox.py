@@ -38,7 +38,7 @@ from picker.pipeline import RequestPath
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 65536
-OWN_ONLY = frozenset({"pick", "move"})  # events a picker sends only about its own requests
+OWN_ONLY = frozenset({"pick", "move", "sync"})  # events a picker sends only about its own requests
 _ANSWER_TIMEOUT_S = 5.0  # a drains answer or a refusal that cannot be written by then is dropped
 
 

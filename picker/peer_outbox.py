@@ -14,7 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-BOOKKEEPING = frozenset({"pick", "move", "end"})  # broadcast; resent whole on every reconnect
+# broadcast; resent whole on every reconnect (a `sync` is the whole of a picker's books, every few
+# seconds: what a receiver's copy lost, however, is put right by the next one)
+BOOKKEEPING = frozenset({"pick", "move", "end", "sync"})
+SYNC_EVERY_S = 5.0
 # How soon an event leaves (seconds; the transport sends everything queued for a peer at once). At
 # once: what load spreading reads (a stream's end frees its slot for the next pick; a peer reads its
 # socket before each pick, picker/peer_inbox.py). Other reports wait a few milliseconds to share a

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from picker.peer_outbox import BOOKKEEPING, CLAIM_WITHIN_S, Event, Outbox
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 SEPARATOR = "~"  # in a request id: <owner>~<hex>
 ALIVE_EVERY_S = 5.0  # a foreign stream's heartbeat to its owner (its stall sweep reads it)
-_TOMBSTONES = 4096  # ends heard before their picks (from the observer's picker): those picks are stale
+_TOMBSTONES = 4096  # the last ends heard: a pick of one of them, heard later, is stale
 
 
 def owner_of(request_id: str) -> str | None:
@@ -313,6 +313,9 @@ class Peering:
         owner = owner_of(request_id) or peer
         if owner == self.name:
             return True  # one of this picker's own: its record is the book
+        if kind == "sync":
+            self._resync(owner, event[2])
+            return True
         orphaned = self._orphans.pop(request_id, None)  # its owner is back, or its end was seen here
         if orphaned is not None:
             self._add(orphaned, -1)
@@ -337,14 +340,41 @@ class Peering:
             previous = book.pop(request_id, None)
             if previous is not None:
                 self._add(previous, -1)
-            if peer != owner:
-                # seen to end by another picker than its owner, which then sends this one no `end`
-                # of its own: a pick of it heard later (queued behind a broken link, or resent with
-                # the owner's books before the owner heard of the end) must not count
-                self._ended[request_id] = None
-                if len(self._ended) > _TOMBSTONES:
-                    self._ended.popitem(last=False)
+            # every end leaves a tombstone: a pick of the request heard later is stale, whether it
+            # was queued behind a broken link, resent with the owner's books before the owner heard
+            # of an end another picker saw, or read last from a connection the owner had replaced
+            self._ended[request_id] = None
+            if len(self._ended) > _TOMBSTONES:
+                self._ended.popitem(last=False)
         return True
+
+    def sync(self, records: Sequence[RequestRecord], to: Collection[str] | None = None) -> None:
+        """This picker's books whole, to the peers `to` (every one when None); the transport calls it
+        every SYNC_EVERY_S for the peers it reaches (a peer away gets the books on its reconnect)."""
+        entries = [[r.request_id, r.endpoint] for r in records if r.endpoint and r.owner is None]
+        for peer in self.peers:
+            if to is None or peer in to:
+                self.outbox.to(peer, ["sync", self.new_id(""), entries])
+
+    def _resync(self, owner: str, entries: list[list[str]]) -> None:
+        """An owner's books, whole: what this copy holds beyond them has ended there (its end was
+        lost); what it lacks is booked (unless its end was heard here first)."""
+        wanted = {request_id: address for request_id, address in entries if request_id not in self._ended}
+        book = self._books.setdefault(owner, {})
+        for request_id in [r for r in book if r not in wanted]:
+            self._add(book.pop(request_id), -1)
+            self.connections.ended(request_id)
+        for request_id, address in wanted.items():
+            previous = book.get(request_id)
+            if previous == address:
+                continue
+            orphaned = self._orphans.pop(request_id, None)
+            if orphaned is not None:
+                self._add(orphaned, -1)
+            if previous is not None:
+                self._add(previous, -1)
+            book[request_id] = address
+            self._add(address, 1)
 
     def _add(self, address: str, delta: int) -> None:
         endpoint = self._pool.get(address)

@@ -29,7 +29,7 @@ import msgpack
 
 from picker.config import canonical_address, format_address, parse_address
 from picker.peer_auth import challenge_of, proof
-from picker.peer_outbox import BOOKKEEPING, Event
+from picker.peer_outbox import BOOKKEEPING, SYNC_EVERY_S, Event
 from picker.peering import Peering
 from picker.pipeline import RequestPath
 
@@ -124,15 +124,26 @@ class PeerLinks:
         """Forever: a link to every peer, and discovery when configured (cancel to stop)."""
         for peer in self._peering.peers:
             self._open(peer)
+        syncing = asyncio.create_task(self._sync(), name="peer-books-sync")
         try:
             while self._service is not None:
                 await self.discover()
                 await asyncio.sleep(self._every_s)  # the discovery period, not a synchronisation
             await asyncio.Event().wait()  # static members: the links run until cancelled
         finally:
+            syncing.cancel()
             for task in self._links.values():
                 task.cancel()
             await asyncio.gather(*self._links.values(), return_exceptions=True)
+
+    async def _sync(self) -> None:
+        """Every SYNC_EVERY_S: this picker's books whole to every peer (a lost `end` is put right)."""
+        while True:
+            await asyncio.sleep(SYNC_EVERY_S)  # the sync period, not a synchronisation
+            try:
+                self._peering.sync(self._path.live_records(), to=set(self._open_links))
+            except Exception:
+                log.exception("peer books sync failed; the next one runs in %.0f s", SYNC_EVERY_S)
 
     async def discover(self) -> None:
         """Re-resolve the service; open links to new members, close those of gone ones."""

@@ -28,6 +28,7 @@ from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions, parse_metrics
 from loadtest.traffic import Result, stream_one
+from picker.peer_outbox import SYNC_EVERY_S
 from tests.envoy.test_picker_ha import until_healthy
 
 pytestmark = pytest.mark.envoy
@@ -66,10 +67,11 @@ async def closed_loop(url: str, load: Load) -> None:
                     "ignore_eos": True,
                     "stream": True,
                 }
-                for _ in range(3):  # the contract's retryable refusal is retried, as a client does
-                    result = await stream_one(client, url, body)
+                for _ in range(3):  # the contract's retryable refusal is retried, as a client does:
+                    result = await stream_one(client, url, body)  # after its Retry-After
                     if result.status == 503 and result.retry_after:
                         load.retried.append(result)
+                        await asyncio.sleep(min(float(result.retry_after), 2.0))  # the client's backoff
                         continue
                     break
                 load.results.append(result)
@@ -142,6 +144,17 @@ async def post(stack: Stack, index: int, path: str) -> dict[str, Any]:
 
 def arrivals_after(stack: Stack, replica: str, wall: float) -> list[dict[str, Any]]:
     return [r for r in stack.sim_requests(replica) if r["arrival"] > wall + IN_TRANSIT_S]
+
+
+def empty(status: dict[str, Any]) -> bool:
+    """No request in flight on any lane, no entry in any per-peer table."""
+    tables = status["peers"]["held"]
+    lanes = status["lanes"]
+    return (
+        all(lane["in_flight"] == lane["peer_in_flight"] == 0 for lane in lanes)
+        and tables["shadows"] == tables["orphans"] == tables["outbox"] == tables["connections"] == 0
+        and all(n == 0 for n in tables["books"].values())
+    )
 
 
 def make_stack(tmp_path: Path) -> Stack:
@@ -243,6 +256,17 @@ async def test_faults_in_turn_cut_nothing_misroute_nothing_and_leave_nothing(tmp
         await asyncio.wait_for(traffic, 60)
         late_on_drained = await asyncio.to_thread(arrivals_after, stack, drained, drain_wall)
         late_on_candidate = await asyncio.to_thread(arrivals_after, stack, candidate, rollback_wall)
+        # nothing left behind: at once, or at the latest after the owners' next sync of their books
+        # (a book entry whose end was lost is put right by it; SYNC_EVERY_S)
+        emptied = time.monotonic()
+        await asyncio.to_thread(
+            wait_until,
+            lambda: all(empty(status_of(stack, i)) for i in (0, 1)),
+            SYNC_EVERY_S + 3.0,
+            0.1,
+            "every per-peer table empty",
+        )
+        figures["tables_empty_after_s"] = round(time.monotonic() - emptied, 2)
         statuses = await asyncio.to_thread(lambda: [status_of(stack, i) for i in (0, 1)])
         pool_drains = http_client.get(
             f"http://127.0.0.1:{stack.metrics_port}/admin/drains?scope=pool", timeout=5

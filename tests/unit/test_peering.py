@@ -320,3 +320,37 @@ def test_an_orphan_ended_by_its_observer_is_not_booked_again_by_the_owners_resen
     b.peering.book(A, ["pick", request.request_id, request.picked[0]])  # A's books, resent
     deliver(a, b)
     assert a.path.live == 0 and peer_counts(b) == 0
+
+
+def test_a_pick_read_after_its_owners_end_is_stale() -> None:
+    """Found by the chaos test (a picker restarted under load): the owner's link flapped, and the
+    receiver read a pick left on the old connection after the owner's `end` on the new one. The end
+    left no tombstone (it came from the owner), so the late pick was booked for ever."""
+    a, b = Picker(A), Picker(B)
+    request = a.path.admit(REQUEST).payload
+    stale = a.peering.outbox.take(B)  # the pick, still in the old connection's buffer
+    b.peering.book(A, ["pick", request.request_id, request.picked[0]])  # the resent books
+    b.peering.book(A, ["end", request.request_id])  # it ended; the owner says so
+    for event in stale:  # the old connection's bytes, read last
+        b.peering.book(A, event)
+    assert peer_counts(b) == 0
+
+
+def test_the_owners_periodic_sync_drops_what_it_no_longer_runs() -> None:
+    """A book entry whose end never arrived (however it was lost) is counted until the owner's next
+    sync of its books, never for ever; the sync re-books what is missing, but never an ended one."""
+    a, b = Picker(A), Picker(B)
+    kept, lost = (a.path.admit(REQUEST).payload for _ in range(2))
+    deliver(a, b)
+    ghost = f"{A}~feedbeef"
+    b.peering.book(A, ["pick", ghost, E1])  # an entry whose end was lost
+    b.peering.book(A, ["end", lost.request_id])
+    b.peering.book(A, ["pick", lost.request_id, lost.picked[0]])  # a stale pick: tombstoned
+    assert peer_counts(b) == 2
+    a.path.finish(lost, EndReason.CLIENT_DISCONNECT)
+    a.peering.sync(a.path.live_records())  # what its transport does every few seconds
+    deliver(a, b)
+    assert peer_counts(b) == 1 and b.peering.held()["books"] == {A: 1}
+    a.path.finish(kept, EndReason.CLIENT_DISCONNECT)
+    deliver(a, b)
+    assert peer_counts(b) == 0
