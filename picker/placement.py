@@ -119,13 +119,7 @@ class Placement:
             cached = keys.cached_fraction(c) if keys is not None else 0.0
             ttft_s = tpot_s = latency_s = None
             if latency is not None:
-                ttft_s, tpot_s, ttft_x, tpot_x = latency.predict(
-                    c.address,
-                    c.pending_prefill + size * (1.0 - cached),
-                    _queued_ahead(c, current, load),
-                    _slots(c, current, load),
-                    current + 1.0,
-                )
+                ttft_s, tpot_s, ttft_x, tpot_x = _predict(latency, c, current, size * (1.0 - cached), load)
                 features.append((ttft_x, tpot_x))
                 latency_s = ttft_s + tpot_s * out_tokens
             affinities.append(
@@ -208,13 +202,7 @@ class Placement:
         for c in candidates:
             current = estimated_load(c)
             cached = keys.cached_fraction(c) if keys is not None else 0.0
-            ttft_s, tpot_s, _, _ = latency.predict(
-                c.address,
-                c.pending_prefill + size * (1.0 - cached),
-                _queued_ahead(c, current, load),
-                _slots(c, current, load),
-                current + 1.0,
-            )
+            ttft_s, tpot_s, _, _ = _predict(latency, c, current, size * (1.0 - cached), load)
             if slo.met_by(ttft_s, tpot_s):
                 return True
         return False
@@ -343,3 +331,17 @@ def _queued_ahead(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
 def _slots(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
     """The engine's batch slots: configured, learned, else at least what it runs now."""
     return float(policy.engine_slots or endpoint.learned_slots or max(1.0, load))
+
+
+def _predict(
+    latency: LatencyModel, endpoint: Endpoint, load: float, uncached: float, policy: LoadPolicy
+) -> tuple[float, float, tuple[float, float, float], tuple[float, float]]:
+    """(TTFT, TPOT, their features) the model predicts for one more request of `uncached` prompt
+    tokens on `endpoint`, which holds `load` requests now."""
+    return latency.predict(
+        endpoint.address,
+        endpoint.pending_prefill + uncached,
+        _queued_ahead(endpoint, load, policy),
+        _slots(endpoint, load, policy),
+        load + 1.0,
+    )
