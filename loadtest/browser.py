@@ -52,20 +52,23 @@ class Browser:
         self._session: aiohttp.ClientSession | None = None
         self._socket: aiohttp.ClientWebSocketResponse | None = None
         self._ids = itertools.count(1)
-        self._profile: tempfile.TemporaryDirectory[str] | None = None
 
     async def __aenter__(self) -> Browser:
         binary = chromium_binary()
         if binary is None:
             raise RuntimeError("no Chromium installed")
         port = free_port()
-        self._profile = tempfile.TemporaryDirectory(prefix="chromium-profile-")
+        # its profile in the caller's working directory, left there: Chromium's helper processes
+        # may still write into it a moment after the browser's own PID has been stopped, so
+        # removing it at once failed now and then ("Directory not empty") in a clean-clone CI run
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=self.workdir)  # a fresh one each time
         argv = [
             binary,
             *FLAGS,
             f"--remote-debugging-port={port}",
             "--remote-debugging-address=127.0.0.1",
-            f"--user-data-dir={self._profile.name}",
+            f"--user-data-dir={profile}",
             f"--window-size={self.size[0]},{self.size[1]}",
             "about:blank",
         ]
@@ -104,8 +107,6 @@ class Browser:
             await self._session.close()
         if self._proc is not None:
             self._proc.stop()
-        if self._profile is not None:
-            self._profile.cleanup()
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         """One DevTools command; its result (events in between are skipped)."""
