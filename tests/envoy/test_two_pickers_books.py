@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from loadtest import http_client
+from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions, parse_metrics
 from loadtest.traffic import completion_body, stream_one
 from tests.envoy.test_picker_ha import client, until_healthy
@@ -82,7 +83,18 @@ async def test_the_pickers_books_are_what_the_replicas_run(tmp_path: Path, peers
     try:
         during, connections, results = await run_streams(stack)
         assert all(r.status == 200 and r.done for r in results)  # type: ignore[attr-defined]
-        await asyncio.to_thread(stack.wait_no_leaks)
+        # every picker's requests ended (not only the first's: the other's last end may come a few
+        # ms after the client saw its stream's end, reported by the first picker's observer)
+        await asyncio.to_thread(
+            wait_until,
+            lambda: all(
+                picker_metrics(metrics).get(("picker_in_flight", ()), 0.0) == 0
+                for _, _, metrics in stack.picker_ports
+            ),
+            10,
+            0.02,
+            "every picker's in-flight to reach 0",
+        )
         figures = {
             "books_vs_running": during,
             "completed": ends(stack, "completed"),
