@@ -321,16 +321,9 @@ class Peering:
             self._add(orphaned, -1)
         book = self._books.setdefault(owner, {})  # a peer not discovered yet still counts
         if kind != "end" and request_id in self._ended:
-            # its end came first, by another picker's channel: every pick of it is stale, and after
-            # a broken link it may come twice (the resent books, then what was queued meanwhile),
-            # so the tombstone stays (the oldest go beyond _TOMBSTONES)
-            return True
+            return True  # a pick of a request whose end was heard: stale (the tombstone stays)
         if kind in ("pick", "move"):
-            previous = book.get(request_id)
-            if previous is not None:
-                self._add(previous, -1)
-            book[request_id] = event[2]
-            self._add(event[2], 1)
+            self._place(book, request_id, event[2])
             if kind == "move":
                 self.connections.moved(request_id, event[2])
             elif len(event) > 3 and isinstance(event[3], str):
@@ -365,16 +358,20 @@ class Peering:
             self._add(book.pop(request_id), -1)
             self.connections.ended(request_id)
         for request_id, address in wanted.items():
-            previous = book.get(request_id)
-            if previous == address:
+            if book.get(request_id) == address:
                 continue
             orphaned = self._orphans.pop(request_id, None)
             if orphaned is not None:
                 self._add(orphaned, -1)
-            if previous is not None:
-                self._add(previous, -1)
-            book[request_id] = address
-            self._add(address, 1)
+            self._place(book, request_id, address)
+
+    def _place(self, book: dict[str, str], request_id: str, address: str) -> None:
+        """A peer's request is on `address` now (booked anew, or moved from where it was)."""
+        previous = book.get(request_id)
+        if previous is not None:
+            self._add(previous, -1)
+        book[request_id] = address
+        self._add(address, 1)
 
     def _add(self, address: str, delta: int) -> None:
         endpoint = self._pool.get(address)

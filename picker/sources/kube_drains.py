@@ -48,6 +48,9 @@ class Record:
     addresses: frozenset[str] = frozenset()
     pinned: frozenset[tuple[str, str]] = frozenset()  # (address, pod uid)
 
+    def __len__(self) -> int:
+        return len(self.addresses) + len(self.pinned)
+
     @property
     def drained(self) -> frozenset[str]:
         """Every address the record drains, whichever instance."""
@@ -133,7 +136,7 @@ class DrainRecord:
         return self.current.drained
 
     def __len__(self) -> int:
-        return len(self.current.addresses) + len(self.current.pinned)
+        return len(self.current)
 
     def replace(self, objects: Iterable[Mapping[str, Any]]) -> list[str]:
         found = list(objects)
@@ -263,7 +266,7 @@ class ConfigMapDrains:
                 if check is not None:
                     check(record.drained)  # judged on the record this write replaces, or not at all
                 await self._api.write(wanted, version)
-                log.info("drain record written: %d drain(s)", len(wanted.addresses) + len(wanted.pinned))
+                log.info("drain record written: %d drain(s)", len(wanted))
                 return
             except WriteConflict:
                 continue  # another replica wrote in between: read again

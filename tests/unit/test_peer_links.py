@@ -44,6 +44,12 @@ class Side:
         self.name = f"127.0.0.1:{port}"
         return self.name
 
+    def accept(self, members: list[str]) -> None:
+        """Take links from these members (they are its peers) without opening any of its own."""
+        assert self.service is not None
+        self.probe = Peering(self.name, members, self.pool)
+        self.service._peering = self.probe
+
     def join(self, members: list[str], resolver: object | None = None) -> PeerLinks:
         self.peering = Peering(self.name, members, self.pool)
         self.path = RequestPath(
@@ -163,9 +169,14 @@ async def test_linked_means_both_ways_and_a_missing_peer_only_delays_readiness(s
     peer's link here (its books in). One way is not enough; a peer that never comes is a timeout."""
     a, b = sides
     members = [await a.listen(), await b.listen()]
+    b.accept(members)  # B knows A as a peer (else it refuses A's link) but links nowhere yet
     a.join(members)
     assert a.peering is not None
-    await async_wait_until(lambda: b.name in a.peering.connected, 5, what="A's link to B")  # type: ignore[union-attr]
+    await async_wait_until(
+        lambda: b.name in a.peering.connected and linked_from(b, a),  # type: ignore[union-attr]
+        5,
+        what="A's link to B",
+    )
     assert not a.peering.linked()  # B has not linked back: A has not got B's books
     b.join(members)
     assert await wait_linked(a.peering, 5)
