@@ -89,11 +89,16 @@ class ResponseSide:
             return shadow
         if record.observed:  # the routing stream sees the bodies itself: one tracker per response
             return None
+        self._observed(record)
+        return record
+
+    def _observed(self, record: RequestRecord) -> None:
+        """An observer stream joined it (here, or on another picker): that observer reports its end,
+        not the engine's gauges it may have been handed to meanwhile."""
         record.observed = True
-        if record.engine_tracked:  # handed to the engine's gauges meanwhile: its observer reports
+        if record.engine_tracked:
             record.engine_tracked = False
             self._engine_tracked -= 1
-        return record
 
     def body_chunk(self, record: RequestRecord, chunk: bytes) -> None:
         """One response body chunk went past (hot path: once per token chunk of every stream)."""
@@ -329,7 +334,7 @@ class ResponseSide:
             self.peering.applied += 1
         match kind:
             case "claim":
-                record.observed = True  # an observer stream joined it, on another picker
+                self._observed(record)  # an observer stream joined it, on another picker
                 record.observed_by = sender
             case "started":
                 self.response_started(record, int(event[2]), event[3] or None, event[4])

@@ -354,3 +354,18 @@ def test_the_owners_periodic_sync_drops_what_it_no_longer_runs() -> None:
     a.path.finish(kept, EndReason.CLIENT_DISCONNECT)
     deliver(a, b)
     assert peer_counts(b) == 0
+
+
+def test_a_peers_claim_takes_a_request_back_from_the_engines_gauges() -> None:
+    """A clean-clone CI run: with two pickers, a routing stream closed before the other picker's
+    claim came, on a connection whose observer streams had all gone to that picker; the request was
+    handed to the engine's gauges, which ended it `unobserved` before its observer's report came.
+    A claim now takes it back, as a local observer stream does."""
+    a, b = Picker(A), Picker(B)
+    record = a.path.admit(REQUEST).payload
+    a.path.hand_to_engine(record)
+    assert record.engine_tracked
+    deliver(a, b)
+    assert b.path.attach_observer(record.request_id) is not None
+    deliver(a, b)
+    assert record.observed and not record.engine_tracked
