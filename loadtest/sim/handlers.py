@@ -33,6 +33,7 @@ from loadtest.sim.openai_format import (
     check_length,
     parse_request,
 )
+from loadtest.sim.prefix import next_token
 from loadtest.sim.requestlog import Outcome, RequestRecord
 from loadtest.sim.state import ReplicaState, log
 from loadtest.sim.timing import parse_overrides, plan_tokens
@@ -172,6 +173,19 @@ async def _validate(
     return Call(parsed, plan, fault, arrival, prefix + secrets.token_hex(16), int(time.time()))
 
 
+def _id_frame(
+    encoder: StreamEncoder, context: list[int], count: int, finish_reason: str | None, first: bool
+) -> bytes:
+    """The next `count` greedy tokens (appended to `context`) as a chunk carrying their ids; the
+    first completions chunk carries the prompt's ids too."""
+    prompt = list(context) if first and encoder.endpoint is Endpoint.COMPLETIONS else None
+    ids: list[int] = []
+    for _ in range(count):
+        ids.append(next_token(context))
+        context.append(ids[-1])
+    return encoder.ids(ids, finish_reason, prompt)
+
+
 def _status_error(status: int) -> ApiError:
     """vLLM-style bodies for an injected status."""
     if status == 503:
@@ -241,6 +255,7 @@ async def _generate(
     total, per_chunk = plan.output_tokens, state.config.latency.tokens_per_chunk
     write = response.write if response is not None else None
     sent, previous = 0, t_first
+    context = list(flight.token_ids) if call.parsed.return_token_ids else None
     while sent < total:
         if fault_at is not None and sent >= fault_at:
             return Stop.FAULT
@@ -262,11 +277,16 @@ async def _generate(
             stats.itl.observe((now - previous) / count, count)
         previous = now
         if write is not None and encoder is not None:
-            frame = (
-                encoder.last(count, plan.finish_reason) if sent + count == total else encoder.tokens(count)
-            )
+            if context is not None:  # return_token_ids: greedy ids, the text theirs
+                finish = plan.finish_reason if sent + count == total else None
+                frame = _id_frame(encoder, context, count, finish, sent == 0)
+            elif sent + count == total:
+                frame = encoder.last(count, plan.finish_reason)
+            else:
+                frame = encoder.tokens(count)
             if sent == 0 and call.parsed.endpoint is Endpoint.CHAT:
-                frame = encoder.role() + frame
+                role = encoder.role() if context is None else encoder.role_with_ids(list(flight.token_ids))
+                frame = role + frame
             await write(frame)
         sent += count
         engine.add_tokens(flight, count)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtest.sim.config import CapacityConfig
-from loadtest.sim.prefix import chat_tokens, completion_tokens
+from loadtest.sim.prefix import chat_tokens, completion_tokens, token_text
 
 TOKEN_TEXT = " tok"  # the synthetic text of one generated token
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -84,6 +84,7 @@ class ParsedRequest:
     token_ids: tuple[int, ...] = ()  # the prompt as the simulator's tokenizer reads it
     cache_salt: str | None = None  # vLLM's per-request prefix-cache isolation key
     lora: str | None = None  # the LoRA adapter the request names as its model
+    return_token_ids: bool = False  # vLLM >= 0.10.2: prompt and generated token ids in the response
 
 
 def _checked_salt(data: dict[str, Any]) -> str | None:
@@ -149,6 +150,11 @@ def parse_request(
         token_ids = chat_tokens(data["messages"], data.get("tools"))
         prompt_tokens = len(token_ids)
     salt = _checked_salt(data)
+    return_token_ids = data.get("return_token_ids", False)
+    if return_token_ids is None:
+        return_token_ids = False
+    if not isinstance(return_token_ids, bool):
+        raise invalid_body("return_token_ids: Input should be a valid boolean", "return_token_ids")
     if model is not None and model != served_model and model not in adapters:
         names = ", ".join((served_model, *adapters))
         raise ApiError(
@@ -169,6 +175,7 @@ def parse_request(
         token_ids=tuple(token_ids),
         cache_salt=salt,
         lora=lora,
+        return_token_ids=return_token_ids,
     )
 
 
@@ -263,6 +270,28 @@ class StreamEncoder:
         text = (TOKEN_TEXT * count).encode()
         return self._head + text + self._final_pre + finish_reason.encode() + self._final_post
 
+    def ids(self, ids: list[int], finish_reason: str | None, prompt_ids: list[int] | None = None) -> bytes:
+        """A content chunk with its token ids, as vLLM 0.32 writes it under `return_token_ids` (the
+        text is the tokens' own, prefix.token_text). Completions carry `prompt_token_ids` in the first
+        chunk's choice; chat carries them at the top level of its role chunk (`role_with_ids`)."""
+        text = json.dumps("".join(token_text(t) for t in ids))[1:-1].encode()
+        finish = b"null" if finish_reason is None else b'"' + finish_reason.encode() + b'"'
+        token_ids = b',"token_ids":' + _compact(ids) + b"}]}\n\n"
+        if self.endpoint is Endpoint.COMPLETIONS:
+            prompt = b"null" if prompt_ids is None else _compact(prompt_ids)
+            meta = b'","logprobs":null,"finish_reason":' + finish + b',"stop_reason":null,"prompt_token_ids":'
+            return self._head + text + meta + prompt + token_ids
+        stop = b',"stop_reason":null' if finish_reason is not None else b""
+        return self._head + text + b'"},"logprobs":null,"finish_reason":' + finish + stop + token_ids
+
+    def role_with_ids(self, prompt_ids: list[int]) -> bytes:
+        """Chat's first chunk under `return_token_ids`: the prompt's ids at the top level."""
+        ids = json.dumps(prompt_ids, separators=(",", ":"))
+        return (
+            f'data: {{{self._meta},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
+            f'"logprobs":null,"finish_reason":null}}],"prompt_token_ids":{ids},"prompt_text":null}}\n\n'
+        ).encode()
+
     def role(self) -> bytes:
         """Chat's first chunk, sent with the first token."""
         return (
@@ -277,6 +306,10 @@ class StreamEncoder:
             f'data: {{{self._meta},"choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
             f'"total_tokens":{total},"completion_tokens":{completion_tokens}{details}}}}}\n\n'
         ).encode()
+
+
+def _compact(ids: list[int]) -> bytes:
+    return json.dumps(ids, separators=(",", ":")).encode()
 
 
 def completion_body(

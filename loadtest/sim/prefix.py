@@ -31,6 +31,19 @@ def text_tokens(text: str) -> list[int]:
     return [100 + zlib.crc32(text[i : i + 4].encode()) % _VOCAB for i in range(0, len(text), 4)] or [100]
 
 
+def next_token(context: Sequence[int]) -> int:
+    """Greedy decoding, simulated: the next token is a function of the last 8 tokens of the context
+    (prompt and generated so far), so a generation continued from its prompt plus its first k tokens
+    yields exactly the tokens the uncut one did, as vLLM's greedy decoding does."""
+    tail = context[-8:]
+    return 100 + zlib.crc32(b"".join((t & 0xFFFFFFFF).to_bytes(4, "little") for t in tail)) % _VOCAB
+
+
+def token_text(token: int) -> str:
+    """The text of one generated token, when its id is returned (`return_token_ids`)."""
+    return f" t{token}"
+
+
 def completion_tokens(prompt: Any) -> list[int]:
     """A completions prompt (text, or token ids, or a one-element list of either) as token ids."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
