@@ -445,6 +445,13 @@ class StreamsConfig(_Group):
     # observer reports ("observer", or "auto" on a gRPC connection an observer stream came on), the
     # routing stream ends at its answer: response headers never wait for the picker.
     response_end: Literal["auto", "observer", "access-log", "engine"] = "auto"
+    # picker proxy (docs, "Streams that survive their replica"): a stream cut after its first token
+    # is continued on another replica from its token ids. off: only requests that ask
+    # (x-picker-resume: on); greedy: every greedy request; always: sampled ones too
+    resume: Literal["off", "greedy", "always"] = Field(
+        "off", description="continue a cut stream on another replica (picker proxy)"
+    )
+    resume_max: int = Field(2, ge=1, le=10, description="resumes of one stream, at most")
 
 
 class ShutdownConfig(_Group):

@@ -42,6 +42,9 @@ OBJECTIVE: Final = "x-gateway-inference-objective"
 CLIENT_HINTS: Final = (FAIRNESS_ID, PRIORITY)
 # Per-request latency objectives, in milliseconds (the reference picker's spellings; read with
 # affinity.latency on): route to a replica predicted to meet them, or shed a sheddable request.
+# picker proxy, streams.resume: `on` asks for a stream to be continued on another replica if its
+# own is cut, `off` refuses it (picker/streams/resume.py); never sent upstream
+RESUME: Final = "x-picker-resume"
 SLO_TTFT: Final = ("x-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
 SLO_TPOT: Final = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
 

@@ -1,6 +1,9 @@
 """The request path both frontends share: view -> admit -> pick -> track -> release.
 
 Frontends translate their wire format into these calls; nothing here knows about gRPC or HTTP.
+Over 400 lines: admission, the pick, a resumed stream's new pick and the engine-gauge settling all
+read and write RequestPath's one set of books (the live records, the queue, the pool's leases); the
+package-per-part split (issue 44) takes them apart with that state.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from picker.inference import InferenceRequest
 from picker.objectives import Objectives
 from picker.peering import Peering
 from picker.placement import Placement
-from picker.pool import EndpointState, Pool
+from picker.pool import Endpoint, EndpointState, Pool
 from picker.pool.sessions import Sessions
 from picker.rollout import Canary, canary_side
 from picker.scheduling import LoadPolicy, pick, without_metrics
@@ -338,9 +341,8 @@ class RequestPath(ResponseSide):
                 shown = endpoint.load.departures_after + len(ended)
                 endpoint.load = replace(endpoint.load, departures_after=shown)
 
-    def _try_dispatch(self, record: RequestRecord) -> bool:
-        started = self._clock()
-        started_ns = time.time_ns() if record.trace is not None else 0
+    def _candidates(self, record: RequestRecord) -> list[Endpoint]:
+        """The READY endpoints this request may go to (its subset hint, its model, its canary side)."""
         candidates = self._pool.ready()
         if record.allowed is not None:
             candidates = [endpoint for endpoint in candidates if endpoint.address in record.allowed]
@@ -351,6 +353,45 @@ class RequestPath(ResponseSide):
             bound = self.placement.bound_endpoint(record) if record.group is None else None
             home = self._pool.get(bound) if bound is not None else None
             record.group, candidates = canary_side(self.canary, record.group, home, candidates)
+        return candidates
+
+    def resume(self, record: RequestRecord, failed: str, why: str) -> str | None:
+        """A stream cut after its commit point is to be continued (picker/streams/resume.py): the
+        READY replica to continue it on (never a draining one, nor one it was cut on; the one
+        holding its prefix first), its slot moved there; None when there is none."""
+        record.cut_on = (*record.cut_on, failed)
+        tried = {*record.cut_on, *record.resumed_on}  # never back to a replica that cut it
+        candidates = [e for e in self._candidates(record) if e.address not in tried]
+        if not candidates:
+            self._metrics.count_resume("no-replica")
+            return None
+        suspects = self._pool.health.suspects() | {failed}
+        choice = self.placement.choose(
+            record, candidates, 1, self._rng, self._clock(), self._policy, suspects
+        )
+        found = choice.destinations if choice is not None and choice.destinations else None
+        target = (found or pick(candidates, 1, self._rng, self._clock(), self._policy, suspects) or [None])[0]
+        if target is None:
+            self._metrics.count_resume("no-replica")
+            return None
+        record.resumed_on = (*record.resumed_on, target)
+        record.served = target
+        if record.lease is not None:
+            record.lease.move(target)
+        self.placement.dispatched(record, target)
+        if self.peering is not None:
+            self.peering.placed(record, target, moved=True)
+        self._metrics.count_resume(why)
+        return target
+
+    def resume_refused(self, reason: str) -> None:
+        """A cut stream was not continued after all (the limit, or the continuation failed)."""
+        self._metrics.count_resume(reason)
+
+    def _try_dispatch(self, record: RequestRecord) -> bool:
+        started = self._clock()
+        started_ns = time.time_ns() if record.trace is not None else 0
+        candidates = self._candidates(record)
         count = 1 + (self._fallback_count if record.fallbacks else 0)
         policy = self._policy
         if without_metrics(candidates, policy):

@@ -407,6 +407,13 @@ class Metrics:
             "Picks made by in-flight counts because no endpoint had load data (every scrape failed)",
             registry=r,
         )
+        self._stream_resumes = Counter(
+            "picker_stream_resumes",
+            "Streams cut after their first token and continued on another replica (picker proxy, "
+            "streams.resume), by why; no-replica / not-resumable / failed: cut after all",
+            ["reason"],
+            registry=r,
+        )
         self._fallback_served = Counter(
             "picker_fallback_served",
             "Requests Envoy served from a listed fallback, not the primary",
@@ -659,6 +666,9 @@ class Metrics:
 
     def count_scrape_failure(self, endpoint: str, kind: str) -> None:
         self._scrape_failures.labels(bounded_label(endpoint), bounded_label(kind)).inc()
+
+    def count_resume(self, reason: str) -> None:
+        self._stream_resumes.labels(bounded_label(reason)).inc()
 
     def count_fallback_served(self) -> None:
         self._fallback_served.inc()

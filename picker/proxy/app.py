@@ -22,6 +22,7 @@ from picker.proxy.h2c import H2Protocol, ProtocolSniffer
 from picker.proxy.server import ProxyFrontend
 from picker.proxy.upstream import Upstream
 from picker.shutdown import Shutdown, ShutdownSummary
+from picker.streams.resume import ResumeMode
 from picker.wiring import build_core, run_until_signalled, spawn_owned
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class ProxyApp:
             test_hooks=requests.enable_test_hooks,
             session_header=config.affinity.session_header,
             slo_headers=config.affinity.latency,
+            resume=ResumeMode(config.streams.resume),
+            resume_max=config.streams.resume_max,
         )
         self.ready = False
         self._stopping = False  # once shutdown starts, readiness only goes down

@@ -22,8 +22,10 @@ from picker.pipeline import RequestPath, Routed
 from picker.pool import Pool
 from picker.proxy import translate
 from picker.proxy.downstream import Downstream, Http1Downstream
+from picker.proxy.resuming import open_continuation, prepared, read_ask
 from picker.proxy.upstream import UPSTREAM_READ_ERRORS, Opened, Upstream, UpstreamUnavailable
-from picker.streams import EndReason
+from picker.streams import EndReason, RequestRecord
+from picker.streams.resume import ResumeMode, Splice, Why
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +41,17 @@ class _UpstreamCut(Exception):
 class Exchange:
     """One routed request on its way through: its upstream response and the client's."""
 
-    __slots__ = ("_cut", "_task", "body", "routed")
+    __slots__ = ("_cut", "_task", "body", "outgoing", "routed", "splice")
 
-    def __init__(self, routed: Routed, body: bytes, task: asyncio.Task[object] | None) -> None:
+    def __init__(
+        self, routed: Routed, body: bytes, task: asyncio.Task[object] | None, splice: Splice | None = None
+    ) -> None:
         self.routed = routed
         self.body = body  # kept for retries until the first response byte, then dropped
         self._task = task
         self._cut: Reply | None = None
+        self.splice = splice  # streams.resume: the stream may continue on another replica if cut
+        self.outgoing: list[tuple[str, str]] = []  # the headers sent upstream (a resume sends them again)
 
     def cut(self, reply: Reply) -> None:
         """The drain deadline: end this exchange with `reply` (a stream gets it as an error event)."""
@@ -74,6 +80,8 @@ class ProxyFrontend:
         test_hooks: bool = False,
         session_header: str | None = None,
         slo_headers: bool = False,
+        resume: ResumeMode = ResumeMode.OFF,
+        resume_max: int = 2,
     ) -> None:
         self.path = path
         self._hint_rules = HintRules(max_hint_bytes, test_hooks, session_header, slo_headers)
@@ -82,6 +90,7 @@ class ProxyFrontend:
         self._upstream = upstream
         self._max_body_bytes = max_body_bytes
         self._max_model_bytes = max_model_bytes
+        self._resume, self._resume_max = resume, resume_max
         self._exchanges: set[Exchange] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -121,6 +130,14 @@ class ProxyFrontend:
         if isinstance(hints, Reply):
             await down.reply(self.path.reject(hints))
             return
+        splice = None
+        asked = down.header(headers.RESUME)
+        if self._resume is not ResumeMode.OFF or asked is not None:
+            ask = read_ask(asked)
+            if isinstance(ask, Reply):
+                await down.reply(self.path.reject(ask))
+                return
+            body, splice, _ = prepared(self._resume, ask, parsed.path, body)
         tokens = await self.path.tokens(parsed) if self.path.wants_tokens(parsed) else None
         ticket = self.path.admit(
             parsed,
@@ -142,7 +159,7 @@ class ProxyFrontend:
         if isinstance(decision, Reply):
             await down.reply(decision)
             return
-        exchange = Exchange(decision, body, asyncio.current_task())
+        exchange = Exchange(decision, body, asyncio.current_task(), splice)
         del body
         self._exchanges.add(exchange)
         self._idle.clear()
@@ -177,6 +194,7 @@ class ProxyFrontend:
         record = exchange.routed.record
         path = self.path
         outgoing = translate.upstream_headers(down.header_items(), record.request_id, exchange.routed.headers)
+        exchange.outgoing = outgoing
         try:
             opened = await self._upstream.open(
                 exchange.routed.destinations, down.method, down.target, outgoing, exchange.body
@@ -209,6 +227,7 @@ class ProxyFrontend:
         streaming = translate.is_event_stream(upstream.headers)
         path.response_started(record, upstream.status, opened.served, streaming)
         path.upstream_retried(record, opened.attempts - 1)  # counted against who served, as Envoy's log
+        splice = exchange.splice if streaming and upstream.status == 200 else None
         tail = b""
         try:
             response_headers = translate.downstream_headers(
@@ -217,22 +236,10 @@ class ProxyFrontend:
             if self._test_hooks:
                 response_headers.append((headers.TEST_SERVED_ENDPOINT, opened.served))
             await down.start(upstream.status, response_headers)
-            if opened.head is not None:  # read while deciding whether to try the next endpoint
-                path.body_chunk(record, opened.head)
-                tail = opened.head
-                await down.write(opened.head)
-            if not opened.complete:
-                reader = upstream.content
-                while True:
-                    try:
-                        chunk = await reader.readany()
-                    except UPSTREAM_READ_ERRORS as exc:
-                        raise _UpstreamCut(type(exc).__name__) from exc
-                    if not chunk:
-                        break
-                    path.body_chunk(record, chunk)
-                    tail = chunk
-                    await down.write(chunk)  # back-pressure: waits while the client's buffer is full
+            if splice is None:
+                tail = await self._pass_through(down, record, opened)
+            else:
+                tail = await self._spliced(down, exchange, splice, opened)
             await down.finish()
         except asyncio.CancelledError:
             cut = exchange.take_cut()
@@ -251,6 +258,86 @@ class ProxyFrontend:
             path.response_ended(record, False, EndReason.CLIENT_DISCONNECT)
             return
         path.response_ended(record, True, EndReason.COMPLETED)
+
+    async def _pass_through(self, down: Downstream, record: RequestRecord, opened: Opened) -> bytes:
+        """The response's bytes as they come (the common case); returns the last chunk written."""
+        tail = b""
+        if opened.head is not None:  # read while deciding whether to try the next endpoint
+            self.path.body_chunk(record, opened.head)
+            tail = opened.head
+            await down.write(opened.head)
+        if not opened.complete:
+            reader = opened.response.content
+            while True:
+                try:
+                    chunk = await reader.readany()
+                except UPSTREAM_READ_ERRORS as exc:
+                    raise _UpstreamCut(type(exc).__name__) from exc
+                if not chunk:
+                    break
+                self.path.body_chunk(record, chunk)
+                tail = chunk
+                await down.write(chunk)  # back-pressure: waits while the client's buffer is full
+        return tail
+
+    async def _spliced(self, down: Downstream, exchange: Exchange, splice: Splice, opened: Opened) -> bytes:
+        """A resumable stream: whole events rewritten into the client's stream; a cut part continued
+        on the replica the core names (picker/streams/resume.py), until the stream is complete."""
+        record, path = exchange.routed.record, self.path
+        current, outgoing = opened, exchange.outgoing
+        try:
+            while True:
+                why = await self._part(down, record, splice, current)
+                if why is None:
+                    return b""
+                current.response.close()  # vLLM aborts what it still had of this part
+                local = splice.finish_locally()
+                if local is not None:  # the generation had finished: only its end was lost
+                    path.body_chunk(record, local)
+                    await down.write(local)
+                    return b""
+                continued = None
+                if splice.resumes >= self._resume_max:
+                    path.resume_refused("limit")
+                elif (target := path.resume(record, current.served, why.value)) is not None:
+                    continued = await open_continuation(self._upstream, splice, target, outgoing)
+                    if continued is None:
+                        path.resume_refused("failed")
+                if continued is None:
+                    if splice.error_frame:
+                        path.body_chunk(record, splice.error_frame)  # the engine's word on it stands
+                        await down.write(splice.error_frame)
+                        return b""
+                    raise _UpstreamCut(f"{why.value}, not resumed")
+                log.info("request_id=%s resumed on %s (%s)", record.request_id, continued.served, why.value)
+                current = continued
+        finally:
+            current.response.close()
+
+    async def _part(
+        self, down: Downstream, record: RequestRecord, splice: Splice, opened: Opened
+    ) -> Why | None:
+        """One replica's part of a resumable stream; why it was cut (None: the stream is complete)."""
+        reader = opened.response.content
+        pending = [opened.head] if opened.head is not None else []
+        while True:
+            if pending:
+                chunk = pending.pop()
+            else:
+                try:
+                    chunk = await reader.readany()
+                except UPSTREAM_READ_ERRORS:
+                    return Why.RESET
+            if not chunk:
+                return None if splice.done else Why.SHORT
+            out = splice.feed(chunk)
+            if out:
+                self.path.body_chunk(record, out)
+                await down.write(out)
+            if splice.error:
+                return Why.ERROR_EVENT
+            if splice.done:
+                return None
 
     async def _write_cut(self, down: Downstream, cut: Reply, streaming: bool, tail: bytes) -> None:
         """The drain deadline reached a started exchange: close it as the protocol allows."""

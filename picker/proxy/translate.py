@@ -14,7 +14,9 @@ from picker.contract import Reply
 
 # What a draining vLLM answers a new request with (HTTP 500): safe to send elsewhere, nothing ran.
 _DRAINING_MARKER = b"cannot schedule new futures after shutdown"
-_DROPPED_UPSTREAM = frozenset({*headers.HOP_BY_HOP, *headers.CLIENT_HINTS, headers.PICKER_REQUEST_ID})
+_DROPPED_UPSTREAM = frozenset(
+    {*headers.HOP_BY_HOP, *headers.CLIENT_HINTS, headers.PICKER_REQUEST_ID, headers.RESUME}
+)
 _SSE = "text/event-stream"
 
 

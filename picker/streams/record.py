@@ -110,6 +110,9 @@ class RequestRecord:
     ttft_x: tuple[float, ...] | None = None
     tpot_x: tuple[float, ...] | None = None
     predicted_ttft: float | None = None
+    # streams.resume (picker proxy): the replicas its stream was continued on, after cuts
+    resumed_on: tuple[str, ...] = ()
+    cut_on: tuple[str, ...] = ()  # ... and the replicas it was cut on
 
     @property
     def ended(self) -> bool:

@@ -1,0 +1,244 @@
+"""Streams that survive their replica (issue 42): `picker proxy` continues a cut stream elsewhere.
+
+Three simulated replicas, each in its own process (so one can be SIGKILLed), greedy tokens under
+`return_token_ids` (the simulator's tokens are a function of their context, as greedy decoding's
+are). A stream whose replica dies after its first token completes through another replica with the
+text, token ids, finish_reason and usage of an uncut run of the same request; the client sees one
+well-formed stream. What cannot be continued exactly is not, and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from loadtest.procs import Proc
+from loadtest.proxy_stack import ProxyStack
+from loadtest.stack import StackOptions
+
+MODEL = "tiny-llama"
+COMPLETION = {
+    "model": MODEL, "prompt": "Tell me a long story about resumes.", "max_tokens": 200, "temperature": 0,
+    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+}  # fmt: skip
+CHAT = {
+    "model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 120,
+    "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+}  # fmt: skip
+
+
+def stack_options(resume: str = "greedy") -> StackOptions:
+    return StackOptions(
+        replicas=3,
+        sim_args=("--ttft-ms", "5", "--itl-ms", "8"),
+        replica_args=((), (), ()),
+        picker_env={"PICKER_STREAMS__RESUME": resume},
+    )
+
+
+@pytest.fixture
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyStack]:
+    started = ProxyStack(tmp_path_factory.mktemp("resume"), stack_options()).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def process_of(stack: ProxyStack, address: str) -> Proc:
+    processes = [stack.sims, *stack.more_sims]
+    proc = processes[stack.replicas.index(address)]
+    assert proc is not None
+    return proc
+
+
+class Stream:
+    """What a client read of one stream: its frames, and whether it ended well-formed."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+        self.done = 0
+        self.served = ""
+        self.status = 0
+        self.broken = False
+
+    @property
+    def text(self) -> str:
+        out = []
+        for frame in self.frames:
+            for choice in frame.get("choices") or []:
+                out.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+        return "".join(out)
+
+    @property
+    def tokens(self) -> int:
+        return sum(
+            1
+            for f in self.frames
+            for c in f.get("choices") or []
+            if c.get("text") or c.get("delta", {}).get("content")
+        )
+
+    @property
+    def finish(self) -> list[str]:
+        return [
+            c["finish_reason"] for f in self.frames for c in f.get("choices") or [] if c.get("finish_reason")
+        ]
+
+    @property
+    def usage(self) -> dict[str, Any] | None:
+        found = [f["usage"] for f in self.frames if f.get("usage")]
+        return found[-1] if found else None
+
+
+async def read_stream(
+    session: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any],
+    headers: dict[str, str] | None = None, at: int | None = None, event: asyncio.Event | None = None,
+    out: Stream | None = None,
+) -> Stream:  # fmt: skip
+    """One stream to its end; after `at` content frames, set `event` (the test's moment to strike)."""
+    out = out or Stream()
+    try:
+        async with session.post(url + path, json=body, headers=headers or {}) as response:
+            out.status, out.served = (
+                response.status,
+                response.headers.get("x-gateway-destination-endpoint-served", ""),
+            )
+            buffer = b""
+            async for chunk in response.content.iter_any():
+                buffer += chunk
+                while b"\n\n" in buffer:
+                    event_bytes, buffer = buffer.split(b"\n\n", 1)
+                    data = event_bytes.removeprefix(b"data: ")
+                    if data == b"[DONE]":
+                        out.done += 1
+                        continue
+                    out.frames.append(json.loads(data))
+                    if at is not None and event is not None and out.tokens >= at:
+                        event.set()
+            if buffer:
+                out.broken = True
+    except aiohttp.ClientPayloadError:
+        out.broken = True
+    return out
+
+
+async def resumes(stack: ProxyStack) -> dict[str, float]:
+    page = await asyncio.to_thread(stack.picker_metrics)
+    return {
+        dict(labels)["reason"]: v
+        for (name, labels), v in page.items()
+        if name == "picker_stream_resumes_total"
+    }
+
+
+CUTS = [
+    ("/v1/completions", COMPLETION, 50), ("/v1/completions", COMPLETION, 1),
+    ("/v1/completions", COMPLETION, 199), ("/v1/chat/completions", CHAT, 50),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "body", "cut_at"), CUTS)
+async def test_a_stream_whose_replica_is_killed_completes_elsewhere_token_for_token(
+    stack: ProxyStack, path: str, body: dict[str, Any], cut_at: int
+) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        uncut = await read_stream(session, stack.url, path, body)
+        assert uncut.status == 200 and uncut.done == 1 and not uncut.broken
+        strike, seen = asyncio.Event(), Stream()
+        task = asyncio.create_task(
+            read_stream(session, stack.url, path, body, at=cut_at, event=strike, out=seen)
+        )
+        await asyncio.wait_for(strike.wait(), 20)
+        process_of(stack, seen.served).signal(signal.SIGKILL)  # the stream breaks off mid-sentence
+        result = await asyncio.wait_for(task, 30)
+    assert result.status == 200 and not result.broken and result.done == 1
+    assert result.text == uncut.text and result.tokens == uncut.tokens
+    assert result.finish == uncut.finish == ["length"]
+    assert result.usage is not None and uncut.usage is not None
+    assert result.usage["completion_tokens"] == uncut.usage["completion_tokens"]
+    assert result.usage["prompt_tokens"] == uncut.usage["prompt_tokens"]
+    assert len({f["id"] for f in result.frames}) == 1 and len({f["created"] for f in result.frames}) == 1
+    assert all(
+        "token_ids" not in (c or {}) or c["token_ids"] is None for f in result.frames for c in f["choices"]
+    )
+    counted = await resumes(stack)
+    assert counted.get("upstream-reset", 0) + counted.get("upstream-truncated", 0) == 1, counted
+
+
+async def set_fault(replica: str, spec: dict[str, Any]) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://{replica}/sim/faults", json=spec) as response:
+            assert response.status == 200
+
+
+async def test_an_error_event_is_resumed_twice_then_the_limit_lets_the_engine_s_error_through(
+    stack: ProxyStack,
+) -> None:
+    """Every replica's next stream fails with vLLM's error event after 30 tokens: an 80-token answer
+    needs two resumes (the limit) and completes; a 200-token one is cut a third time and the client
+    gets the engine's error event, as it would have without resume."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        short = {**COMPLETION, "max_tokens": 80}
+        uncut = await read_stream(session, stack.url, "/v1/completions", short)
+        for replica in stack.replicas:
+            await set_fault(replica, {"error-after": 30, "count": 1})
+        result = await read_stream(session, stack.url, "/v1/completions", short)
+        assert result.text == uncut.text and result.done == 1 and result.usage == uncut.usage
+        assert (await resumes(stack)).get("upstream-error-event") == 2
+        for replica in stack.replicas:
+            await set_fault(replica, {"error-after": 30, "count": 1})
+        long = await read_stream(session, stack.url, "/v1/completions", COMPLETION)
+    assert long.tokens == 90 and long.done == 1 and "error" in long.frames[-1]
+    assert (await resumes(stack)).get("limit") == 1
+
+
+async def test_what_cannot_be_continued_exactly_is_cut_as_before(stack: ProxyStack) -> None:
+    """Sampling under `greedy`, or a request that refuses with its header: a killed replica's
+    stream reaches the client cut; a malformed header is a 400 with the contract's reason."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.post(
+            stack.url + "/v1/completions", json=COMPLETION, headers={"x-picker-resume": "maybe"}
+        ) as response:
+            assert response.status == 400 and response.headers["x-picker-dropped-reason"] == "bad-request"
+        for body, headers in (
+            ({**COMPLETION, "temperature": 0.8}, {}),
+            (COMPLETION, {"x-picker-resume": "off"}),
+        ):
+            strike, seen = asyncio.Event(), Stream()
+            task = asyncio.create_task(
+                read_stream(session, stack.url, "/v1/completions", body, headers, 20, strike, seen)
+            )
+            await asyncio.wait_for(strike.wait(), 20)
+            process_of(stack, seen.served).signal(signal.SIGKILL)
+            result = await asyncio.wait_for(task, 30)
+            assert result.broken and result.done == 0 and result.tokens < 200
+    assert await resumes(stack) == {}
+
+
+async def test_fifty_streams_lose_nothing_when_one_of_three_replicas_is_killed(stack: ProxyStack) -> None:
+    """50 concurrent greedy streams; one replica SIGKILLed while they run: every stream completes
+    with all its tokens (without resume, every stream on that replica would be cut)."""
+    body = {**COMPLETION, "max_tokens": 120}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        strike = asyncio.Event()
+        tasks = [
+            asyncio.create_task(read_stream(session, stack.url, "/v1/completions", body, at=40, event=strike))
+            for _ in range(50)
+        ]
+        await asyncio.wait_for(strike.wait(), 20)
+        victim = stack.replicas[0]
+        process_of(stack, victim).signal(signal.SIGKILL)
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    on_victim = sum(1 for r in results if r.served == victim)
+    assert on_victim > 0  # the kill cut streams
+    assert [r for r in results if r.broken or r.done != 1 or r.tokens != 120] == []
+    assert len({r.text for r in results}) == 1  # the same greedy answer, every one
+    counted = await resumes(stack)
+    assert counted.get("upstream-reset", 0) + counted.get("upstream-truncated", 0) == on_victim, counted
