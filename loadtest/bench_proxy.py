@@ -5,6 +5,7 @@ One run, side by side, every path in front of the same three replicas:
   envoy         Envoy alone, round robin (no picker)
   envoy+picker  Envoy + `picker serve` (ext_proc routing + observer), the shipped shape
   proxy         `picker proxy` (no Envoy)
+  proxy+resume  `picker proxy` with streams.resume=always: every stream's events rewritten (issue 42)
   vllm-router   the Rust router from PyPI, round robin (when its executable is found)
 Prints: TTFT p50/p99 and what each path adds at 1/16/64 concurrent streams; chunk lateness p50/p99
 at 200 concurrent 20 tokens/s streams with the path's CPU per chunk; 1-token request rate and CPU per
@@ -21,7 +22,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from loadtest.bench_picker import closed_loop_ttfts, start_baseline_envoy
@@ -148,13 +149,18 @@ async def main() -> None:
         envoy_stack = Stack(workdir, options)
         proxy_stack = ProxyStack(workdir, options)
         proxy_stack.replica_ports = envoy_stack.replica_ports  # the same simulators for every path
+        (workdir / "resume").mkdir()
+        resume_options = replace(options, picker_env={"PICKER_STREAMS__RESUME": "always"})
+        resume_stack = ProxyStack(workdir / "resume", resume_options)
+        resume_stack.replica_ports = envoy_stack.replica_ports
         procs: list[Proc] = []
         try:
             await asyncio.to_thread(envoy_stack.start)
             await asyncio.to_thread(proxy_stack.start_picker)
+            await asyncio.to_thread(resume_stack.start_picker)
             baseline, baseline_port = await asyncio.to_thread(start_baseline_envoy, envoy_stack, workdir)
             procs.append(baseline)
-            assert envoy_stack.envoy and envoy_stack.picker and proxy_stack.picker
+            assert envoy_stack.envoy and envoy_stack.picker and proxy_stack.picker and resume_stack.picker
             paths = [
                 Path_("direct", envoy_stack.replica_ports[0]),
                 Path_("envoy", baseline_port, [baseline.pid]),
@@ -162,6 +168,7 @@ async def main() -> None:
                     "envoy+picker", envoy_stack.listen_port, [envoy_stack.envoy.pid, envoy_stack.picker.pid]
                 ),
                 Path_("proxy", proxy_stack.listen_port, [proxy_stack.picker.pid]),
+                Path_("proxy+resume", resume_stack.listen_port, [resume_stack.picker.pid]),
             ]
             binary = None if args.no_router else router_binary()
             if binary is not None:
@@ -182,6 +189,7 @@ async def main() -> None:
             for proc in procs:
                 proc.stop()
             proxy_stack.picker and proxy_stack.picker.stop()
+            resume_stack.picker and resume_stack.picker.stop()
             envoy_stack.stop()
 
 

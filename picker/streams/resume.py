@@ -29,6 +29,7 @@ from picker.streams.sse import SSEParser
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 _DONE = b"data: [DONE]\n\n"
+_IDS = b'"token_ids":['
 _CHAT_ONLY = (
     "messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens", "response_format",
     "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
@@ -86,8 +87,11 @@ class Splice:
     _part: Part = field(default_factory=Part)
 
     def feed(self, chunk: bytes) -> bytes:
+        events = self._parser.feed(chunk)
+        if len(events) == 1 and not (self.error or self.done):  # the common chunk: one event
+            return self._event(events[0].data, events[0].event)
         out = bytearray()
-        for event in self._parser.feed(chunk):
+        for event in events:
             if self.error or self.done:
                 continue  # after an error event: the part is over, whatever follows
             out += self._event(event.data, event.event)
@@ -100,6 +104,10 @@ class Splice:
                 return b""
             self.done = True
             return _DONE
+        if self.resumes == 0 and self.meta is not None and not name:
+            quick = self._quick(data)
+            if quick is not None:
+                return quick
         try:
             frame = json.loads(data)
         except ValueError:
@@ -111,6 +119,25 @@ class Splice:
             self.error_frame = field_line + b"data: " + data + b"\n\n" + _DONE
             return b""
         return self._frame(frame)
+
+    def _quick(self, data: bytes) -> bytes | None:
+        """The common event, without a JSON round trip: a content chunk of the first part, not the
+        last, its ids the last field of its one choice (vLLM's layout). None: take the slow path."""
+        if not data.endswith(b"]}]}") or b'"finish_reason":null' not in data:
+            return None
+        at = data.rfind(_IDS)
+        if at < 0:
+            return None
+        try:
+            ids = [int(t) for t in data[at + len(_IDS) : -4].split(b",")]
+        except ValueError:
+            return None
+        self.sent.extend(ids)
+        if self.client_ids:
+            return b"data: " + data + b"\n\n"
+        if self.chat:
+            return b"data: " + data[: at - 1] + b"}]}\n\n"  # vLLM's chunk without return_token_ids
+        return b"data: " + data[:at] + b'"token_ids":null}]}\n\n'
 
     def _frame(self, frame: dict[str, Any]) -> bytes:
         part = self._part
