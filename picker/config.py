@@ -452,6 +452,11 @@ class StreamsConfig(_Group):
         "off", description="continue a cut stream on another replica (picker proxy)"
     )
     resume_max: int = Field(2, ge=1, le=10, description="resumes of one stream, at most")
+    # a drain need not wait for its longest answer: this long after a replica's drain began, its
+    # resumable streams continue on other replicas (picker proxy; none: they run to their end)
+    move_after_s: float | None = Field(
+        None, gt=0, description="move a draining replica's resumable streams after this long (picker proxy)"
+    )
 
 
 class ShutdownConfig(_Group):

@@ -6,7 +6,9 @@
 - POST /admin/endpoints/<addr>/drain     no new work for it until undrain (a preStop hook, an operator);
                                          refused (409) when the ready capacity left could not carry the
                                          live demand (the capacity guard), unless `?force=true`;
-                                         `?wait=S` waits up to S seconds for a replacement first
+                                         `?wait=S` waits up to S seconds for a replacement first;
+                                         `?move_streams=true` (picker proxy) continues its running
+                                         streams on other replicas at once (docs, "Streams that ...")
 - POST /admin/endpoints/<addr>/undrain   lift an admin drain
 - GET  /admin/rollout                    the canary: phase, weight, steps, gate readings, rollback
 - POST /admin/rollout/<verb>             promote | abort | resume | pause (same auth as drains)
@@ -31,12 +33,12 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from picker import status_page
+from picker.capacity_guard import CapacityGuard
 from picker.config import canonical_address
 from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
 from picker.rollout_runner import COMMANDS, RolloutRunner
-from picker.scheduling.capacity import Verdict, demand, drain_verdict, ready_capacity
 from picker.scheduling.load import estimated_load
-from picker.sources.drain_store import Check, DrainRecordUnavailable, DrainRefused, DrainStore, LocalDrains
+from picker.sources.drain_store import DrainRecordUnavailable, DrainRefused, DrainStore, LocalDrains
 from picker.status_page import Overview
 from picker.streams.ends import DataPlanes
 from picker.telemetry import Metrics
@@ -86,57 +88,6 @@ def describe(pool: Pool, endpoint: Endpoint) -> dict[str, Any]:
 Propagate = Callable[[], Awaitable[dict[str, Any]]]
 
 
-class CapacityGuard:
-    """The capacity guard over the live pool and queue (picker/scheduling/capacity.py's rule), as the
-    drain route asks it; its figures feed `picker_ready_capacity` and `picker_demand`."""
-
-    def __init__(
-        self,
-        pool: Pool,
-        queued: Callable[[], int],
-        engine_slots: int | None,
-        headroom: float,
-        wait_max_s: float,
-    ) -> None:
-        self.pool, self.queued = pool, queued
-        self.engine_slots, self.headroom, self.wait_max_s = engine_slots, headroom, wait_max_s
-        self._changed = asyncio.Event()
-        pool.on_change(self._changed.set)
-
-    def verdict(self, address: str, drained_elsewhere: frozenset[str] = frozenset()) -> Verdict:
-        return drain_verdict(
-            self.pool.endpoints(),
-            address,
-            queued=self.queued(),
-            engine_slots=self.engine_slots,
-            headroom=self.headroom,
-            drained_elsewhere=drained_elsewhere,
-        )
-
-    def check(self, address: str) -> Check:
-        """The verdict again, inside the drain store's write, against the record it replaces."""
-
-        def judge(drained_elsewhere: frozenset[str]) -> None:
-            verdict = self.verdict(address, drained_elsewhere)
-            if not verdict.allowed:
-                raise DrainRefused(verdict.reason, verdict.as_dict())
-
-        return judge
-
-    def figures(self) -> tuple[int | None, float]:
-        """(ready capacity, demand), for the metrics page."""
-        endpoints = self.pool.endpoints()
-        return ready_capacity(endpoints, self.engine_slots), demand(endpoints, self.queued())
-
-    async def changed(self, timeout_s: float) -> None:
-        """Returns after the pool's next change (a replacement ready, slots learned) or `timeout_s`."""
-        self._changed.clear()
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
-        except TimeoutError:
-            pass
-
-
 def admin_app(
     pool: Pool,
     metrics: Metrics,
@@ -152,6 +103,7 @@ def admin_app(
     trust_loopback: bool = False,
     metrics_token: str | None = None,
     metrics_reviewer: Callable[[str], Awaitable[bool]] | None = None,
+    move_streams: Callable[[str], int] | None = None,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
@@ -163,6 +115,7 @@ def admin_app(
     `overview`: what the request path adds to the status page (its queue, live requests, peers).
     `trust_loopback`: with a token set, loopback callers need none (admin.trust_loopback).
     `metrics_token`, `metrics_reviewer`: who may read /metrics (admin.metrics_token, a TokenReview).
+    `move_streams`: moves an endpoint's running streams elsewhere (picker proxy's resume).
     """
     admin = _Admin(
         pool, metrics, token, drains if drains is not None else LocalDrains(pool), propagate, pool_drains
@@ -170,6 +123,7 @@ def admin_app(
     admin.guard, admin.rollout, admin.data_planes = guard, rollout, data_planes
     admin.overview, admin.trust_loopback = overview, trust_loopback
     admin.metrics_token, admin.metrics_reviewer = metrics_token, metrics_reviewer
+    admin.move_streams = move_streams
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/metrics", admin.metrics_page)
     app.router.add_get("/admin/endpoints", admin.endpoints)
@@ -220,6 +174,7 @@ class _Admin:
         self.trust_loopback = False
         self.metrics_token: str | None = None
         self.metrics_reviewer: Callable[[str], Awaitable[bool]] | None = None
+        self.move_streams: Callable[[str], int] | None = None
         self._drains_turn = asyncio.Lock()
 
     def refusal(self, request: web.Request) -> web.Response | None:
@@ -300,6 +255,10 @@ class _Admin:
                 log.warning("admin %s refused peer=%s status=%d", verb, request.remote, refused.status)
                 return refused
             address = self.address_of(request)
+            move = _flag(request, "move_streams") if verb == "drain" else False
+            if move is None or (move and self.move_streams is None):
+                why = "only picker proxy can move streams (Envoy cannot re-issue a request mid-response)"
+                return _error(400, "move_streams must be true or false" if move is None else why)
             # a drain is judged and applied as one: a second one waits, then is judged on the pool
             # the first left (two at once both passed, and left 4 slots for a demand of 6)
             async with self._drains_turn if verb == "drain" else contextlib.nullcontext():
@@ -333,6 +292,8 @@ class _Admin:
                 str(self.store.shared).lower(),
                 "".join(f" {key}={value}" for key, value in reached.items()),
             )
+            if move and self.move_streams is not None:
+                reached["moved_streams"] = self.move_streams(address)
             return web.json_response({"endpoint": describe(self.pool, endpoint), **reached})
 
         return handler
@@ -387,6 +348,13 @@ class _Admin:
             status["weight"],
         )
         return web.json_response({"rollout": status})
+
+
+def _flag(request: web.Request, name: str) -> bool | None:
+    """A true/false query parameter (absent: false; anything else: None)."""
+    return {"": False, "false": False, "0": False, "true": True, "1": True}.get(
+        request.query.get(name, "").lower()
+    )
 
 
 def _forced(request: web.Request) -> bool:

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
+from picker.capacity_guard import CapacityGuard
 from picker.config import ConfigError, PickerConfig, canonical_address, format_address
 from picker.config_sources import read_plugin_config
 from picker.flow import FlowLimits
-from picker.http_admin import CapacityGuard
 from picker.peering import Peering
 from picker.pipeline import RequestPath
 from picker.plugin_config import affinity_settings
@@ -54,6 +54,7 @@ class StartupProblem(Exception):
 
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]  # a frontend's way to run a background task
+Mover = Callable[[str], int]  # picker proxy: moves an endpoint's streams elsewhere (streams.resume)
 
 
 def spawn_owned(tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -120,7 +121,9 @@ class Core:
             spawn(self.rollout.run(), "rollout")
         spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
 
-    def admin(self, spawn: Spawn, propagate: Propagate | None = None) -> web.Application:
+    def admin(
+        self, spawn: Spawn, propagate: Propagate | None = None, move: Mover | None = None
+    ) -> web.Application:
         """The metrics port's application (picker/http_admin.py) over this core."""
         from picker.http_admin import admin_app
         from picker.status_page import overview
@@ -143,6 +146,7 @@ class Core:
             trust_loopback=self.config.admin.trust_loopback,
             metrics_token=metrics_token.get_secret_value() if metrics_token else None,
             metrics_reviewer=self.metrics_reviewer(),
+            move_streams=move,
         )
 
     def metrics_reviewer(self) -> Callable[[str], Awaitable[bool]] | None:

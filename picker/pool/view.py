@@ -347,6 +347,19 @@ class Pool:
             drain.picked()
             self.totals.picks_after_start += 1
 
+    def drains_older_than(self, seconds: float) -> list[str]:
+        """Endpoints draining for at least `seconds` with requests still on them (their streams may
+        move elsewhere rather than hold the drain open: streams.move_after_s)."""
+        now = self._clock()
+        return [
+            e.address
+            for e in self._endpoints.values()
+            if e.drain is not None
+            and e.drain.open
+            and e.in_flight > 0
+            and now - e.drain.started_at >= seconds
+        ]
+
     def _left(self, address: str, end: DrainEnd | None, at: float | None = None) -> None:
         """One request fewer on `address`: it ended (`end`, at `at` or now), or moved away (None)."""
         endpoint = self._endpoints.get(address)

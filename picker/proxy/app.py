@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream request is noise
 
 _CUT_WAIT_S = 2.0  # after the deadline cut: how long the cut exchanges get to write their last bytes
+_MOVE_CHECK_S = 0.25  # streams.move_after_s: how often the drains are looked at
 
 
 @dataclass(frozen=True)
@@ -86,19 +87,31 @@ class ProxyApp:
             reuse_address=True,
         )
         proxy_port = self._listener.sockets[0].getsockname()[1]
-        admin = self.core.admin(self._spawn)
+        admin = self.core.admin(self._spawn, move=self.frontend.move_streams)
         admin.router.add_get("/ready", self._readiness)
         self._admin = web.AppRunner(admin, access_log=None)
         await self._admin.setup()
         await web.TCPSite(self._admin, bind, self.config.server.metrics_port).start()
         metrics_port = self._admin.addresses[0][1]
         self.core.start_background(self._spawn)
+        if self.config.streams.move_after_s is not None:
+            self._spawn(self._move_late_streams(self.config.streams.move_after_s), "move-streams")
         self.ready = True
         self.core.follow_sources(self._source_problem)
         log.info(
             "picker proxy listening port=%d metrics=%d endpoints=%d", proxy_port, metrics_port, len(self.pool)
         )
         return ProxyPorts(proxy_port, metrics_port)
+
+    async def _move_late_streams(self, after_s: float) -> None:
+        """streams.move_after_s: a drain that has run this long stops waiting for its longest answers;
+        its resumable streams continue on other replicas (the pool names the drains due)."""
+        while True:
+            for address in self.pool.drains_older_than(after_s):
+                moved = self.frontend.move_streams(address)
+                if moved:
+                    log.info("drain of %s past %.1f s: %d stream(s) moving", address, after_s, moved)
+            await asyncio.sleep(_MOVE_CHECK_S)  # a period, not a synchronisation
 
     def _new_h2(self) -> H2Protocol:
         protocol = H2Protocol(self.frontend.serve)

@@ -2,7 +2,8 @@
 
 The rules (what may be resumed, the continuation's request, the splice the client sees) live in
 picker/streams/resume.py and the choice of replica in `RequestPath.resume`; this module reads the
-request's header and body into them and opens the continuation on the replica the core names.
+request's header and body into them, relays a resumable stream part by part, and opens each
+continuation on the replica the core names.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ from typing import Any
 
 from picker import headers
 from picker.contract import Outcome, Reply, reply_for
+from picker.pipeline import RequestPath
 from picker.proxy import translate
-from picker.proxy.upstream import Opened, Upstream, UpstreamUnavailable
-from picker.streams.resume import CHAT, COMPLETIONS, ResumeMode, Splice, prepare, refusal
+from picker.proxy.downstream import Downstream
+from picker.proxy.exchange import Exchange, UpstreamCut
+from picker.proxy.upstream import UPSTREAM_READ_ERRORS, Opened, Upstream, UpstreamUnavailable
+from picker.streams import RequestRecord
+from picker.streams.resume import CHAT, COMPLETIONS, ResumeMode, Splice, Why, prepare, refusal
 
 log = logging.getLogger(__name__)
 
@@ -71,3 +76,76 @@ async def open_continuation(
         return None
     splice.next_part(path)
     return opened
+
+
+async def relay_resumable(
+    path: RequestPath,
+    upstream: Upstream,
+    resume_max: int,
+    down: Downstream,
+    exchange: Exchange,
+    opened: Opened,
+) -> bytes:
+    """A resumable stream: whole events rewritten into the client's stream; a cut part continued
+    on the replica the core names (picker/streams/resume.py), until the stream is complete."""
+    record, splice = exchange.routed.record, exchange.splice
+    assert splice is not None
+    current, outgoing = opened, exchange.outgoing
+    try:
+        while True:
+            exchange.current = current
+            why = await _part(path, down, record, splice, current)
+            exchange.current = None
+            if why is None:
+                return b""
+            if exchange.moving:  # the picker ended the part: its replica is draining
+                exchange.moving, why = False, Why.MOVED
+            current.response.close()  # vLLM aborts what it still had of this part
+            local = splice.finish_locally()
+            if local is not None:  # the generation had finished: only its end was lost
+                path.body_chunk(record, local)
+                await down.write(local)
+                return b""
+            continued = None
+            if splice.resumes >= resume_max:
+                path.resume_refused("limit")
+            elif (target := path.resume(record, current.served, why.value)) is not None:
+                continued = await open_continuation(upstream, splice, target, outgoing)
+                if continued is None:
+                    path.resume_refused("failed")
+            if continued is None:
+                if splice.error_frame:
+                    path.body_chunk(record, splice.error_frame)  # the engine's word on it stands
+                    await down.write(splice.error_frame)
+                    return b""
+                raise UpstreamCut(f"{why.value}, not resumed")
+            log.info("request_id=%s resumed on %s (%s)", record.request_id, continued.served, why.value)
+            current = continued
+    finally:
+        current.response.close()
+
+
+async def _part(
+    path: RequestPath, down: Downstream, record: RequestRecord, splice: Splice, opened: Opened
+) -> Why | None:
+    """One replica's part of a resumable stream; why it was cut (None: the stream is complete)."""
+    reader = opened.response.content
+    pending = [opened.head] if opened.head is not None else []
+    while True:
+        if pending:
+            chunk = pending.pop()
+        else:
+            try:
+                chunk = await reader.readany()
+            except UPSTREAM_READ_ERRORS:
+                return Why.RESET
+        if not chunk:
+            return None if splice.done else Why.SHORT
+        out = splice.feed(chunk)
+        if out:
+            path.body_chunk(record, out)
+            await down.write(out)
+        if splice.error:
+            return Why.ERROR_EVENT
+        if splice.done:
+            return None

@@ -18,53 +18,21 @@ from picker import headers
 from picker.contract import Outcome, Reply, reply_for
 from picker.hints import HintRules, read_hints
 from picker.inference import parse_request
-from picker.pipeline import RequestPath, Routed
+from picker.pipeline import RequestPath
 from picker.pool import Pool
 from picker.proxy import translate
 from picker.proxy.downstream import Downstream, Http1Downstream
-from picker.proxy.resuming import open_continuation, prepared, read_ask
+from picker.proxy.exchange import Exchange, UpstreamCut
+from picker.proxy.resuming import prepared, read_ask, relay_resumable
 from picker.proxy.upstream import UPSTREAM_READ_ERRORS, Opened, Upstream, UpstreamUnavailable
 from picker.streams import EndReason, RequestRecord
-from picker.streams.resume import ResumeMode, Splice, Why
+from picker.streams.resume import ResumeMode
 
 log = logging.getLogger(__name__)
 
 _READ_SIZE = 64 * 1024
 _MODELS = "/v1/models"
 _CLIENT_GONE = (ConnectionError,)  # what a write raises once the client went away
-
-
-class _UpstreamCut(Exception):
-    """The model server's response broke off (reset, or closed in the middle of the body)."""
-
-
-class Exchange:
-    """One routed request on its way through: its upstream response and the client's."""
-
-    __slots__ = ("_cut", "_task", "body", "outgoing", "routed", "splice")
-
-    def __init__(
-        self, routed: Routed, body: bytes, task: asyncio.Task[object] | None, splice: Splice | None = None
-    ) -> None:
-        self.routed = routed
-        self.body = body  # kept for retries until the first response byte, then dropped
-        self._task = task
-        self._cut: Reply | None = None
-        self.splice = splice  # streams.resume: the stream may continue on another replica if cut
-        self.outgoing: list[tuple[str, str]] = []  # the headers sent upstream (a resume sends them again)
-
-    def cut(self, reply: Reply) -> None:
-        """The drain deadline: end this exchange with `reply` (a stream gets it as an error event)."""
-        if self._cut is None and self._task is not None:
-            self._cut = reply
-            self._task.cancel()
-
-    def take_cut(self) -> Reply | None:
-        """The cut reply, if this cancellation is only the cut (not the client going away too)."""
-        task = self._task
-        if self._cut is None or task is None:
-            return None
-        return self._cut if task.uncancel() == 0 else None
 
 
 class ProxyFrontend:
@@ -239,7 +207,9 @@ class ProxyFrontend:
             if splice is None:
                 tail = await self._pass_through(down, record, opened)
             else:
-                tail = await self._spliced(down, exchange, splice, opened)
+                tail = await relay_resumable(
+                    self.path, self._upstream, self._resume_max, down, exchange, opened
+                )
             await down.finish()
         except asyncio.CancelledError:
             cut = exchange.take_cut()
@@ -249,7 +219,7 @@ class ProxyFrontend:
             path.response_ended(record, False, EndReason.SHUTDOWN_CUT)  # the picker's cut, not the replica's
             await self._write_cut(down, cut, streaming, tail)
             return
-        except _UpstreamCut as exc:
+        except UpstreamCut as exc:
             log.info("upstream cut request_id=%s: %s", record.request_id, exc)
             path.response_ended(record, False, EndReason.UPSTREAM_TRUNCATED)
             down.abort()  # the client must see a cut, not a clean end
@@ -272,72 +242,13 @@ class ProxyFrontend:
                 try:
                     chunk = await reader.readany()
                 except UPSTREAM_READ_ERRORS as exc:
-                    raise _UpstreamCut(type(exc).__name__) from exc
+                    raise UpstreamCut(type(exc).__name__) from exc
                 if not chunk:
                     break
                 self.path.body_chunk(record, chunk)
                 tail = chunk
                 await down.write(chunk)  # back-pressure: waits while the client's buffer is full
         return tail
-
-    async def _spliced(self, down: Downstream, exchange: Exchange, splice: Splice, opened: Opened) -> bytes:
-        """A resumable stream: whole events rewritten into the client's stream; a cut part continued
-        on the replica the core names (picker/streams/resume.py), until the stream is complete."""
-        record, path = exchange.routed.record, self.path
-        current, outgoing = opened, exchange.outgoing
-        try:
-            while True:
-                why = await self._part(down, record, splice, current)
-                if why is None:
-                    return b""
-                current.response.close()  # vLLM aborts what it still had of this part
-                local = splice.finish_locally()
-                if local is not None:  # the generation had finished: only its end was lost
-                    path.body_chunk(record, local)
-                    await down.write(local)
-                    return b""
-                continued = None
-                if splice.resumes >= self._resume_max:
-                    path.resume_refused("limit")
-                elif (target := path.resume(record, current.served, why.value)) is not None:
-                    continued = await open_continuation(self._upstream, splice, target, outgoing)
-                    if continued is None:
-                        path.resume_refused("failed")
-                if continued is None:
-                    if splice.error_frame:
-                        path.body_chunk(record, splice.error_frame)  # the engine's word on it stands
-                        await down.write(splice.error_frame)
-                        return b""
-                    raise _UpstreamCut(f"{why.value}, not resumed")
-                log.info("request_id=%s resumed on %s (%s)", record.request_id, continued.served, why.value)
-                current = continued
-        finally:
-            current.response.close()
-
-    async def _part(
-        self, down: Downstream, record: RequestRecord, splice: Splice, opened: Opened
-    ) -> Why | None:
-        """One replica's part of a resumable stream; why it was cut (None: the stream is complete)."""
-        reader = opened.response.content
-        pending = [opened.head] if opened.head is not None else []
-        while True:
-            if pending:
-                chunk = pending.pop()
-            else:
-                try:
-                    chunk = await reader.readany()
-                except UPSTREAM_READ_ERRORS:
-                    return Why.RESET
-            if not chunk:
-                return None if splice.done else Why.SHORT
-            out = splice.feed(chunk)
-            if out:
-                self.path.body_chunk(record, out)
-                await down.write(out)
-            if splice.error:
-                return Why.ERROR_EVENT
-            if splice.done:
-                return None
 
     async def _write_cut(self, down: Downstream, cut: Reply, streaming: bool, tail: bytes) -> None:
         """The drain deadline reached a started exchange: close it as the protocol allows."""
@@ -376,6 +287,15 @@ class ProxyFrontend:
             await down.finish()
         except _CLIENT_GONE:
             pass
+
+    def move_streams(self, address: str) -> int:
+        """Continue every resumable stream running on `address` on other replicas (a drain that
+        does not wait for its longest answer). Returns how many began to move."""
+        return sum(
+            1
+            for exchange in list(self._exchanges)
+            if exchange.current is not None and exchange.current.served == address and exchange.move()
+        )
 
     def cut_all(self, reply: Reply) -> int:
         """The drain deadline: end every open exchange with `reply`. Returns how many were cut."""

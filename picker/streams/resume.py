@@ -51,6 +51,7 @@ class Why(enum.Enum):
     RESET = "upstream-reset"  # the connection broke in the middle of the body
     SHORT = "upstream-truncated"  # the body ended without [DONE]
     ERROR_EVENT = "upstream-error-event"  # the engine's in-stream error event
+    MOVED = "drain-moved"  # its replica is draining and the drain would not wait for it
 
 
 @dataclass(slots=True)

@@ -33,12 +33,12 @@ CHAT = {
 }  # fmt: skip
 
 
-def stack_options(resume: str = "greedy") -> StackOptions:
+def stack_options(resume: str = "greedy", **env: str) -> StackOptions:
     return StackOptions(
         replicas=3,
         sim_args=("--ttft-ms", "5", "--itl-ms", "8"),
         replica_args=((), (), ()),
-        picker_env={"PICKER_STREAMS__RESUME": resume},
+        picker_env={"PICKER_STREAMS__RESUME": resume, **env},
     )
 
 
@@ -242,3 +242,71 @@ async def test_fifty_streams_lose_nothing_when_one_of_three_replicas_is_killed(s
     assert len({r.text for r in results}) == 1  # the same greedy answer, every one
     counted = await resumes(stack)
     assert counted.get("upstream-reset", 0) + counted.get("upstream-truncated", 0) == on_victim, counted
+
+
+async def admin(stack: ProxyStack, method: str, path: str) -> tuple[int, dict[str, Any]]:
+    url = f"http://127.0.0.1:{stack.metrics_port}{path}"
+    async with aiohttp.ClientSession() as session, session.request(method, url) as response:
+        return response.status, await response.json()
+
+
+async def streams_then_drain(stack: ProxyStack, drain_query: str) -> tuple[list[Stream], str, float]:
+    """20 greedy streams of 150 tokens at 40 ms a token (6 s each); once each has 10 tokens, drain
+    the replica serving the most. Returns the streams, the replica and the drain's time to zero."""
+    body, slow = {**COMPLETION, "max_tokens": 150}, {"x-sim-itl-ms": "40"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        seen = [Stream() for _ in range(20)]
+        events = [asyncio.Event() for _ in seen]
+        tasks = [
+            asyncio.create_task(read_stream(session, stack.url, "/v1/completions", body, slow, 10, e, out))
+            for e, out in zip(events, seen, strict=True)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 20)
+        victim = max(stack.replicas, key=lambda r: sum(s.served == r for s in seen))
+        on_victim = sum(s.served == victim for s in seen)
+        status, answer = await admin(stack, "POST", f"/admin/endpoints/{victim}/drain{drain_query}")
+        assert status == 200, answer
+        if drain_query:
+            assert answer["moved_streams"] == on_victim
+
+        deadline = asyncio.get_running_loop().time() + 10
+        while (view := (await admin(stack, "GET", f"/admin/endpoints/{victim}"))[1]["endpoint"])["in_flight"]:
+            assert asyncio.get_running_loop().time() < deadline, "the drained replica's streams never left"
+            await asyncio.sleep(0.05)  # polling the admin API for a condition, bounded by the deadline
+        record = view["drain"]
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert record["moved_away"] == on_victim and record["ended"]["cut"] == 0, record
+    return results, victim, record["time_to_zero_s"]
+
+
+async def test_a_drain_asked_to_move_streams_empties_its_replica_at_once(stack: ProxyStack) -> None:
+    """POST .../drain?move_streams=true: the replica's streams continue elsewhere now; its drain
+    closes in well under a second instead of the 5 s its longest answer had left; nothing is cut."""
+    status, answer = await admin(
+        stack, "POST", f"/admin/endpoints/{stack.replicas[0]}/drain?move_streams=maybe"
+    )
+    assert status == 400, answer
+    results, _, to_zero = await streams_then_drain(stack, "?move_streams=true")
+    assert to_zero < 2.0
+    assert [r for r in results if r.broken or r.done != 1 or r.tokens != 150] == []
+    assert len({r.text for r in results}) == 1
+
+
+@pytest.fixture
+def moving_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyStack]:
+    options = stack_options(PICKER_STREAMS__MOVE_AFTER_S="1")
+    started = ProxyStack(tmp_path_factory.mktemp("resume-move"), options).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+async def test_a_drain_past_its_deadline_moves_its_streams_instead_of_waiting(
+    moving_stack: ProxyStack,
+) -> None:
+    """streams.move_after_s=1: a plain drain under 6-second streams reaches zero in flight about a
+    second after it began (not at the streams' end), and every stream completes."""
+    results, _, to_zero = await streams_then_drain(moving_stack, "")
+    assert 1.0 <= to_zero < 3.0
+    assert [r for r in results if r.broken or r.done != 1 or r.tokens != 150] == []

@@ -1,0 +1,55 @@
+"""One proxied request on its way through (`Exchange`), and the upstream cut its relay raises."""
+
+from __future__ import annotations
+
+import asyncio
+
+from picker.contract import Reply
+from picker.pipeline import Routed
+from picker.proxy.upstream import Opened
+from picker.streams.resume import Splice
+
+
+class UpstreamCut(Exception):
+    """The model server's response broke off (reset, or closed in the middle of the body)."""
+
+
+class Exchange:
+    """One routed request on its way through: its upstream response and the client's."""
+
+    __slots__ = ("_cut", "_task", "body", "current", "moving", "outgoing", "routed", "splice")
+
+    def __init__(
+        self, routed: Routed, body: bytes, task: asyncio.Task[object] | None, splice: Splice | None = None
+    ) -> None:
+        self.routed = routed
+        self.body = body  # kept for retries until the first response byte, then dropped
+        self._task = task
+        self._cut: Reply | None = None
+        self.splice = splice  # streams.resume: the stream may continue on another replica if cut
+        self.outgoing: list[tuple[str, str]] = []  # the headers sent upstream (a resume sends them again)
+        self.current: Opened | None = None  # a resumable stream's part now running
+        self.moving = False  # ... which the picker is ending, to continue the stream elsewhere
+
+    def move(self) -> bool:
+        """Continue this stream on another replica now (its own is draining): end the part running
+        (vLLM aborts it) and let the resume take it on. False when it cannot move."""
+        current = self.current
+        if current is None or self.moving or self.splice is None or self.splice.done:
+            return False
+        self.moving = True
+        current.response.close()
+        return True
+
+    def cut(self, reply: Reply) -> None:
+        """The drain deadline: end this exchange with `reply` (a stream gets it as an error event)."""
+        if self._cut is None and self._task is not None:
+            self._cut = reply
+            self._task.cancel()
+
+    def take_cut(self) -> Reply | None:
+        """The cut reply, if this cancellation is only the cut (not the client going away too)."""
+        task = self._task
+        if self._cut is None or task is None:
+            return None
+        return self._cut if task.uncancel() == 0 else None
