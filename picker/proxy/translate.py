@@ -12,8 +12,6 @@ from aiohttp import web
 from picker import headers
 from picker.contract import Reply
 
-# What a draining vLLM answers a new request with (HTTP 500): safe to send elsewhere, nothing ran.
-_DRAINING_MARKER = b"cannot schedule new futures after shutdown"
 _DROPPED_UPSTREAM = frozenset(
     {*headers.HOP_BY_HOP, *headers.CLIENT_HINTS, headers.PICKER_REQUEST_ID, headers.RESUME}
 )
@@ -48,11 +46,6 @@ def downstream_headers(
 
 def is_event_stream(response_headers: Mapping[str, str]) -> bool:
     return response_headers.get(headers.CONTENT_TYPE, "").startswith(_SSE)
-
-
-def is_draining_refusal(status: int, body: bytes) -> bool:
-    """vLLM shutting down refuses new work with a 500 that names the executor: retry elsewhere."""
-    return status == 500 and _DRAINING_MARKER in body
 
 
 def reply_response(reply: Reply) -> web.Response:

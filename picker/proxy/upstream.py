@@ -1,7 +1,8 @@
 """The proxy's client to the model servers: pooled keep-alive HTTP/1.1, retried only before the first byte.
 
-An attempt that fails to connect, is reset before its response headers, or is refused with 503 (or a
-draining vLLM's 500) moves to the next endpoint of the picker's ordered list. Once a response is
+An attempt that fails to connect, is reset before its response headers, or is answered 500 or 503
+(as the shipped Envoy route's retriable status codes) moves to the next endpoint of the picker's
+ordered list; the last endpoint's answer stands. Once a response is
 handed back nothing here retries: the caller streams it, and the request body can be dropped.
 
 aiohttp's client, not httpx's: measured on this path (docs, "Without Envoy"), httpcore's pool
@@ -19,8 +20,10 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from picker import headers as header_names
 from picker.config import ProxyConfig
-from picker.proxy import translate
 
+# Answers before the first byte that move to the next endpoint, as config/envoy.yaml's route retries:
+# 503 (busy), 500 (vLLM's drain refusal, and an engine that failed before streaming anything)
+_RETRIED_STATUSES = (500, 503)
 _REFUSAL_READ_CAP = 64 * 1024  # a 500/503 is read this far to decide; the rest streams on after it
 # Connect refused or timed out, reset or closed before the response headers, or a response head
 # aiohttp cannot parse (ClientResponseError: a bad status line or header): nothing was streamed yet.
@@ -139,10 +142,9 @@ class Upstream:
         except _BEFORE_HEADERS as exc:
             raise _TryNext(f"{destination}: {type(exc).__name__}") from exc
         opened = Opened(response, destination, number)
-        if response.status in (500, 503):
+        if response.status in _RETRIED_STATUSES:  # as the shipped Envoy route's retriable_status_codes
             opened.head, opened.complete = await _read_capped(response)
-            if response.status == 503 or translate.is_draining_refusal(500, opened.head):
-                raise _TryNext(f"{destination}: refused with {response.status}", opened)
+            raise _TryNext(f"{destination}: refused with {response.status}", opened)
         return opened
 
     async def aclose(self) -> None:

@@ -142,3 +142,23 @@ async def test_drain_deadline_ends_streams_with_an_error_event_and_done(tmp_path
         assert "cut_at_deadline=2" in summary
     finally:
         stack.stop()
+
+
+async def test_a_generic_500_before_the_first_byte_is_retried_as_the_envoy_route_does(tmp_path: Path) -> None:
+    """The shipped Envoy route retries 500 and 503 on the next endpoint of the picker's list (nothing
+    was streamed yet); the proxy does the same: with every replica's next request failing with a
+    plain 500 on one of two replicas, 20 of 20 requests succeed."""
+    stack = ProxyStack(
+        tmp_path, StackOptions(replicas=2, sim_args=FAST, picker_args=("--no-scrape",))
+    ).start()
+    try:
+        async with http_client.AsyncClient(timeout=30) as client:
+            broken = stack.replicas[0]
+            answer = await client.post(f"http://{broken}/sim/faults", json={"status": 500})
+            answer.raise_for_status()
+            results = [await stream_one(client, stack.url, completion_body(2)) for _ in range(20)]
+        assert [r for r in results if not r.ok] == []
+        assert all(r.replica != broken for r in results)
+        stack.wait_no_leaks()
+    finally:
+        stack.stop()

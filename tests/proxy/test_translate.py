@@ -39,13 +39,6 @@ def test_response_headers_name_who_served() -> None:
     }
 
 
-def test_only_vllms_drain_refusal_counts_as_one() -> None:
-    body = b'{"object":"error","message":"cannot schedule new futures after shutdown","code":500}'
-    assert translate.is_draining_refusal(500, body)
-    assert not translate.is_draining_refusal(500, b'{"message":"CUDA out of memory"}')
-    assert not translate.is_draining_refusal(503, body)
-
-
 def test_cut_tail_is_an_openai_error_event_then_done() -> None:
     reply = reply_for(Outcome.REJECTED_SHUTTING_DOWN)
     tail = translate.stream_cut_tail(reply, boundary=True)
