@@ -159,8 +159,22 @@ _PROXY_FLAGS: dict[str, tuple[str, ...]] = {
 }
 
 
+# serve flags that mean nothing to `picker proxy` (its gRPC side, Envoy's data plane, leader
+# election): left out of its --help, and refused when given
+_SERVE_ONLY = (
+    "--grpc-port", "--health-port", "--secure-serving", "--cert-path", "--fallbacks", "--response-end",
+    "--grpc-health-port", "--ha-enable-leader-election", "--leader-lease-duration", "--leader-renew-deadline",
+    "--leader-retry-period",
+)  # fmt: skip
+_serve_only: dict[str, str] = {}  # their dests on the proxy's parser -> flag
+
+
 def _add_proxy_flags(parser: argparse.ArgumentParser) -> None:
     add_serve_flags(parser)
+    for action in parser._actions:  # argparse has no public way to drop an added argument
+        if set(action.option_strings) & set(_SERVE_ONLY):
+            action.help = argparse.SUPPRESS
+            _serve_only[action.dest] = action.option_strings[0]
     parser.add_argument("--port", type=int, help="where clients send OpenAI requests (default 8080)")
     parser.add_argument(
         "--connect-timeout", type=float, help="per upstream attempt, then the next pick (default 1)"
@@ -171,6 +185,10 @@ def _add_proxy_flags(parser: argparse.ArgumentParser) -> None:
 def _run_proxy(args: argparse.Namespace) -> None:
     from picker.config import ConfigError
 
+    given = [flag for dest, flag in _serve_only.items() if getattr(args, dest, None) is not None]
+    if given:
+        print(f"picker proxy: {', '.join(given)}: picker serve's, not picker proxy's", file=sys.stderr)
+        raise SystemExit(2)
     config = _load(args, _PROXY_FLAGS)
     _configure_logging(config)
     import asyncio

@@ -175,3 +175,27 @@ def test_envoy_config_refuses_a_bad_endpoint(tmp_path: Path) -> None:
     code, output = _run_picker(tmp_path, ["envoy-config", "--endpoints", "10.0.0.1"])
     assert code == 2
     assert _one_line(output) == "picker envoy-config: '10.0.0.1' is not host:port"
+
+
+def test_picker_proxy_lists_and_takes_only_flags_that_mean_something_to_it() -> None:
+    """Its gRPC side, Envoy's data-plane settings and leader election are picker serve's: not in
+    `picker proxy --help`, and refused with one line when given."""
+    run = [sys.executable, "-m", "picker", "proxy"]
+    shown = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
+    for flag in (
+        "--grpc-port",
+        "--secure-serving",
+        "--response-end",
+        "--fallbacks",
+        "--ha-enable-leader-election",
+    ):
+        assert flag not in shown
+    assert "--max-attempts" in shown and "--endpoints" in shown
+    refused = subprocess.run(
+        [*run, "--response-end", "observer", "--endpoints", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == "picker proxy: --response-end: picker serve's, not picker proxy's"
