@@ -100,8 +100,9 @@ class RequestTrace:
         if self._stream is not None:
             self._stream.add_event("first_token")
 
-    def ended(self, reason: str, tokens: int, endpoint: str | None) -> None:
-        """The request's one end reason: every open span ends."""
+    def ended(self, reason: str, tokens: int, endpoint: str | None, resumed_on: tuple[str, ...] = ()) -> None:
+        """The request's one end reason: every open span ends (a resumed stream's span says where
+        it was continued)."""
         if self._stream is not None:
             self._stream.set_attribute("picker.end_reason", reason)
             self._stream.set_attribute("picker.tokens", tokens)
@@ -112,6 +113,9 @@ class RequestTrace:
             self._queue = None
         self._end_admission(reason, queued=False)
         self._root.set_attribute("picker.end_reason", reason)
+        if resumed_on:
+            self._root.set_attribute("picker.resumed", len(resumed_on))
+            self._root.set_attribute("picker.resumed_on", list(resumed_on))
         if endpoint:
             self._root.set_attribute("picker.endpoint", endpoint)
         if reason != "completed":

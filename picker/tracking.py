@@ -276,7 +276,13 @@ class ResponseSide:
         if self.peering is not None:
             self.peering.ended(record)
         if record.trace is not None:
-            record.trace.ended(reason.value, tokens, record.endpoint)
+            record.trace.ended(reason.value, tokens, record.endpoint, record.resumed_on)
+        if record.resumed_on:  # streams.resume: the record of its moves
+            log.info(
+                "request_id=%s end=%s resumed=%d on=%s cut_on=%s",
+                record.request_id, reason.value, len(record.resumed_on),
+                ",".join(record.resumed_on), ",".join(record.cut_on),
+            )  # fmt: skip
         if reason is EndReason.COMPLETED:
             self.placement.ended(record)
         if record.group is not None and self.canary is not None:

@@ -170,6 +170,9 @@ async def test_a_stream_whose_replica_is_killed_completes_elsewhere_token_for_to
     )
     counted = await resumes(stack)
     assert counted.get("upstream-reset", 0) + counted.get("upstream-truncated", 0) == 1, counted
+    assert stack.picker is not None
+    ends = [line for line in stack.picker.log_text().splitlines() if " resumed=1 " in line]
+    assert len(ends) == 1 and "end=completed" in ends[0] and f"cut_on={seen.served}" in ends[0]
 
 
 async def set_fault(replica: str, spec: dict[str, Any]) -> None:
