@@ -11,12 +11,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from loadtest.procs import free_port
 
 _CHUNK = 64 * 1024
+_EVENT = b"data: "
+
+
+class Tripwire:
+    """A cut armed on several relays at once: the first relay whose target has sent `events` SSE data
+    events (`data: ` lines) through it cuts itself (resets its connections, refuses new ones); the
+    others stop counting. `fired` names the relay that did."""
+
+    def __init__(self, events: int) -> None:
+        self.events = events
+        self.fired: Relay | None = None
+        self._seen = 0
+        self._carry = b""  # the end of the last chunk: a `data: ` split across two reads counts once
+        self._lock = threading.Lock()
+
+    def count(self, relay: Relay, chunk: bytes) -> bool:
+        """Whether `relay` must cut now, after passing `chunk` on."""
+        with self._lock:
+            if self.fired is not None:
+                return False
+            joined = self._carry + chunk
+            self._seen += joined.count(_EVENT)
+            self._carry = joined[-(len(_EVENT) - 1) :]
+            if self._seen >= self.events:
+                self.fired = relay
+                return True
+            return False
 
 
 class Relay:
@@ -30,6 +57,7 @@ class Relay:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"relay-{self.port}", daemon=True)
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
+        self.tripwire: Tripwire | None = None  # armed: cut after so many events from the target
 
     def start(self) -> Relay:
         self._thread.start()
@@ -79,19 +107,29 @@ class Relay:
         pair = {writer, up_writer}
         self._open |= pair
         try:
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer, self._passed))
         finally:
             for end in pair:
                 self._open.discard(end)
                 end.transport.abort()
 
+    def _passed(self, chunk: bytes) -> None:
+        """`chunk` went from the target to the client: the armed tripwire may cut here."""
+        tripwire = self.tripwire
+        if tripwire is not None and tripwire.count(self, chunk):
+            self._loop.create_task(self._cut())
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, passed: Callable[[bytes], None] | None = None
+) -> None:
     """Bytes from `reader` to `writer` until either side ends; then both ends are reset."""
     try:
         while chunk := await reader.read(_CHUNK):
             writer.write(chunk)
             await writer.drain()
+            if passed is not None:
+                passed(chunk)
     except (ConnectionError, OSError):
         pass
     finally:

@@ -1,8 +1,10 @@
 """`python -m loadtest.rollout`: a rolling update under streaming load, without and with the picker.
 
-Runs the same seeded Poisson arrivals twice: (a) Envoy round robin with /health checks and endpoint
-removal at SIGTERM, (b) Envoy + picker with terminating -> `picker drain-wait` -> SIGTERM. Prints what
-the clients saw in each, the picker's scorecard of each drain, and writes the timeline PNG.
+Runs the same seeded Poisson arrivals three times: (a) Envoy round robin with /health checks and
+endpoint removal at SIGTERM, (b) Envoy + picker with terminating -> `picker drain-wait` -> SIGTERM,
+(c) `picker proxy` with streams.resume, the same sequence, and one old replica SIGKILLed mid-rollout
+(its streams continue elsewhere). Prints what the clients saw in each, the picker's scorecard of each
+drain, and writes the timeline PNG.
 """
 
 from __future__ import annotations
@@ -104,10 +106,11 @@ async def run(options: RolloutOptions, png: Path, workdir: Path) -> list[SetupRu
         f"rolling update of {options.replicas} {what} replicas (maxSurge {options.surge}, "
         f"maxUnavailable {options.unavailable}) under {len(arrivals)} streaming requests "
         f"({options.rate:g}/s Poisson for {options.duration_s:g} s, max_tokens {options.tokens[0]}-"
-        f"{options.tokens[1]}), run twice with the same arrivals"
+        f"{options.tokens[1]}), run {'twice' if options.real_vllm else 'three times'} with the same arrivals"
     )
     runs = []
-    for index, kind in enumerate(("round-robin", "picker")):
+    kinds = ("round-robin", "picker") if options.real_vllm else ("round-robin", "picker", "proxy-resume")
+    for index, kind in enumerate(kinds):
         print(f"\n({chr(ord('a') + index)}) {kind}: starting ...", flush=True)
         run_ = await run_setup(kind, options, arrivals, workdir / kind)
         print(f"    {report.verdict(run_)}")
@@ -127,6 +130,11 @@ async def run(options: RolloutOptions, png: Path, workdir: Path) -> list[SetupRu
         f"Rolling update of {options.replicas} replicas under {options.rate:g} streaming requests/s: "
         "the same arrivals, without (top) and with (bottom) the picker"
     )
+    if len(runs) == 3:
+        title = title.replace(
+            "with (bottom) the picker",
+            "with the picker (middle), and through picker proxy with resume, one replica SIGKILLed (bottom)",
+        )
     caption = (
         "Each row is one vLLM replica process: its background colour is its state, the blue line the streams "
         "it is serving,\nmarkers are requests that failed at the client. The new replicas replace the old "

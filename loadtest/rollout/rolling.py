@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from loadtest.rollout.fleet import Fleet
 from loadtest.rollout.load import Arrival, LoadReport, replay
-from loadtest.rollout.setups import PickerSetup, PoolSetup, RoundRobinSetup
+from loadtest.rollout.setups import PickerSetup, PoolSetup, ProxyResumeSetup, RoundRobinSetup
 from loadtest.rollout.timeline import Panel, TimelineEvent
 
 
@@ -37,6 +38,7 @@ class RolloutOptions:
     sim_args: tuple[str, ...] = ("--ttft-ms", "40", "--itl-ms", "25", "--itl-jitter-ms", "3")
     real_vllm: bool = False  # real vLLM CPU servers (loadtest/realvllm) instead of simulators
     model: str = "tiny-llama"  # the served model name (the launcher's tiny model with real vLLM)
+    kill_after_s: float = 2.0  # the proxy-resume run: one old replica SIGKILLed this long into the rollout
 
 
 # With --real-vllm: each replica is a ~1.9 GB vLLM that takes ~25 s to start on an idle 2-core machine
@@ -111,6 +113,8 @@ async def run_setup(kind: str, options: RolloutOptions, arrivals: list[Arrival],
     setup: PoolSetup
     if kind == "round-robin":
         setup = RoundRobinSetup(workdir, fleet, propagation_s=options.propagation_s, grace_s=grace_s)
+    elif kind == "proxy-resume":
+        setup = ProxyResumeSetup(workdir, fleet, propagation_s=options.propagation_s, grace_s=grace_s)
     else:
         setup = PickerSetup(
             workdir, fleet, propagation_s=options.propagation_s, grace_s=grace_s, source=options.source
@@ -131,7 +135,12 @@ async def run_setup(kind: str, options: RolloutOptions, arrivals: list[Arrival],
         bound = 60.0 + options.replicas * (options.shutdown_timeout_s + 10)
         if options.real_vllm:
             bound += options.replicas * VLLM_START_BUDGET_S
+        killing = (
+            asyncio.create_task(_kill_one(fleet, options.kill_after_s)) if kind == "proxy-resume" else None
+        )
         await asyncio.wait_for(roll(fleet, setup, options.surge, options.unavailable), bound)
+        if killing is not None:
+            await killing
         rollout_s = time.monotonic() - began
         report = await load
         stop_sampling.set()
@@ -149,6 +158,15 @@ async def run_setup(kind: str, options: RolloutOptions, arrivals: list[Arrival],
         stop_sampling.set()
         await asyncio.to_thread(setup.stop)
         await asyncio.to_thread(fleet.stop_all)
+
+
+async def _kill_one(fleet: Fleet, after_s: float) -> None:
+    """A crash in the middle of the rollout: the last of the old replicas (the one replaced last)
+    is SIGKILLed `after_s` into it, its streams cut mid-sentence."""
+    await asyncio.sleep(after_s)  # the moment of the crash, not a synchronisation
+    victim = fleet.first[-1]
+    fleet.moment(victim, "SIGKILL")
+    fleet.procs[victim].signal(signal.SIGKILL)
 
 
 def panels(runs: list[SetupRun], verdicts: list[str]) -> list[Panel]:

@@ -5,7 +5,9 @@
 together with SIGTERM, and reaches Envoy `propagation_s` later). `PickerSetup` is Envoy + the picker
 with the Kubernetes sequence a preStop hook makes possible: the endpoint turns terminating in the
 picker's source -> `picker drain-wait` (preStop) against the replica's /metrics -> SIGTERM (the
-simulator's --shutdown-timeout drain mode) -> removed once the process is gone.
+simulator's --shutdown-timeout drain mode) -> removed once the process is gone. `ProxyResumeSetup` is
+the same sequence through `picker proxy` with `streams.resume` on, where a stream whose replica dies
+continues on another one (the rollout run that also SIGKILLs a replica).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import httpx
 
 from loadtest import http_client
 from loadtest.procs import Proc, free_port, port_open, wait_until
+from loadtest.proxy_stack import ProxyStack
 from loadtest.rollout.attribution import upstreams_from_file
 from loadtest.rollout.fleet import Fleet
 from loadtest.stack import Stack, StackOptions, health_ok
@@ -317,3 +320,22 @@ class PickerSetup:
         for hook in self.hooks:
             hook.stop()
         self.stack.stop()
+
+
+class ProxyResumeSetup(PickerSetup):
+    """`picker proxy` with streams.resume=always (the load's requests sample: the simulator's tokens
+    are greedy-like, so the continuation is exact anyway) and the same drain sequence."""
+
+    title = "picker proxy + resume: terminating -> drain-wait -> SIGTERM; one replica SIGKILLed"
+
+    def __init__(self, workdir: Path, fleet: Fleet, *, propagation_s: float, grace_s: float) -> None:
+        super().__init__(workdir, fleet, propagation_s=propagation_s, grace_s=grace_s, source="file")
+        options = self.stack.options
+        options.picker_env = {"PICKER_STREAMS__RESUME": "always"}
+        self.stack = ProxyStack(workdir, options)
+
+    def upstreams(self, expected: int) -> dict[str, str]:
+        return {}  # no Envoy access log in this shape
+
+    def cpu(self) -> dict[str, float]:
+        return {"picker proxy": cpu_seconds(self.stack.picker)}

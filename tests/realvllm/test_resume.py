@@ -1,9 +1,10 @@
 """Streams that survive their replica, on real vLLM 0.32 (issue 42): token for token under greedy.
 
 One real vLLM (CPU build, the tiny model) reached through two TCP relays the test controls: the
-picker proxy sees two replicas. A greedy stream is cut after k tokens by resetting every connection
-of the relay that serves it and refusing new ones (what a killed replica's peer sees: a reset, then
-connection refused); the proxy continues it through the other relay from the prompt's token ids plus
+picker proxy sees two replicas. A greedy stream is cut after k of its events have left the engine
+(a tripwire armed on both relays: the one serving it resets every connection and refuses new ones,
+what a killed replica's peer sees), whatever the client has read by then; the proxy continues it
+through the other relay from the prompt's token ids plus
 the tokens sent (`return_token_ids`, a token-id prompt). The text the client reads must equal an
 uncut run's, for completions and for chat, at cut points 1, 50, 120 and 199 of 200 tokens.
 
@@ -24,8 +25,10 @@ import pytest
 
 from loadtest.proxy_stack import ProxyStack
 from loadtest.realvllm import launcher
-from loadtest.relay import Relay
+from loadtest.relay import Relay, Tripwire
 from loadtest.stack import StackOptions
+
+pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(300)]
 
 TOKENS = 200
 BASE = {
@@ -57,14 +60,11 @@ def resume_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Pro
                 relay.stop()
 
 
-def read(
-    client: httpx.Client, url: str, path: str, body: dict[str, Any], cut: Any = None, at: int = 0
-) -> dict[str, Any]:
-    """One stream: its text, finish reasons, usage, [DONE] count; `cut(served)` after `at` tokens."""
+def read(client: httpx.Client, url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One stream: its text, finish reasons, usage, [DONE] count."""
     text, finish, usage, done, count = [], [], None, 0, 0
     with client.stream("POST", url + path, json=body) as response:
         assert response.status_code == 200
-        served = response.headers.get("x-gateway-destination-endpoint-served", "")
         for line in response.iter_lines():
             if not line.startswith("data: "):
                 continue
@@ -84,9 +84,6 @@ def read(
                 if choice.get("finish_reason"):
                     finish.append(choice["finish_reason"])
             usage = frame.get("usage") or usage
-            if cut is not None and count == at:
-                cut(served)
-                cut = None
     return {"text": "".join(text), "finish": finish, "usage": usage, "done": done, "chunks": count}
 
 
@@ -98,20 +95,18 @@ def test_a_greedy_stream_cut_after_k_tokens_completes_identically(
     before = resumes(stack)
     with httpx.Client(timeout=120) as client:
         uncut = read(client, stack.url, path, body)
-        cut_relays: list[Relay] = []
-
-        def cut(served: str) -> None:
-            relay = relays[served]
-            relay.cut()
-            cut_relays.append(relay)
-
+        tripwire = Tripwire(at + (1 if path == "/v1/chat/completions" else 0))  # chat: the role chunk
+        for relay in relays.values():
+            relay.tripwire = tripwire
         try:
-            resumed = read(client, stack.url, path, body, cut, at)
+            resumed = read(client, stack.url, path, body)
         finally:
-            for relay in cut_relays:
-                relay.restore()
-    assert cut_relays, "the stream ended before the cut point"
-    assert uncut["chunks"] >= TOKENS - 1 and uncut["finish"] == ["length"]
+            for relay in relays.values():
+                relay.tripwire = None
+            if tripwire.fired is not None:
+                tripwire.fired.restore()
+    assert tripwire.fired is not None, "the stream ended before the cut point"
+    assert uncut["finish"] == ["length"] and uncut["done"] == 1
     assert resumed["text"] == uncut["text"]
     assert resumed["finish"] == ["length"] and resumed["done"] == 1
     assert resumed["usage"]["completion_tokens"] == uncut["usage"]["completion_tokens"] == TOKENS
