@@ -17,19 +17,20 @@ from typing import Any
 from loadtest.procs import free_port
 
 _CHUNK = 64 * 1024
-_EVENT = b"data: "
+_IDS = b'"token_ids":['
 
 
 class Tripwire:
-    """A cut armed on several relays at once: the first relay whose target has sent `events` SSE data
-    events (`data: ` lines) through it cuts itself (resets its connections, refuses new ones); the
-    others stop counting. `fired` names the relay that did."""
+    """A cut armed on several relays at once: the first relay through which the target has sent
+    `tokens` generated tokens (counted from vLLM's `"token_ids":[...]` lists, whole SSE events only)
+    cuts itself after passing them on (resets its connections, refuses new ones); the others stop
+    counting. `fired` names the relay that did, `seen` how many tokens had passed when it did."""
 
-    def __init__(self, events: int) -> None:
-        self.events = events
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
         self.fired: Relay | None = None
-        self._seen = 0
-        self._carry = b""  # the end of the last chunk: a `data: ` split across two reads counts once
+        self.seen = 0
+        self._carry = b""  # the start of an event not yet complete
         self._lock = threading.Lock()
 
     def count(self, relay: Relay, chunk: bytes) -> bool:
@@ -37,10 +38,13 @@ class Tripwire:
         with self._lock:
             if self.fired is not None:
                 return False
-            joined = self._carry + chunk
-            self._seen += joined.count(_EVENT)
-            self._carry = joined[-(len(_EVENT) - 1) :]
-            if self._seen >= self.events:
+            *events, self._carry = (self._carry + chunk).split(b"\n\n")
+            for event in events:
+                at = event.find(_IDS)
+                if at >= 0:
+                    ids = event[at + len(_IDS) : event.find(b"]", at)]
+                    self.seen += ids.count(b",") + 1 if ids.strip() else 0
+            if self.seen >= self.tokens:
                 self.fired = relay
                 return True
             return False

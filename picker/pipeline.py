@@ -29,6 +29,7 @@ from picker.pool.sessions import Sessions
 from picker.rollout import Canary, canary_side
 from picker.scheduling import LoadPolicy, pick, without_metrics
 from picker.scheduling.fit import fits, need_of, refusal
+from picker.scheduling.load import estimated_load
 from picker.streams import EndReason, RequestRecord
 from picker.streams.ends import DataPlanes
 from picker.streams.inferred import inferred_ends
@@ -370,10 +371,10 @@ class RequestPath(ResponseSide):
             record, candidates, 1, self._rng, self._clock(), self._policy, suspects
         )
         found = choice.destinations if choice is not None and choice.destinations else None
-        target = (found or pick(candidates, 1, self._rng, self._clock(), self._policy, suspects) or [None])[0]
-        if target is None:
-            self._metrics.count_resume("no-replica")
-            return None
+        found = found or pick(candidates, 1, self._rng, self._clock(), self._policy, suspects)
+        # the stream held a slot already: it moves with it even where every replica looks full
+        # (or its sample is stale), queued on an engine rather than cut
+        target = found[0] if found else min(candidates, key=estimated_load).address
         record.resumed_on = (*record.resumed_on, target)
         record.served = target
         if record.lease is not None:

@@ -1,10 +1,10 @@
 """Streams that survive their replica, on real vLLM 0.32 (issue 42): token for token under greedy.
 
 One real vLLM (CPU build, the tiny model) reached through two TCP relays the test controls: the
-picker proxy sees two replicas. A greedy stream is cut after k of its events have left the engine
-(a tripwire armed on both relays: the one serving it resets every connection and refuses new ones,
-what a killed replica's peer sees), whatever the client has read by then; the proxy continues it
-through the other relay from the prompt's token ids plus
+picker proxy sees two replicas. A greedy stream is cut once k of its tokens have left the engine
+(a tripwire armed on both relays, counting vLLM's token ids: the one serving it resets every
+connection and refuses new ones, what a killed replica's peer sees), whatever the client has read.
+The proxy continues it through the other relay from the prompt's token ids plus
 the tokens sent (`return_token_ids`, a token-id prompt). The text the client reads must equal an
 uncut run's, for completions and for chat, at cut points 1, 50, 120 and 199 of 200 tokens.
 
@@ -95,7 +95,7 @@ def test_a_greedy_stream_cut_after_k_tokens_completes_identically(
     before = resumes(stack)
     with httpx.Client(timeout=120) as client:
         uncut = read(client, stack.url, path, body)
-        tripwire = Tripwire(at + (1 if path == "/v1/chat/completions" else 0))  # chat: the role chunk
+        tripwire = Tripwire(at)
         for relay in relays.values():
             relay.tripwire = tripwire
         try:
@@ -111,7 +111,9 @@ def test_a_greedy_stream_cut_after_k_tokens_completes_identically(
     assert resumed["finish"] == ["length"] and resumed["done"] == 1
     assert resumed["usage"]["completion_tokens"] == uncut["usage"]["completion_tokens"] == TOKENS
     assert resumed["usage"]["prompt_tokens"] == uncut["usage"]["prompt_tokens"]
-    assert resumes(stack) == before + 1  # counted before the client's stream went on
+    # the engine may send two tokens in one event when its reader lags: a cut meant for token 199
+    # can land after the 200th, where only the stream's end is left (written by the proxy itself)
+    assert resumes(stack) == before + (1 if tripwire.seen < TOKENS else 0)
 
 
 def resumes(stack: ProxyStack) -> float:

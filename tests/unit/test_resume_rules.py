@@ -76,3 +76,39 @@ def test_an_end_lost_after_the_finish_is_written_locally_and_nothing_is_asked() 
     splice.feed(chunk([7], prompt=[1, 2]) + chunk([8], "length"))
     end = splice.finish_locally()
     assert end is not None and end.endswith(b"data: [DONE]\n\n") and b'"completion_tokens":2' in end
+
+
+def test_a_resumed_stream_moves_with_its_slot_even_where_the_load_looks_full() -> None:
+    """The core's pick for a resume: never the replica that cut it, never a draining one; and a
+    stream that already held a slot moves even when the others look saturated (a replica whose last
+    scrape failed has a stale sample: `pick` calls it full): better queued on an engine than cut."""
+    import random
+
+    from picker.inference import InferenceRequest
+    from picker.pipeline import RequestPath
+    from picker.pool import Pool
+    from picker.pool.load import LoadSample
+    from picker.scheduling import LoadPolicy
+    from picker.telemetry import Metrics
+
+    clock = [100.0]
+    pool = Pool(clock=lambda: clock[0])
+    pool.apply(ready=["a:1", "b:1", "c:1"])
+    for endpoint in pool.endpoints():
+        endpoint.load = LoadSample(0.0, 0.0, 0.0, 99.0, 0, 0)
+    path = RequestPath(
+        pool, Metrics(), fallback_count=2, load_policy=LoadPolicy(), clock=lambda: clock[0],
+        rng=random.Random(3), schedule=lambda delay, fn: lambda: None,
+    )  # fmt: skip
+    record = path.admit(
+        InferenceRequest(method="POST", path="/v1/completions", model="m", stream=True)
+    ).payload
+    first = record.picked[0]
+    path.response_started(record, 200, first, streaming=True)
+    others = sorted({"a:1", "b:1", "c:1"} - {first})
+    pool.apply(ready=[first, others[0]], draining=[others[1]])
+    clock[0] += 60.0  # every sample is stale now: `pick` finds no room anywhere
+    target = path.resume(record, first, "upstream-reset")
+    in_flight = {e.address: e.in_flight for e in pool.endpoints()}
+    assert target == others[0] and in_flight == {first: 0, others[0]: 1, others[1]: 0}
+    assert path.resume(record, target, "upstream-reset") is None  # the draining one never; none left
