@@ -114,6 +114,8 @@ async def run(options: RolloutOptions, png: Path, workdir: Path) -> list[SetupRu
         print(f"\n({chr(ord('a') + index)}) {kind}: starting ...", flush=True)
         run_ = await run_setup(kind, options, arrivals, workdir / kind)
         print(f"    {report.verdict(run_)}")
+        if run_.resumes is not None:
+            print(f"    streams continued on another replica (picker_stream_resumes_total): {run_.resumes}")
         ended = options.rollout_at_s + run_.rollout_s
         if ended > options.duration_s:
             print(
@@ -132,8 +134,9 @@ async def run(options: RolloutOptions, png: Path, workdir: Path) -> list[SetupRu
     )
     if len(runs) == 3:
         title = title.replace(
-            "with (bottom) the picker",
-            "with the picker (middle), and through picker proxy with resume, one replica SIGKILLed (bottom)",
+            "without (top) and with (bottom) the picker",
+            "without the picker (top), with it (middle),\nand through picker proxy with resume while one "
+            "replica is SIGKILLed (bottom)",
         )
     caption = (
         "Each row is one vLLM replica process: its background colour is its state, the blue line the streams "

@@ -9,7 +9,7 @@ from loadtest.rollout.rolling import SetupRun
 from picker.drain import scorecard
 
 _ROWS = (
-    ("sent", "requests sent (same seeded Poisson arrivals in both runs)"),
+    ("sent", "requests sent (same seeded Poisson arrivals in every run)"),
     ("completed", "streams that ended with [DONE] and finish_reason length/stop"),
     ("http_5xx", "HTTP 5xx from a replica or Envoy, by code"),
     ("truncated", "HTTP 200 streams cut before [DONE]"),

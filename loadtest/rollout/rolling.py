@@ -38,7 +38,7 @@ class RolloutOptions:
     sim_args: tuple[str, ...] = ("--ttft-ms", "40", "--itl-ms", "25", "--itl-jitter-ms", "3")
     real_vllm: bool = False  # real vLLM CPU servers (loadtest/realvllm) instead of simulators
     model: str = "tiny-llama"  # the served model name (the launcher's tiny model with real vLLM)
-    kill_after_s: float = 2.0  # the proxy-resume run: one old replica SIGKILLed this long into the rollout
+    kill_after_s: float = 1.0  # the proxy-resume run: one old replica SIGKILLed this long into the rollout
 
 
 # With --real-vllm: each replica is a ~1.9 GB vLLM that takes ~25 s to start on an idle 2-core machine
@@ -66,6 +66,7 @@ class SetupRun:
     lane_names: dict[str, str] = field(default_factory=dict)
     load_avg: tuple[float, float] = (0.0, 0.0)  # the machine's 1-min load average at start and end
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds of the routers, whole run
+    resumes: dict[str, float] | None = None  # picker proxy with resume: streams continued, by why
 
 
 async def roll(fleet: Fleet, setup: PoolSetup, surge: int, unavailable: int) -> None:
@@ -149,10 +150,11 @@ async def run_setup(kind: str, options: RolloutOptions, arrivals: list[Arrival],
             reached = sum(1 for o in report.outcomes if o.result.status is not None)
             report.attribute(await asyncio.to_thread(setup.upstreams, reached))
         drains = await asyncio.to_thread(setup.drain_rows)
+        resumes = await asyncio.to_thread(setup.resumes) if isinstance(setup, ProxyResumeSetup) else None
         events = [*fleet.events, *report.timeline_events()]
         load_avg = (load_before, os.getloadavg()[0])
         return SetupRun(
-            setup.title, report, events, drains, rollout_s, fleet.lane_names(), load_avg, setup.cpu()
+            setup.title, report, events, drains, rollout_s, fleet.lane_names(), load_avg, setup.cpu(), resumes
         )
     finally:
         stop_sampling.set()

@@ -337,5 +337,10 @@ class ProxyResumeSetup(PickerSetup):
     def upstreams(self, expected: int) -> dict[str, str]:
         return {}  # no Envoy access log in this shape
 
+    def resumes(self) -> dict[str, float]:
+        """picker_stream_resumes_total by reason: the streams continued on another replica."""
+        page = self.stack.picker_metrics()
+        return {dict(k)["reason"]: v for (n, k), v in page.items() if n == "picker_stream_resumes_total"}
+
     def cpu(self) -> dict[str, float]:
         return {"picker proxy": cpu_seconds(self.stack.picker)}

@@ -47,6 +47,7 @@ MARK_STYLES = {
     "SIGTERM": ("-", "#000000", "SIGTERM sent to the replica"),
     "weight step": (":", "#2a7a2a", "canary: the candidate's weight stepped up (or promoted)"),
     "rolled back": ("-", "#d62728", "canary: a gate failed, weight 0, candidate drained"),
+    "SIGKILL": ("-", "#7b2cbf", "SIGKILL: the replica crashed (its streams cut mid-sentence)"),
 }
 NO_REPLICA = "(no replica)"
 _SAMPLE_S = 0.1
