@@ -6,6 +6,8 @@ One run, side by side, every path in front of the same three replicas:
   envoy+picker  Envoy + `picker serve` (ext_proc routing + observer), the shipped shape
   proxy         `picker proxy` (no Envoy)
   proxy+resume  `picker proxy` with streams.resume=always: every stream's events rewritten (issue 42)
+                (`--token-ids`: every client asks for token ids itself, so the simulator does the same
+                work in every row and the rows differ by the picker's own cost alone)
   vllm-router   the Rust router from PyPI, round robin (when its executable is found)
 Prints: TTFT p50/p99 and what each path adds at 1/16/64 concurrent streams; chunk lateness p50/p99
 at 200 concurrent 20 tokens/s streams with the path's CPU per chunk; 1-token request rate and CPU per
@@ -81,7 +83,7 @@ async def ttft_phase(paths: list[Path_], levels: list[int], tokens: int) -> None
             )
 
 
-async def lateness_phase(paths: list[Path_], streams: int, tokens: int) -> None:
+async def lateness_phase(paths: list[Path_], streams: int, tokens: int, token_ids: bool = False) -> None:
     print(f"\n{streams} concurrent streams x {tokens} tokens at {1 / ITL_S:.0f} tokens/s")
     print(
         f"{'path':<12} | {'chunks':>6} | {'late p50':>8} | {'late p99':>8} | {'TTFT p50':>8} | "
@@ -91,7 +93,7 @@ async def lateness_phase(paths: list[Path_], streams: int, tokens: int) -> None:
         cpu_before = path.cpu()
         tasks = []
         for _ in range(streams):
-            tasks.append(asyncio.create_task(one_stream(path.port, tokens)))
+            tasks.append(asyncio.create_task(one_stream(path.port, tokens, token_ids=token_ids)))
             await asyncio.sleep(1.0 / streams)  # spread the streams' phases over one second
         results = await asyncio.gather(*tasks)
         cpu = path.cpu() - cpu_before
@@ -112,7 +114,7 @@ async def lateness_phase(paths: list[Path_], streams: int, tokens: int) -> None:
         )
 
 
-async def rate_phase(paths: list[Path_], workers: int, count: int) -> None:
+async def rate_phase(paths: list[Path_], workers: int, count: int, token_ids: bool = False) -> None:
     print(f"\n1-token streaming requests, {workers} concurrent, {count} per path (new connection each)")
     print(f"{'path':<12} | {'req/s':>7} | {'CPU/req us':>10} | {'failed':>6}")
     for path in paths:
@@ -124,7 +126,7 @@ async def rate_phase(paths: list[Path_], workers: int, count: int) -> None:
             nonlocal issued, failed
             while issued < count:
                 issued += 1
-                stats = await one_stream(path.port, 1)
+                stats = await one_stream(path.port, 1, token_ids=token_ids)
                 failed += not stats.done
 
         await asyncio.gather(*(worker() for _ in range(workers)))
@@ -141,6 +143,7 @@ async def main() -> None:
     parser.add_argument("--tokens", type=int, default=100, help="tokens per stream of the lateness phase")
     parser.add_argument("--requests", type=int, default=2000, help="requests per path of the rate phase")
     parser.add_argument("--no-router", action="store_true", help="leave vllm-router out")
+    parser.add_argument("--token-ids", action="store_true", help="every request asks for token ids itself")
     args = parser.parse_args()
     levels = [int(v) for v in args.levels.split(",") if v]
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
@@ -183,8 +186,8 @@ async def main() -> None:
                 )
             print("paths: " + ", ".join(p.name for p in paths) + "; 3 replicas, one simulator process")
             await ttft_phase(paths, levels, tokens=2)
-            await lateness_phase(paths, args.streams, args.tokens)
-            await rate_phase(paths, workers=32, count=args.requests)
+            await lateness_phase(paths, args.streams, args.tokens, args.token_ids)
+            await rate_phase(paths, workers=32, count=args.requests, token_ids=args.token_ids)
         finally:
             for proc in procs:
                 proc.stop()

@@ -74,10 +74,15 @@ class _SSEProtocol(asyncio.Protocol):
             self._finished.set_result(None)
 
 
-async def one_stream(port: int, tokens: int, itl_s: float = ITL_S, prompt: str = "hi") -> StreamStats:
-    body = b'{"model":"tiny-llama","prompt":"%s","max_tokens":%d,"ignore_eos":true,"stream":true}' % (
+async def one_stream(
+    port: int, tokens: int, itl_s: float = ITL_S, prompt: str = "hi", token_ids: bool = False
+) -> StreamStats:
+    """One streaming completion; `token_ids`: it asks for vLLM's `return_token_ids` itself."""
+    extra = b',"return_token_ids":true' if token_ids else b""
+    body = b'{"model":"tiny-llama","prompt":"%s","max_tokens":%d,"ignore_eos":true,"stream":true%s}' % (
         prompt.encode(),
         tokens,
+        extra,
     )
     request = (
         b"POST /v1/completions HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"

@@ -30,6 +30,7 @@ COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 _DONE = b"data: [DONE]\n\n"
 _IDS = b'"token_ids":['
+_FINISH = b'"finish_reason":'
 _CHAT_ONLY = (
     "messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens", "response_format",
     "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
@@ -122,18 +123,34 @@ class Splice:
         return self._frame(frame)
 
     def _quick(self, data: bytes) -> bytes | None:
-        """The common event, without a JSON round trip: a content chunk of the first part, not the
-        last, its ids the last field of its one choice (vLLM's layout). None: take the slow path."""
-        if not data.endswith(b"]}]}") or b'"finish_reason":null' not in data:
-            return None
+        """The common events of a first part, without a JSON round trip (vLLM's layout): a content
+        chunk, its ids the last field of its one choice, and the usage chunk. None: the slow path."""
+        if data.endswith(b"]}]}"):
+            return self._quick_content(data)
+        if b'"choices":[]' in data and b'"usage":{' in data and b'"error"' not in data:
+            self.usage_sent = True  # nothing was resumed: its figures are the stream's own
+            return b"data: " + data + b"\n\n" if self.include_usage else b""
+        return None
+
+    def _quick_content(self, data: bytes) -> bytes | None:
         at = data.rfind(_IDS)
-        if at < 0:
+        reason_at = data.find(_FINISH)
+        if at < 0 or reason_at < 0:
             return None
+        value = data[reason_at + len(_FINISH) : reason_at + len(_FINISH) + 24]
+        finished = None
+        if not value.startswith(b"null"):
+            end = value.find(b'"', 1)
+            if not value.startswith(b'"') or end < 0:
+                return None
+            finished = value[1:end].decode()
         try:
             ids = [int(t) for t in data[at + len(_IDS) : -4].split(b",")]
         except ValueError:
             return None
         self.sent.extend(ids)
+        if finished is not None:
+            self.finished = finished
         if self.client_ids:
             return b"data: " + data + b"\n\n"
         if self.chat:
@@ -246,7 +263,10 @@ class Splice:
             rest["min_tokens"] = max(0, body["min_tokens"] - len(self.sent))
         rest["stream"] = True
         rest["return_token_ids"] = True
-        rest["stream_options"] = {"include_usage": True}
+        if self.include_usage:  # else none is asked: the client's usage is not wanted
+            rest["stream_options"] = {"include_usage": True}
+        else:
+            rest.pop("stream_options", None)
         if self.chat and body.get("logprobs") and isinstance(body.get("top_logprobs"), int):
             rest["logprobs"] = body["top_logprobs"]
         return COMPLETIONS, rest
@@ -314,9 +334,9 @@ def greedy(body: dict[str, Any]) -> bool:
 
 
 def prepare(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], Splice]:
-    """The request as sent upstream (token ids asked for, the usage chunk too) and its splice."""
+    """The request as sent upstream (token ids asked for) and its splice."""
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     client_ids = body.get("return_token_ids") is True
-    sent = {**body, "return_token_ids": True, "stream_options": {**(options or {}), "include_usage": True}}
+    sent = {**body, "return_token_ids": True}
     return sent, Splice(chat=chat, body=sent, client_ids=client_ids, include_usage=include_usage)
