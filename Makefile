@@ -95,6 +95,7 @@ bench-soak: $(STAMP)
 bench-realvllm: $(STAMP) real-vllm
 	$(BIN)/python -m loadtest.bench_realvllm
 	$(BIN)/python -m loadtest.bench_realvllm_affinity
+	$(BIN)/python -m loadtest.bench_realvllm_slo
 
 # A rolling update under streaming load, without and with the picker (README, "Rollouts"): prints
 # both tables and the drains' scorecard, and redraws the README's timeline picture.
