@@ -45,6 +45,7 @@ CLIENT_HINTS: Final = (FAIRNESS_ID, PRIORITY)
 # picker proxy, streams.resume: `on` asks for a stream to be continued on another replica if its
 # own is cut, `off` refuses it (picker/streams/resume.py); never sent upstream
 RESUME: Final = "x-picker-resume"
+RESUME_REFUSED: Final = "x-picker-resume-refused"  # the answer to one that asked and cannot: why
 SLO_TTFT: Final = ("x-slo-ttft-ms", "x-llm-d-slo-ttft-ms")
 SLO_TPOT: Final = ("x-slo-tpot-ms", "x-llm-d-slo-tpot-ms")
 

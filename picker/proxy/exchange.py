@@ -17,7 +17,17 @@ class UpstreamCut(Exception):
 class Exchange:
     """One routed request on its way through: its upstream response and the client's."""
 
-    __slots__ = ("_cut", "_task", "body", "current", "moving", "outgoing", "routed", "splice")
+    __slots__ = (
+        "_cut",
+        "_task",
+        "body",
+        "current",
+        "moving",
+        "outgoing",
+        "resume_refused",
+        "routed",
+        "splice",
+    )
 
     def __init__(
         self, routed: Routed, body: bytes, task: asyncio.Task[object] | None, splice: Splice | None = None
@@ -30,6 +40,7 @@ class Exchange:
         self.outgoing: list[tuple[str, str]] = []  # the headers sent upstream (a resume sends them again)
         self.current: Opened | None = None  # a resumable stream's part now running
         self.moving = False  # ... which the picker is ending, to continue the stream elsewhere
+        self.resume_refused: str | None = None  # it asked for resume and cannot have it: why
 
     def move(self) -> bool:
         """Continue this stream on another replica now (its own is draining): end the part running

@@ -98,14 +98,16 @@ class ProxyFrontend:
         if isinstance(hints, Reply):
             await down.reply(self.path.reject(hints))
             return
-        splice = None
+        splice, refused = None, None
         asked = down.header(headers.RESUME)
         if self._resume is not ResumeMode.OFF or asked is not None:
             ask = read_ask(asked)
             if isinstance(ask, Reply):
                 await down.reply(self.path.reject(ask))
                 return
-            body, splice, _ = prepared(self._resume, ask, parsed.path, body)
+            body, splice, refused = prepared(self._resume, ask, parsed.path, body)
+            if ask is not True:
+                refused = None  # said only to a client that asked
         tokens = await self.path.tokens(parsed) if self.path.wants_tokens(parsed) else None
         ticket = self.path.admit(
             parsed,
@@ -128,6 +130,7 @@ class ProxyFrontend:
             await down.reply(decision)
             return
         exchange = Exchange(decision, body, asyncio.current_task(), splice)
+        exchange.resume_refused = refused
         del body
         self._exchanges.add(exchange)
         self._idle.clear()
@@ -203,6 +206,9 @@ class ProxyFrontend:
             )
             if self._test_hooks:
                 response_headers.append((headers.TEST_SERVED_ENDPOINT, opened.served))
+            if exchange.resume_refused is not None:  # the client asked for resume: why not
+                response_headers.append((headers.RESUME_REFUSED, exchange.resume_refused))
+                path.resume_refused("not-resumable")
             await down.start(upstream.status, response_headers)
             if splice is None:
                 tail = await self._pass_through(down, record, opened)

@@ -210,6 +210,12 @@ async def test_what_cannot_be_continued_exactly_is_cut_as_before(stack: ProxySta
             stack.url + "/v1/completions", json=COMPLETION, headers={"x-picker-resume": "maybe"}
         ) as response:
             assert response.status == 400 and response.headers["x-picker-dropped-reason"] == "bad-request"
+        asked = {**COMPLETION, "n": 2, "max_tokens": 2}
+        async with session.post(
+            stack.url + "/v1/completions", json=asked, headers={"x-picker-resume": "on"}
+        ) as r:
+            await r.read()
+            assert r.headers.get("x-picker-resume-refused") == "several-choices"  # it asked: why not
         for body, headers in (
             ({**COMPLETION, "temperature": 0.8}, {}),
             (COMPLETION, {"x-picker-resume": "off"}),
@@ -222,7 +228,7 @@ async def test_what_cannot_be_continued_exactly_is_cut_as_before(stack: ProxySta
             process_of(stack, seen.served).signal(signal.SIGKILL)
             result = await asyncio.wait_for(task, 30)
             assert result.broken and result.done == 0 and result.tokens < 200
-    assert await resumes(stack) == {}
+    assert await resumes(stack) == {"not-resumable": 1.0}
 
 
 async def test_fifty_streams_lose_nothing_when_one_of_three_replicas_is_killed(stack: ProxyStack) -> None:
