@@ -110,6 +110,10 @@ class Settings:
     poll_interval_s: float = 0.5
     request_timeout_s: float = 1.0
     log_file: str | None = None
+    # picker proxy with streams.resume: this replica's drain URL on the picker's admin port with
+    # ?move_streams=true, POSTed once at the start: its streams continue on other replicas at once
+    move_streams_url: str | None = None
+    admin_token_file: str | None = None
 
 
 def arrived(previous: Sample, current: Sample) -> bool:
@@ -427,6 +431,7 @@ def run(
             return fetch_metrics(settings.metrics_url, budget_s)
 
     machine = DrainWait(settings, clock() if started is None else min(started, clock()))
+    moved = ask_move(settings) if settings.move_streams_url else None
     try:
         while machine.advance(clock()) is not Phase.DONE:
             result = fetch(machine.fetch_budget(clock()))
@@ -435,7 +440,28 @@ def run(
             sleep(machine.pause(clock()))
     except (Interrupted, KeyboardInterrupt):
         machine.interrupt(clock())
-    return machine.summary(clock())
+    summary = machine.summary(clock())
+    if moved is not None:
+        summary["move_streams"] = moved
+    return summary
+
+
+def ask_move(settings: Settings) -> dict[str, Any]:
+    """POST --move-streams-url once (the picker moves this replica's streams elsewhere); what it
+    answered, or why it could not be asked. Never raises: the hook waits for idle either way."""
+    import urllib.request
+
+    headers = {"User-Agent": "drain-wait"}
+    try:
+        if settings.admin_token_file:
+            with open(settings.admin_token_file, encoding="utf-8") as handle:
+                headers["Authorization"] = "Bearer " + handle.read().strip()
+        request = urllib.request.Request(settings.move_streams_url or "", method="POST", headers=headers)
+        with urllib.request.urlopen(request, timeout=max(settings.request_timeout_s, 0.1)) as response:
+            answer = json.loads(response.read(64 * 1024) or b"{}")
+            return {"status": response.status, "moved": answer.get("moved_streams")}
+    except Exception as exc:  # a refusal (HTTPError), no picker, a bad token file: said, not raised
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -493,6 +519,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-file",
         help="append the summary line here instead of stderr (e.g. /proc/1/fd/1 for kubectl logs)",
     )
+    parser.add_argument(
+        "--move-streams-url",
+        help="picker proxy (streams.resume): POST this replica's drain URL with ?move_streams=true once "
+        "at the start, so its streams continue on other replicas instead of holding the drain",
+    )
+    parser.add_argument("--admin-token-file", help="the picker's admin token, for --move-streams-url")
 
 
 def build_parser(prog: str = "drain-wait") -> argparse.ArgumentParser:
@@ -515,6 +547,13 @@ def parse_settings(argv: list[str] | None = None, prog: str = "drain-wait") -> S
         raise UsageError(f"--metrics-url {args.metrics_url!r}: {exc}") from exc
     if parts.scheme != "http" or not parts.hostname:
         raise UsageError(f"--metrics-url {args.metrics_url!r} is not an http:// URL with a host")
+    if args.move_streams_url is not None:
+        move = urllib.parse.urlsplit(args.move_streams_url)
+        if move.scheme != "http" or not move.hostname or "move_streams=true" not in move.query:
+            raise UsageError(
+                f"--move-streams-url {args.move_streams_url!r}: "
+                "not an http:// drain URL with ?move_streams=true"
+            )
     if args.quiet_interval <= 0 or args.poll_interval <= 0 or args.request_timeout <= 0:
         raise UsageError("--quiet-interval, --poll-interval and --request-timeout must be > 0")
     return Settings(
@@ -525,6 +564,8 @@ def parse_settings(argv: list[str] | None = None, prog: str = "drain-wait") -> S
         poll_interval_s=args.poll_interval,
         request_timeout_s=args.request_timeout,
         log_file=args.log_file,
+        move_streams_url=args.move_streams_url,
+        admin_token_file=args.admin_token_file,
     )
 
 

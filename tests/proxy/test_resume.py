@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -318,4 +320,39 @@ async def test_a_drain_past_its_deadline_moves_its_streams_instead_of_waiting(
     second after it began (not at the streams' end), and every stream completes."""
     results, _, to_zero = await streams_then_drain(moving_stack, "")
     assert 1.0 <= to_zero < 3.0
+    assert [r for r in results if r.broken or r.done != 1 or r.tokens != 150] == []
+
+
+async def test_the_prestop_hook_moves_its_replicas_streams_and_returns_once_the_engine_is_idle(
+    stack: ProxyStack, tmp_path: Path
+) -> None:
+    """`picker drain-wait --move-streams-url`: the hook asks the picker to move this replica's
+    streams at its start, then waits for the engine's idle as before: it returns in about a second
+    (the streams had 5 s left), and every stream completes."""
+    body, slow = {**COMPLETION, "max_tokens": 150}, {"x-sim-itl-ms": "40"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        seen = [Stream() for _ in range(12)]
+        events = [asyncio.Event() for _ in seen]
+        tasks = [
+            asyncio.create_task(read_stream(session, stack.url, "/v1/completions", body, slow, 10, e, out))
+            for e, out in zip(events, seen, strict=True)
+        ]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 20)
+        victim = max(stack.replicas, key=lambda r: sum(s.served == r for s in seen))
+        on_victim = sum(s.served == victim for s in seen)
+        move = f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints/{victim}/drain?move_streams=true"
+        argv = [
+            sys.executable, "-m", "picker", "drain-wait", "--metrics-url", f"http://{victim}/metrics",
+            "--move-streams-url", move, "--quiet-interval", "0.2", "--poll-interval", "0.05",
+            "--deadline", "20",
+        ]  # fmt: skip
+        hook = Proc("drain-wait", argv, tmp_path / "drain-wait.log")
+        try:
+            code = await asyncio.to_thread(hook.wait_exit, 30)
+        finally:
+            hook.stop()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    summary = json.loads(hook.log_text().strip().splitlines()[-1])
+    assert code == 0 and summary["move_streams"] == {"status": 200, "moved": on_victim}, summary
+    assert summary["outcome"] == "idle" and summary["total_s"] < 4.0, summary
     assert [r for r in results if r.broken or r.done != 1 or r.tokens != 150] == []
