@@ -693,6 +693,10 @@ class RolloutConfig(_Group):
     itl_ratio: float = Field(1.5, gt=0, description="candidate ITL p95 over stable's: at most")
     latency_floor_s: float = Field(0.02, ge=0, description="a p95 this little above stable's always passes")
     drain_on_rollback: bool = Field(True, description="a rollback drains the candidate's endpoints")
+    move_streams: bool = Field(
+        False,
+        description="picker proxy, streams.resume: a rollback also moves the candidate's streams",
+    )
 
     @field_validator("steps", mode="before")
     @classmethod

@@ -42,6 +42,9 @@ class RolloutRunner:
         self.drain_on_rollback = drain_on_rollback
         self.clock = clock
         self.store: DrainStore | None = None  # set by the wiring once the admin drains are open
+        # rollout.move_streams (picker proxy with streams.resume): a rollback moves the candidate's
+        # streams to stable replicas rather than let them run on the version it rolled back
+        self.move_streams: Callable[[str], int] | None = None
         self._logged = canary.events
         self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
         self._pods: dict[str, str | None] = {}  # the pod each rollback drain was for, by address
@@ -115,6 +118,8 @@ class RolloutRunner:
                     if verb == "drain":
                         await self.store.drain(address, pod=pod)
                         self._pods[address] = pod
+                        if self.move_streams is not None:
+                            log.info("rollout moves %d stream(s) off %s", self.move_streams(address), address)
                     else:
                         await self.store.undrain(address, pod=pod)
                         self._pods.pop(address, None)

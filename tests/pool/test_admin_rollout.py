@@ -148,3 +148,17 @@ async def test_an_unobservable_gate_is_said_once_not_every_tick(
     said = [r for r in caplog.records if "not observable" in r.getMessage()]
     gates = [r.getMessage().split()[2] for r in said]
     assert sorted(gates) == sorted(set(gates)) and gates, [r.getMessage() for r in said]
+
+
+async def test_a_rollback_moves_the_candidates_streams_when_asked(
+    served: tuple[TestClient, RolloutRunner], pool: Pool
+) -> None:
+    """rollout.move_streams (picker proxy): the rollback's drain of each candidate endpoint is
+    followed by moving its resumable streams to stable replicas."""
+    client, runner = served
+    moved: list[str] = []
+    runner.move_streams = lambda address: moved.append(address) or 3
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    aborted = (await (await client.post("/admin/rollout/abort", headers=auth)).json())["rollout"]
+    assert aborted["phase"] == "rolled-back"
+    assert moved == [CANDIDATE] and pool.get(CANDIDATE).state is EndpointState.DRAINING  # type: ignore[union-attr]
