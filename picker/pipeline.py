@@ -146,6 +146,7 @@ class RequestPath(ResponseSide):
         # applies what peers sent and this picker has not read yet (picker/peer_inbox.py; the wiring's)
         self.catch_up: Callable[[], None] = lambda: None
         self._idle_listeners: list[Callable[[], None]] = []
+        self.on_stall: Callable[[RequestRecord], bool] | None = None
         metrics.register_flow(self.flow)
 
     @property
@@ -376,6 +377,7 @@ class RequestPath(ResponseSide):
         # (or its sample is stale), queued on an engine rather than cut
         target = found[0] if found else min(candidates, key=estimated_load).address
         record.resumed_on = (*record.resumed_on, target)
+        record.stalled = False  # its new part is judged afresh
         record.served = target
         if record.lease is not None:
             record.lease.move(target)

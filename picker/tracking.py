@@ -46,6 +46,9 @@ class ResponseSide:
     canary: Canary | None
     placement: Placement
     peering: Peering | None
+    # a frontend that can continue a stream elsewhere (picker proxy's resume): told of each stall;
+    # True when it is moving that stream
+    on_stall: Callable[[RequestRecord], bool] | None
     access_log_seen: bool
     # and RequestPath's hand_to_engine(record): the engine's gauges settle a request nobody reports
 
@@ -252,8 +255,9 @@ class ResponseSide:
                 now - last,
                 known.state.value if known else "forgotten",
             )
-            if known is None or known.state is EndpointState.GONE:  # its engine will never send again
-                self.finish(record, EndReason.STALLED)
+            moving = self.on_stall is not None and self.on_stall(record)
+            if not moving and (known is None or known.state is EndpointState.GONE):
+                self.finish(record, EndReason.STALLED)  # its engine will never send again
         return found
 
     def finish(self, record: RequestRecord, reason: EndReason) -> None:

@@ -61,6 +61,7 @@ class ProxyApp:
             resume=ResumeMode(config.streams.resume),
             resume_max=config.streams.resume_max,
         )
+        self.path.on_stall = self.frontend.stalled  # a stalled resumable stream continues elsewhere
         self.ready = False
         self._stopping = False  # once shutdown starts, readiness only goes down
         self._tasks: set[asyncio.Task[None]] = set()

@@ -7,7 +7,7 @@ import asyncio
 from picker.contract import Reply
 from picker.pipeline import Routed
 from picker.proxy.upstream import Opened
-from picker.streams.resume import Splice
+from picker.streams.resume import Splice, Why
 
 
 class UpstreamCut(Exception):
@@ -39,16 +39,16 @@ class Exchange:
         self.splice = splice  # streams.resume: the stream may continue on another replica if cut
         self.outgoing: list[tuple[str, str]] = []  # the headers sent upstream (a resume sends them again)
         self.current: Opened | None = None  # a resumable stream's part now running
-        self.moving = False  # ... which the picker is ending, to continue the stream elsewhere
+        self.moving: Why | None = None  # ... which the picker is ending, to continue it elsewhere: why
         self.resume_refused: str | None = None  # it asked for resume and cannot have it: why
 
-    def move(self) -> bool:
-        """Continue this stream on another replica now (its own is draining): end the part running
-        (vLLM aborts it) and let the resume take it on. False when it cannot move."""
+    def move(self, why: Why = Why.MOVED) -> bool:
+        """Continue this stream on another replica now (its own is draining, or it stalled): end
+        the part running (vLLM aborts it) and let the resume take it on. False when it cannot."""
         current = self.current
-        if current is None or self.moving or self.splice is None or self.splice.done:
+        if current is None or self.moving is not None or self.splice is None or self.splice.done:
             return False
-        self.moving = True
+        self.moving = why
         current.response.close()
         return True
 

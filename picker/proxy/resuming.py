@@ -98,8 +98,8 @@ async def relay_resumable(
             exchange.current = None
             if why is None:
                 return b""
-            if exchange.moving:  # the picker ended the part: its replica is draining
-                exchange.moving, why = False, Why.MOVED
+            if exchange.moving is not None:  # the picker ended the part: draining, or stalled
+                exchange.moving, why = None, exchange.moving
             current.response.close()  # vLLM aborts what it still had of this part
             local = splice.finish_locally()
             if local is not None:  # the generation had finished: only its end was lost

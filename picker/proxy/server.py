@@ -26,7 +26,7 @@ from picker.proxy.exchange import Exchange, UpstreamCut
 from picker.proxy.resuming import prepared, read_ask, relay_resumable
 from picker.proxy.upstream import UPSTREAM_READ_ERRORS, Opened, Upstream, UpstreamUnavailable
 from picker.streams import EndReason, RequestRecord
-from picker.streams.resume import ResumeMode
+from picker.streams.resume import ResumeMode, Why
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +293,13 @@ class ProxyFrontend:
             await down.finish()
         except _CLIENT_GONE:
             pass
+
+    def stalled(self, record: RequestRecord) -> bool:
+        """The core saw this stream stall: continue it elsewhere if it is resumable."""
+        for exchange in self._exchanges:
+            if exchange.routed.record is record:
+                return exchange.move(Why.STALLED)
+        return False
 
     def move_streams(self, address: str) -> int:
         """Continue every resumable stream running on `address` on other replicas (a drain that

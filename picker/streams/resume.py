@@ -53,6 +53,7 @@ class Why(enum.Enum):
     SHORT = "upstream-truncated"  # the body ended without [DONE]
     ERROR_EVENT = "upstream-error-event"  # the engine's in-stream error event
     MOVED = "drain-moved"  # its replica is draining and the drain would not wait for it
+    STALLED = "stalled"  # its replica stopped sending for longer than streams.stall_after_s
 
 
 @dataclass(slots=True)

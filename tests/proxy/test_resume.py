@@ -356,3 +356,28 @@ async def test_the_prestop_hook_moves_its_replicas_streams_and_returns_once_the_
     assert code == 0 and summary["move_streams"] == {"status": 200, "moved": on_victim}, summary
     assert summary["outcome"] == "idle" and summary["total_s"] < 4.0, summary
     assert [r for r in results if r.broken or r.done != 1 or r.tokens != 150] == []
+
+
+@pytest.fixture
+def stalling_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyStack]:
+    options = stack_options(PICKER_STREAMS__STALL_AFTER_S="0.5")
+    started = ProxyStack(tmp_path_factory.mktemp("resume-stall"), options).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+async def test_a_stream_that_stalls_continues_elsewhere(stalling_stack: ProxyStack) -> None:
+    """A replica that stops sending without closing (streams.stall_after_s 0.5): the stream moves on.
+    Every replica's next stream stalls after 30 tokens: an 80-token answer needs two moves."""
+    stack = stalling_stack
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        body = {**COMPLETION, "max_tokens": 80}
+        uncut = await read_stream(session, stack.url, "/v1/completions", body)
+        for replica in stack.replicas:
+            await set_fault(replica, {"stall-after": 30, "count": 1})
+        result = await read_stream(session, stack.url, "/v1/completions", body)
+    assert result.text == uncut.text and result.done == 1 and not result.broken
+    assert result.usage == uncut.usage
+    assert await resumes(stack) == {"stalled": 2.0}
