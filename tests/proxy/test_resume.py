@@ -381,3 +381,64 @@ async def test_a_stream_that_stalls_continues_elsewhere(stalling_stack: ProxySta
     assert result.text == uncut.text and result.done == 1 and not result.broken
     assert result.usage == uncut.usage
     assert await resumes(stack) == {"stalled": 2.0}
+
+
+def envoy_in_front(proxy: str, workdir: Path) -> tuple[Proc, int]:
+    """Envoy with the shipped route (its retries before the first byte) and no ext_proc, its pool one
+    `picker proxy`: a gateway in front of the proxy, the shape the guide gives for pools that want
+    resume (Envoy cannot re-issue a request mid-response; the proxy behind it can)."""
+    import yaml
+
+    from loadtest.procs import free_port, port_open
+    from loadtest.stack import health_ok
+    from picker.envoyconf import EnvoyParams, envoy_binary, render
+
+    listen, admin_port = free_port(), free_port()
+    params = EnvoyParams(listen, admin_port, free_port(), [proxy], eds=False, picker_tls=False)
+    config = yaml.safe_load(render(params))
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["http_filters"] = [
+        f for f in hcm["http_filters"] if not f["name"].startswith("envoy.filters.http.ext_proc")
+    ]
+    path = workdir / "envoy-front.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = [
+        envoy_binary(),
+        "-c",
+        str(path),
+        "--use-dynamic-base-id",
+        "--log-level",
+        "warn",
+        "--concurrency",
+        "1",
+    ]
+    proc = Proc("envoy-front", argv, workdir / "envoy-front.log")
+    proc.wait_ready(lambda: health_ok(admin_port, "/ready") and port_open(listen), timeout=30)
+    return proc, listen
+
+
+@pytest.mark.envoy
+async def test_behind_envoy_a_stream_whose_replica_dies_still_completes(
+    stack: ProxyStack, tmp_path: Path
+) -> None:
+    """The real Envoy in front of `picker proxy`: the client talks to Envoy, the proxy continues the
+    stream of a SIGKILLed replica, and what reaches the client through Envoy is the uncut answer."""
+    envoy, port = await asyncio.to_thread(envoy_in_front, f"127.0.0.1:{stack.listen_port}", tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            uncut = await read_stream(session, url, "/v1/completions", COMPLETION)
+            strike, seen = asyncio.Event(), Stream()
+            task = asyncio.create_task(
+                read_stream(session, url, "/v1/completions", COMPLETION, None, 50, strike, seen)
+            )
+            await asyncio.wait_for(strike.wait(), 20)
+            process_of(stack, seen.served).signal(signal.SIGKILL)
+            result = await asyncio.wait_for(task, 30)
+    finally:
+        envoy.stop()
+    assert uncut.done == 1 and result.done == 1 and not result.broken
+    assert result.text == uncut.text and result.usage == uncut.usage
+    assert (await resumes(stack)).get("upstream-reset", 0) + (await resumes(stack)).get(
+        "upstream-truncated", 0
+    ) == 1
