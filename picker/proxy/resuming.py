@@ -148,4 +148,16 @@ async def _part(
         if splice.error:
             return Why.ERROR_EVENT
         if splice.done:
+            await _read_to_end(reader)  # the body's own end: its connection goes back to the pool
             return None
+
+
+async def _read_to_end(reader: Any, limit: int = 64 * 1024) -> None:
+    """After [DONE] only the body's framing is left: read it, so the response is complete and its
+    keep-alive connection is reused (closing it early costs a new connection per request)."""
+    left = limit
+    try:
+        while left > 0 and (chunk := await reader.readany()):
+            left -= len(chunk)
+    except UPSTREAM_READ_ERRORS:
+        pass
