@@ -82,6 +82,8 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_peers
 	$(BIN)/python -m loadtest.bench_rollout --instructions
 	$(BIN)/python -m loadtest.bench_shapes
+	$(BIN)/python -m loadtest.bench_slo
+	$(BIN)/python -m loadtest.bench_resume_cost --token-ids
 	@test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
 	VLLM_ROUTER=$(CURDIR)/.venv-router/bin/vllm-router $(BIN)/python -m loadtest.bench_proxy
 
