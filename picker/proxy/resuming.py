@@ -85,9 +85,10 @@ async def relay_resumable(
     down: Downstream,
     exchange: Exchange,
     opened: Opened,
-) -> bytes:
-    """A resumable stream: whole events rewritten into the client's stream; a cut part continued
-    on the replica the core names (picker/streams/resume.py), until the stream is complete."""
+) -> None:
+    """A resumable stream: whole events rewritten into the client's stream (so a cut of it always
+    falls between two events); a cut part continued on the replica the core names
+    (picker/streams/resume.py), until the stream is complete."""
     record, splice = exchange.routed.record, exchange.splice
     assert splice is not None
     current, outgoing = opened, exchange.outgoing
@@ -97,7 +98,7 @@ async def relay_resumable(
             why = await _part(path, down, record, splice, current)
             exchange.current = None
             if why is None:
-                return b""
+                return
             if exchange.moving is not None:  # the picker ended the part: draining, or stalled
                 exchange.moving, why = None, exchange.moving
             current.response.close()  # vLLM aborts what it still had of this part
@@ -105,7 +106,7 @@ async def relay_resumable(
             if local is not None:  # the generation had finished: only its end was lost
                 path.body_chunk(record, local)
                 await down.write(local)
-                return b""
+                return
             continued = None
             if splice.resumes >= resume_max:
                 path.resume_refused("limit")
@@ -117,7 +118,7 @@ async def relay_resumable(
                 if splice.error_frame:
                     path.body_chunk(record, splice.error_frame)  # the engine's word on it stands
                     await down.write(splice.error_frame)
-                    return b""
+                    return
                 raise UpstreamCut(f"{why.value}, not resumed")
             log.info("request_id=%s resumed on %s (%s)", record.request_id, continued.served, why.value)
             current = continued

@@ -212,10 +212,8 @@ class ProxyFrontend:
             await down.start(upstream.status, response_headers)
             if splice is None:
                 tail = await self._pass_through(down, record, opened)
-            else:
-                tail = await relay_resumable(
-                    self.path, self._upstream, self._resume_max, down, exchange, opened
-                )
+            else:  # whole events only: `tail` stays b"", at an event boundary
+                await relay_resumable(self.path, self._upstream, self._resume_max, down, exchange, opened)
             await down.finish()
         except asyncio.CancelledError:
             cut = exchange.take_cut()
