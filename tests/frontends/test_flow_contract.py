@@ -28,8 +28,15 @@ def one_slot_stack(frontend: str, tmp: Path) -> Stack:
 
 
 async def hold(client: httpx.AsyncClient, stack: Stack, count: int) -> list[asyncio.Task[Result]]:
-    """`count` long streams, all in flight at the picker."""
-    tasks = [asyncio.create_task(stream_one(client, stack.url, completion_body(200))) for _ in range(count)]
+    """`count` long streams, all in flight at the picker: the first one running on the engine before
+    the next is sent (sent together, the second could reach the engine while the first still held
+    its one queue place, and be refused there with a 503: seen once in a loaded CI run)."""
+    running = asyncio.Event()
+    tasks = [asyncio.create_task(stream_one(client, stack.url, completion_body(200), first_event=running))]
+    await asyncio.wait_for(running.wait(), 10)
+    tasks += [
+        asyncio.create_task(stream_one(client, stack.url, completion_body(200))) for _ in range(count - 1)
+    ]
     await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_in_flight") == count, 10)
     return tasks
 
