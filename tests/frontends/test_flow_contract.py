@@ -29,15 +29,19 @@ def one_slot_stack(frontend: str, tmp: Path) -> Stack:
 
 async def hold(client: httpx.AsyncClient, stack: Stack, count: int) -> list[asyncio.Task[Result]]:
     """`count` long streams, all in flight at the picker: the first one running on the engine before
-    the next is sent (sent together, the second could reach the engine while the first still held
-    its one queue place, and be refused there with a 503: seen once in a loaded CI run)."""
+    the next is sent (sent together they raced for the engine's one slot and one queue place, and
+    one loaded clean-clone CI run saw in-flight stay below 2 for 10 s; a timeout now says what the
+    holders got)."""
     running = asyncio.Event()
     tasks = [asyncio.create_task(stream_one(client, stack.url, completion_body(200), first_event=running))]
     await asyncio.wait_for(running.wait(), 10)
     tasks += [
         asyncio.create_task(stream_one(client, stack.url, completion_body(200))) for _ in range(count - 1)
     ]
-    await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_in_flight") == count, 10)
+    try:
+        await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_in_flight") == count, 10)
+    except TimeoutError:
+        raise AssertionError(f"holders: {[t.result() if t.done() else 'running' for t in tasks]}") from None
     return tasks
 
 
