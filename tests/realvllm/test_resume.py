@@ -8,9 +8,9 @@ The proxy continues it through the other relay from the prompt's token ids plus
 the tokens sent (`return_token_ids`, a token-id prompt). The text the client reads must equal an
 uncut run's, for completions and for chat, at cut points 1, 50, 120 and 199 of 200 tokens.
 
-Two relays to one engine rather than two engines: two vLLM CPU processes do not fit this 2-core box
-beside the suite; the claim under test (greedy continuation from token ids gives the same tokens, and
-the splice loses or repeats none) does not depend on which process decodes the rest.
+Two relays to one engine rather than two engines: each vLLM start costs ~25 s and ~2 GB of this tier's
+budget, and the claim under test (greedy continuation from token ids gives the same tokens, and the
+splice loses or repeats none) does not depend on which process decodes the rest.
 """
 
 from __future__ import annotations
