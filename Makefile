@@ -25,8 +25,10 @@ demo: $(STAMP)
 # 321-327 s against 815 here (README "Two commands").
 WORKERS ?= 2
 PARALLEL := $(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadfile,)
+# Checks marked `alone` load the whole box (1,100 live streams): they run by themselves after the rest.
 test: $(STAMP) real-vllm promtool chromium
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m 'not realvllm'
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m 'not realvllm and not alone'
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m 'alone and not realvllm'
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m realvllm
 
 # promtool checks the shipped alert rules (tests/observability). Installed from Debian's prometheus

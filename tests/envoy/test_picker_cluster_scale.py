@@ -24,7 +24,10 @@ from loadtest.bench_soak import HOLD_TOKENS, close_all, fds_needed, open_batch, 
 from loadtest.procs import wait_until
 from loadtest.stack import Stack
 
-pytestmark = pytest.mark.envoy
+# 1,100 live streams load this 2-core box by themselves: beside another check file on the second
+# pytest worker, the picker's counts stayed short of 1,100 for 30 s in two of three clean-clone CI
+# runs (alone: all tracked in ~4 s), so `make test` runs it alone
+pytestmark = [pytest.mark.envoy, pytest.mark.alone]
 
 STREAMS = 1_100
 BATCH = 550
