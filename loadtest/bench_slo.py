@@ -39,7 +39,10 @@ from loadtest.stack import health_ok, parse_metrics, sim_argv
 from loadtest.traffic import percentile
 
 MODEL = "tiny-llama"
-BASE = ("--ttft-ms", "15", "--itl-ms", "15", "--prefill-tokens-per-s", "40000", "--max-num-seqs", "6")
+BASE = (
+    "--ttft-ms", "15", "--itl-ms", "15", "--itl-per-running-ms", "1.5",
+    "--prefill-tokens-per-s", "40000", "--max-num-seqs", "6",
+)  # fmt: skip
 COMMON = (
     "--block-size", "16", "--num-gpu-blocks", "4000", "--kv-capacity-tokens", "4000000",
     "--max-model-len", "64000", "--enable-prompt-tokens-details", "--enable-force-include-usage",
@@ -52,6 +55,8 @@ MIXED = {
         "30",
         "--itl-ms",
         "30",
+        "--itl-per-running-ms",
+        "3",
         "--prefill-tokens-per-s",
         "20000",
         "--max-num-seqs",
@@ -59,8 +64,18 @@ MIXED = {
     ),
     "half-slots": (*BASE[:-1], "3"),
 }
-# What the pool can serve (requests/s): slots / (TTFT + 32 tokens x time per token), summed
-CAPACITY = 6 / 0.5 + 6 / 0.5 + 6 / 1.0 + 3 / 0.5
+
+
+def _serves(ttft_s: float, itl_s: float, per_running_s: float, slots: int) -> float:
+    """Requests/s one replica serves with every slot busy: slots / (TTFT + 32 tokens x the step of a
+    full batch)."""
+    return slots / (ttft_s + 32 * (itl_s + per_running_s * (slots - 1)))
+
+
+# What the pool can serve (requests/s), summed over the replicas
+CAPACITY = (
+    2 * _serves(0.015, 0.015, 0.0015, 6) + _serves(0.03, 0.03, 0.003, 6) + _serves(0.015, 0.015, 0.0015, 3)
+)
 
 
 @dataclass
@@ -74,6 +89,7 @@ class Outcome:
     refused_by_priority: Counter[int] = field(default_factory=Counter)
     slo_total: int = 0
     slo_met: int = 0
+    slo_missed_by_priority: Counter[int] = field(default_factory=Counter)
     hits: float = 0.0
 
 
@@ -145,6 +161,8 @@ async def one(
     if "x-slo-ttft-ms" in headers:
         out.slo_total += 1
         out.slo_met += ttft <= 0.5
+        if ttft > 0.5:
+            out.slo_missed_by_priority[priority] += 1
 
 
 async def hit_counters(replicas: Sequence[str]) -> tuple[float, float]:
@@ -349,7 +367,8 @@ async def phase_c(setups: Setups, replicas: list[str], windows: tuple[float, flo
         met = out.slo_met / out.slo_total if out.slo_total else float("nan")
         print(
             f"  {name:<8} {len(out.ttft):>5}  {met * 100:>6.1f}% of {out.slo_total:<5}"
-            f"                {dict(out.refused_by_priority)!s:<20} {dict(out.failed)}",
+            f"                {dict(out.refused_by_priority)!s:<20} {dict(out.failed)}"
+            f"  missed by priority {dict(out.slo_missed_by_priority)}",
             flush=True,
         )
 

@@ -530,11 +530,11 @@ class AffinityConfig(_Group):
     )
     latency_weight: float = Field(4.0, ge=0, description="score weight of the predicted TTFT")
     latency_gap_ratio: float = Field(
-        0.5,
+        0.3,
         ge=0,
         description="a replica is a choice while its predicted TTFT is within this share of the best",
     )
-    latency_gap_s: float = Field(0.05, ge=0, description="... or within this many seconds of it")
+    latency_gap_s: float = Field(0.1, ge=0, description="... or within this many seconds of it")
     latency_half_life_s: float = Field(
         5.0, gt=0, le=3600, description="an observation's weight in the model halves every this many seconds"
     )

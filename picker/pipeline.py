@@ -234,12 +234,8 @@ class RequestPath(ResponseSide):
             )
             if never is not None and not self.flow.closed:
                 return self.flow.refuse(record, never)
-        if (
-            priority < 0
-            and not self.flow.closed
-            and self.placement.shed(record, self._pool, self._policy, now)
-        ):
-            return self.flow.refuse(record, Outcome.REJECTED_SLO_UNATTAINABLE)
+        if not self.flow.closed and (shed := self.placement.shed(record, self._pool, self._policy, now)):
+            return self.flow.refuse(record, shed)
         ticket = self.flow.submit(record, flow=flow, priority=priority, size=request.body_bytes)
         if record.trace is not None and not ticket.done:
             record.trace.queued()

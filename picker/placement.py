@@ -23,6 +23,7 @@ import random
 from collections.abc import Sequence
 
 from picker.config import AffinityConfig
+from picker.contract import Outcome
 from picker.inference import InferenceRequest
 from picker.pool import Endpoint, Pool
 from picker.pool.cache import CacheKeys, PrefixIndex
@@ -33,6 +34,7 @@ from picker.scheduling.latency import LatencyModel
 from picker.scheduling.load import assess, estimated_waiting
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
 from picker.streams import RequestRecord
+from picker.streams.record import Slo
 from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 # most any request is expected to produce (a huge max_tokens usually ends at a stop long before)
 _DEFAULT_OUTPUT_TOKENS = 128
 _MAX_OUTPUT_TOKENS = 1024
+# a critical request's SLO guards the sheddable work admitted after it for this long (seconds)
+GUARD_S = 10.0
 
 
 class Placement:
@@ -56,6 +60,8 @@ class Placement:
         # affinity.latency: each replica's TTFT and time per output token, learned online
         self.latency = LatencyModel(config.latency_half_life_s) if config.latency else None
         self._refreshed_at = float("-inf")
+        # the latest critical request's SLO, and when it came: sheddable work gives way to it
+        self._guarded: tuple[Slo, float] | None = None
         pool.on_forget(self._forgotten)
 
     @property
@@ -180,20 +186,44 @@ class Placement:
         if keys.session is not None and self.sessions is not None:
             self.sessions.bind(keys.session, address)
 
-    def shed(self, record: RequestRecord, pool: Pool, load: LoadPolicy, now: float) -> bool:
-        """A sheddable request with an SLO that no ready replica is predicted to meet now: refused
-        (`rejected-slo-unattainable`), and counted so."""
-        if record.slo is None or self.attainable(record, pool.ready(), load, now):
-            return False
-        self._metrics.count_slo(record.slo, "refused")
-        return True
+    def shed(self, record: RequestRecord, pool: Pool, load: LoadPolicy, now: float) -> Outcome | None:
+        """Whether a request is refused for latency, and why (with the latency model only).
+
+        A sheddable request with an SLO that no ready replica is predicted to meet now:
+        `rejected-slo-unattainable`. Critical requests are never refused, so at overload their
+        objectives hold only if the sheddable work gives way: a sheddable request without an SLO of
+        its own is held to the latest critical request's (seen within `GUARD_S`), and refused as
+        `rejected-saturated` when no replica is predicted to meet that."""
+        if self.latency is None:
+            return None
+        if record.priority >= 0:
+            if record.slo is not None:
+                self._guarded = (record.slo, now)
+            return None
+        if record.slo is not None:
+            if self.attainable(record, pool.ready(), load, now):
+                return None
+            self._metrics.count_slo(record.slo, "refused")
+            return Outcome.REJECTED_SLO_UNATTAINABLE
+        guarded = self._guarded
+        if guarded is None or now - guarded[1] > GUARD_S:
+            return None
+        if self.attainable(record, pool.ready(), load, now, guarded[0]):
+            return None
+        return Outcome.REJECTED_SATURATED
 
     def attainable(
-        self, record: RequestRecord, candidates: Sequence[Endpoint], load: LoadPolicy, now: float
+        self,
+        record: RequestRecord,
+        candidates: Sequence[Endpoint],
+        load: LoadPolicy,
+        now: float,
+        slo: Slo | None = None,
     ) -> bool:
-        """Whether some candidate with room is predicted to meet the request's SLO now (True without
-        one). With none, it would wait in the queue behind what is queued already: not in time."""
-        slo, latency = record.slo, self.latency
+        """Whether some candidate with room is predicted to meet `slo` (the request's own by default)
+        now (True without one). With none, it would wait in the queue behind what is queued already:
+        not in time."""
+        slo, latency = slo or record.slo, self.latency
         if slo is None or latency is None:
             return True
         candidates = [c for c in candidates if not assess(c, now, load)[0]]

@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ttft-per-prompt-token-ms", type=float, default=0.0, help="extra TTFT per prompt token (prefill)"
     )
     latency.add_argument("--itl-ms", type=float, default=10.0, help="inter-token latency")
+    latency.add_argument(
+        "--itl-per-running-ms",
+        type=float,
+        default=0.0,
+        help="each other running request adds this to every inter-token step (batch size cost)",
+    )
     latency.add_argument("--ttft-jitter-ms", type=float, default=0.0, help="TTFT jitter, uniform +-j")
     latency.add_argument(
         "--itl-jitter-ms",
@@ -240,6 +246,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             ttft_ms=args.ttft_ms,
             ttft_per_prompt_token_ms=args.ttft_per_prompt_token_ms,
             itl_ms=args.itl_ms,
+            itl_per_running_ms=args.itl_per_running_ms,
             ttft_jitter_ms=args.ttft_jitter_ms,
             itl_jitter_ms=args.itl_jitter_ms,
             tokens_per_chunk=args.tokens_per_chunk,

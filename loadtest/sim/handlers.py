@@ -169,6 +169,7 @@ async def _validate(
     if slowdown != 1.0:  # a slower replica: every duration of the plan, stretched
         plan.ttft_s, plan.itl_s = plan.ttft_s * slowdown, plan.itl_s * slowdown
         plan.per_prompt_token_s *= slowdown
+        plan.itl_per_running_s *= slowdown
     prefix = "cmpl-" if endpoint is Endpoint.COMPLETIONS else "chatcmpl-"
     return Call(parsed, plan, fault, arrival, prefix + secrets.token_hex(16), int(time.time()))
 
@@ -254,7 +255,7 @@ async def _generate(
     fault_at = fault.after_tokens if fault is not None and fault.mid_stream is not None else None
     total, per_chunk = plan.output_tokens, state.config.latency.tokens_per_chunk
     write = response.write if response is not None else None
-    sent, previous = 0, t_first
+    sent, previous, previous_due = 0, t_first, t_first
     context = list(flight.token_ids) if call.parsed.return_token_ids else None
     while sent < total:
         if fault_at is not None and sent >= fault_at:
@@ -262,7 +263,13 @@ async def _generate(
         count = 1 if sent == 0 else min(per_chunk, total - sent)
         if fault_at is not None:
             count = min(count, fault_at - sent)
-        due = plan.deadline(t_first, sent + count - 1) if sent else t_first
+        if not sent:
+            due = t_first
+        elif plan.itl_per_running_s:  # each step as long as the batch it runs in makes it
+            due = previous_due + count * plan.step_s(len(engine.running))
+        else:
+            due = plan.deadline(t_first, sent + count - 1)
+        previous_due = due
         if due > loop.time():
             await flight.wait(due)
             if flight.interrupt is not None:

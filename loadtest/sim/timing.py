@@ -70,6 +70,7 @@ class TokenPlan:
         "_jitter_s",
         "_rng",
         "finish_reason",
+        "itl_per_running_s",
         "itl_s",
         "output_tokens",
         "per_prompt_token_s",
@@ -85,10 +86,12 @@ class TokenPlan:
         itl_jitter_s: float,
         rng: random.Random,
         per_prompt_token_s: float = 0.0,
+        itl_per_running_s: float = 0.0,
     ) -> None:
         self.ttft_s = ttft_s
         self.per_prompt_token_s = per_prompt_token_s  # in ttft_s per prompt token: cached ones save it
         self.itl_s = itl_s
+        self.itl_per_running_s = itl_per_running_s  # added to each step per other running request
         self.output_tokens = output_tokens
         self.finish_reason = finish_reason
         self._jitter_s = itl_jitter_s
@@ -100,6 +103,10 @@ class TokenPlan:
         if self._jitter_s and index:
             due += self._rng.uniform(-self._jitter_s, self._jitter_s)
         return due
+
+    def step_s(self, running: int) -> float:
+        """Seconds per token while `running` requests (this one included) share the engine's steps."""
+        return self.itl_s + self.itl_per_running_s * max(0, running - 1)
 
 
 def plan_tokens(
@@ -134,4 +141,5 @@ def plan_tokens(
         itl_jitter_s=latency.itl_jitter_ms / 1000,
         rng=rng,
         per_prompt_token_s=0.0 if overrides.ttft_ms is not None else latency.ttft_per_prompt_token_ms / 1000,
+        itl_per_running_s=0.0 if overrides.itl_ms is not None else latency.itl_per_running_ms / 1000,
     )

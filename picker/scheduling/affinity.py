@@ -55,8 +55,8 @@ class AffinityPolicy:
     balance_ratio: float
     prefill_penalty_tokens: float
     latency_weight: float = 0.0
-    latency_gap_ratio: float = 0.5
-    latency_gap_s: float = 0.05
+    latency_gap_ratio: float = 0.3
+    latency_gap_s: float = 0.1
 
     @classmethod
     def of(cls, config: AffinityConfig) -> AffinityPolicy:
@@ -247,7 +247,7 @@ def _quick(
         within = [row for row in within if meets(row)] or within
     # within the gap both to the first token and to the last: a replica that would make the
     # request wait for a batch slot is out as much as one that decodes slowly; when no replica is
-    # quick on both, the first token decides
+    # quick on both, the first token decides (a slower decoder then takes the overflow)
     quick = {}
     for figure in ("ttft_s", "latency_s"):
         best = min(getattr(row.affinity, figure) or 0.0 for row in within)

@@ -117,3 +117,21 @@ def test_the_model_learns_from_the_requests_the_picker_routes() -> None:
     assert record.ttft_x is None  # learned once
     assert model.replicas[FAST].ttft.weight != before
     assert pool.get(FAST) is not None
+
+
+def test_sheddable_work_without_an_slo_gives_way_to_the_critical_requests_objectives() -> None:
+    """At overload the critical requests cannot be refused, so their SLOs hold only if the sheddable
+    work gives way: while critical requests ask for a first token sooner than any replica is
+    predicted to give one, a sheddable request without an SLO of its own is refused as saturated;
+    once no critical request has asked for a while, it is admitted again."""
+    path, _ = path_with_model()
+    before = path.admit(REQUEST, priority=-1)
+    assert before.payload.picked  # no critical objective seen: admitted
+    path.admit(REQUEST, priority=0, slo=Slo(0.01, None))  # a critical request no replica can meet
+    shed = path.settle(path.admit(REQUEST, priority=-1))
+    assert getattr(shed, "outcome", None) is Outcome.REJECTED_SATURATED
+    assert getattr(shed, "retry_after_s", None)
+    critical = path.admit(REQUEST, priority=0).payload
+    assert critical.picked  # critical work is never shed
+    path.admit(REQUEST, priority=0, slo=Slo(0.2, None))  # one the quick replica meets: no pressure
+    assert path.admit(REQUEST, priority=-1).payload.picked
