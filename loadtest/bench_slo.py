@@ -2,8 +2,10 @@
 
 Four simulated replicas, each in its own process: two normal ones, one half as fast (prefill and
 decode: twice the base TTFT and the time per token, half the prefill rate) and one with half the
-batch slots. Mixed prompt lengths with shared prefixes (system prompts of 500 to 3,000 tokens, each
-request a short question), 24 to 40 tokens out. The same seeded Poisson arrivals go through two
+batch slots; every replica's step grows with its batch (--itl-per-running-ms, 10 % of its time per
+token for each other running request, as real vLLM's does). Mixed prompt lengths with shared
+prefixes (system prompts of 500 to 3,000 tokens, each request a short question), 24 to 40 tokens
+out. The same seeded Poisson arrivals go through two
 `picker proxy` processes over the same replicas:
   default   load + prefix affinity (the picker's default)
   latency   the same with affinity.latency on: each replica's TTFT and time per output token learned

@@ -1,7 +1,8 @@
 """Routing by predicted latency through each frontend (issue 43): a pool of two replicas, one three
 times slower, with affinity.latency on. The picker learns each replica's speed from what it sees and
 sends the slow one little new work; a sheddable request whose SLO no replica can meet gets the
-contract's refusal, a critical one goes to the best replica, and a malformed SLO header is a 400."""
+contract's refusal, a critical one goes to the best replica (and sheddable work without an SLO then
+gives way to its objective), and a malformed SLO header is a 400."""
 
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ async def test_the_slow_replica_is_learned_and_slo_requests_are_routed_or_refuse
                 {**unattainable, "x-gateway-inference-priority": "-1"},
             )
             critical = await stream_one(client, stack.url, completion_body(4), unattainable)
+            # sheddable work without an SLO gives way to the critical request's objective
+            gives_way = await stream_one(
+                client, stack.url, completion_body(4), {"x-gateway-inference-priority": "-1"}
+            )
             attainable = await stream_one(
                 client,
                 stack.url,
@@ -84,6 +89,8 @@ async def test_the_slow_replica_is_learned_and_slo_requests_are_routed_or_refuse
     assert learned == {fast, slow}, learned
     assert shed.status == 429 and shed.reason_header == "rejected-slo-unattainable" and shed.retry_after
     assert critical.ok and critical.replica == fast, critical
+    assert gives_way.status == 429 and gives_way.reason_header == "rejected-saturated", gives_way
+    assert gives_way.retry_after, gives_way
     assert attainable.ok, attainable
     assert malformed.status_code == 400, malformed.text
     refused = page.get(("picker_slo_requests_total", (("objective", "ttft"), ("result", "refused"))), 0.0)
