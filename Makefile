@@ -56,13 +56,13 @@ lint: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 
 # The documentation site (docs/, mkdocs.yml): served with live reload; the reference pages are
-# generated from the code first (`python -m picker.reference_pages`).
+# generated from the code first (`python -m picker.cli.reference_pages`).
 docs: $(STAMP)
-	$(BIN)/python -m picker.reference_pages
+	$(BIN)/python -m picker.cli.reference_pages
 	$(BIN)/mkdocs serve
 
 docs-build: $(STAMP)
-	$(BIN)/python -m picker.reference_pages
+	$(BIN)/python -m picker.cli.reference_pages
 	$(BIN)/mkdocs build --strict
 
 # A real vLLM (CPU build) and a tiny random local model, for the realvllm test tier.

@@ -464,10 +464,10 @@ async def part_long_prompts(paths: Paths, idle: dict[str, float], levels: list[i
 
 _RSS_PROBE = """
 import gc, sys
-from picker.pipeline import RequestPath
+from picker.request.pipeline import RequestPath
 from picker.pool import Pool
-from picker.inference import InferenceRequest
-from picker.telemetry import Metrics
+from picker.request.inference import InferenceRequest
+from picker.observability.metrics import Metrics
 
 def rss():
     for line in open("/proc/self/status"):

@@ -30,17 +30,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtest import http_client
 from loadtest.procs import Proc, free_port
 from loadtest.stack import health_ok
-from picker.config import LoadConfig
+from picker.config.model import LoadConfig
 from picker.flow import AdmissionQueue, FlowLimits, QueuedItem
-from picker.inference import InferenceRequest
-from picker.pipeline import RequestPath
+from picker.observability.metrics import Metrics
 from picker.pool import Pool
-from picker.pool.load import record_sample
+from picker.pool.scrapes import record_sample
+from picker.request.inference import InferenceRequest
+from picker.request.pipeline import RequestPath
 from picker.scheduling import LoadPolicy
 from picker.sources.scraper import Scraper
 from picker.sources.vllm_metrics import GaugeScanner, MetricsPageError
 from picker.streams import EndReason
-from picker.telemetry import Metrics
 
 
 def pct(values: list[float], q: float) -> float:

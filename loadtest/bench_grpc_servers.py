@@ -36,7 +36,7 @@ from loadtest.procs import Proc, free_port, port_open, wait_until
 from loadtest.rawclient import cpu_seconds
 from loadtest.stack import health_ok, serve_argv, sim_argv
 from loadtest.traffic import percentile
-from picker.envoyconf import envoy_binary
+from picker.cli.envoyconf import envoy_binary
 
 BASELINE = "envoy alone"
 PICKER = "picker"

@@ -1,6 +1,6 @@
 """The channel between pickers, two transports side by side: CPU per message on each side, and the
 one-way latency, for a grpc.aio stream (what every other picker channel uses) and plain asyncio TCP
-with msgpack framing (what picker/peers.py uses). Each side is its own process, as two pickers are.
+with msgpack framing (what picker/peers/channel.py uses). Each side is its own process, as two pickers are.
 
 Run: `python -m loadtest.bench_peers [--messages 20000]` (about 15 s). The message is a `pick`
 event, the most frequent one; messages go one at a time (each loop turn sends what it has).

@@ -24,7 +24,7 @@ from loadtest.procs import Proc, free_port, port_open
 from loadtest.rawclient import cpu_seconds, one_stream
 from loadtest.stack import Stack, StackOptions, health_ok
 from loadtest.traffic import percentile
-from picker.envoyconf import envoy_binary, render
+from picker.cli.envoyconf import envoy_binary, render
 
 
 def start_baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, int]:

@@ -81,7 +81,7 @@ def _publish(ports: Sequence[int], seconds: float, ready: multiprocessing.synchr
 
 
 async def kv_events() -> None:
-    from picker.config import AffinityConfig
+    from picker.config.model import AffinityConfig
     from picker.pool import Pool
     from picker.sources.kv_events import KvEvents
 

@@ -19,14 +19,14 @@ from __future__ import annotations
 import statistics
 import time
 
-from picker.config import RolloutConfig
-from picker.inference import InferenceRequest
-from picker.pipeline import RequestPath
+from picker.config.model import RolloutConfig
+from picker.observability.metrics import Metrics
 from picker.pool import EndpointState, Pool
+from picker.request.inference import InferenceRequest
+from picker.request.pipeline import RequestPath
 from picker.rollout import Canary, CanaryPlan
 from picker.scheduling import LoadPolicy
 from picker.streams import EndReason
-from picker.telemetry import Metrics
 
 LABEL = "app.kubernetes.io/version"
 REQUESTS = 10_000

@@ -40,7 +40,7 @@ from loadtest.procs import Proc, free_port, port_open
 from loadtest.rawclient import StreamStats, one_stream
 from loadtest.stack import Stack, StackOptions, health_ok, parse_metrics
 from loadtest.traffic import percentile
-from picker.envoyconf import envoy_binary, render, shape_template
+from picker.cli.envoyconf import envoy_binary, render, shape_template
 
 # (name, simulator arguments): fast = 12 ms a token, slow = twice that
 FAST = ("--ttft-ms", "20", "--itl-ms", "12", "--ttft-per-prompt-token-ms", "0.02")

@@ -261,13 +261,13 @@ async def model_errors(admin: str) -> dict[str, dict[str, float]]:
 
 def pick_cost(rounds: int) -> tuple[float, float]:
     """Microseconds per pick, four candidates with load samples: default, and with the latency model."""
-    from picker.config import AffinityConfig
-    from picker.placement import Placement
+    from picker.config.model import AffinityConfig
+    from picker.observability.metrics import Metrics
     from picker.pool import EndpointState, Pool
     from picker.pool.load import LoadSample
+    from picker.request.placement import Placement
     from picker.scheduling import LoadPolicy
     from picker.streams import RequestRecord
-    from picker.telemetry import Metrics
 
     results = []
     for latency in (False, True):
@@ -277,7 +277,7 @@ def pick_cost(rounds: int) -> tuple[float, float]:
         for i, endpoint in enumerate(pool.endpoints()):
             endpoint.load = LoadSample(float(i), 0.0, 0.1, 0.0, 0, 0)
         placement = Placement(pool, AffinityConfig(latency=latency), Metrics(), None)
-        from picker.inference import InferenceRequest
+        from picker.request.inference import InferenceRequest
 
         request = InferenceRequest(
             method="POST", path="/v1/completions", model="m", stream=True, prompt=b"x" * 4000

@@ -38,7 +38,7 @@ def pct(values: list[float], q: int) -> float:
 def envoy_variant(stack: Stack, mode: str) -> None:
     """Rewrite the stack's Envoy config for one of the three modes before Envoy starts."""
     import loadtest.stack as stack_module
-    from picker.envoyconf import render
+    from picker.cli.envoyconf import render
 
     def render_variant(params: object, template: Path | None = None) -> str:
         config = yaml.safe_load(render(params) if template is None else render(params, template))  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from picker import headers
+from picker.contract import headers
 from picker.extproc import translate
 
 STACKS = ("grpc-aio-uvloop", "grpc-aio-asyncio", "grpc-sync-threads", "grpclib")

@@ -23,7 +23,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc._cython import cygrpc
 
-from picker import headers
+from picker.contract import headers
 
 
 @dataclass(frozen=True, slots=True)

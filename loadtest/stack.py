@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtest import http_client
 from loadtest.procs import Proc, free_port, port_open, wait_until
 from loadtest.relay import Relay
-from picker.envoyconf import SHIPPED, EnvoyParams, envoy_binary, render, shape_template
+from picker.cli.envoyconf import SHIPPED, EnvoyParams, envoy_binary, render, shape_template
 
 
 @dataclass
@@ -34,7 +34,7 @@ class StackOptions:
     picker_endpoints: Sequence[str] | None = None  # default: the replicas
     static_endpoints: bool = True  # False: no --endpoints; picker_args names the source (file, kube)
     envoy_concurrency: int = 1
-    shape: str = SHIPPED  # the Envoy config template: picker.envoyconf.SHAPES (gateway-shaped ones)
+    shape: str = SHIPPED  # the Envoy config template: picker.cli.envoyconf.SHAPES (gateway-shaped ones)
     # TLS on the Envoy -> picker hop, both ends (the shipped default); False: --secure-serving=false
     envoy_picker_tls: bool = True
     # Envoy's pool cluster over EDS from the picker (the shipped default); None: EDS unless

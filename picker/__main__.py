@@ -1,3 +1,3 @@
-from picker.cli import main
+from picker.cli.main import main
 
 main()

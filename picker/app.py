@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from aiohttp import web
 
-from picker.config import ConfigError, PickerConfig, format_address
+from picker.config.model import ConfigError, PickerConfig, format_address
 from picker.extproc.access_log import AccessLogService
 from picker.extproc.eds import EndpointDiscovery, EndpointPublisher, add_eds_to_server
 from picker.extproc.server import HealthState, ext_proc_server, health_server
 from picker.extproc.service import ExtProcService, ResponseEnd
 from picker.extproc.tls import CertificateError, ServingCertificate
-from picker.shutdown import Shutdown, ShutdownSummary
+from picker.lifecycle.shutdown import Shutdown, ShutdownSummary
 from picker.wiring import build_core, run_until_signalled, spawn_owned
 
 if TYPE_CHECKING:
-    from picker.peering import Peering
+    from picker.peers.books import Peering
     from picker.sources.lease import Election
 
 log = logging.getLogger(__name__)
@@ -160,7 +160,7 @@ class PickerApp:
         not keep this one out). Routing before its peers' books arrive, a picker places its first
         requests blind: started one after another, four pickers' links took up to 1.5 s (backoff),
         and the misplacements of that first wave lasted as long as its streams (bench_ha)."""
-        from picker.peers import wait_linked
+        from picker.peers.channel import wait_linked
 
         timeout_s = self.config.peers.ready_timeout_s
         if not await wait_linked(peering, timeout_s):
@@ -188,7 +188,7 @@ class PickerApp:
         self._spawn(self.health.hold("source", problem is not None), "source-readiness")
 
     async def shutdown(self, force: asyncio.Event) -> ShutdownSummary:
-        """The phased drain (picker/shutdown.py), then the servers stop."""
+        """The phased drain (picker/lifecycle/shutdown.py), then the servers stop."""
         self._stopping = True
         summary = await Shutdown(self.path, self._stand_down, self.config.shutdown).run(force)
         await self.stop()

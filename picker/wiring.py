@@ -15,31 +15,31 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
-from picker.capacity_guard import CapacityGuard
-from picker.config import ConfigError, PickerConfig, canonical_address, format_address
-from picker.config_sources import read_plugin_config
+from picker.admin.capacity_guard import CapacityGuard
+from picker.config.model import ConfigError, PickerConfig, canonical_address, format_address
+from picker.config.plugins import affinity_settings
+from picker.config.sources import read_plugin_config
 from picker.flow import FlowLimits
-from picker.peering import Peering
-from picker.pipeline import RequestPath
-from picker.plugin_config import affinity_settings
+from picker.observability.metrics import Metrics
+from picker.observability.tracing import Tracing
+from picker.peers.books import Peering
 from picker.pool import Pool
 from picker.pool.drain import merge_summaries
 from picker.pool.health import SuspectPolicy
+from picker.request.pipeline import RequestPath
+from picker.request.tracking import sweep_stalls
 from picker.scheduling import LoadPolicy
 from picker.sources.drain_store import DrainStore, EndpointsFileDrains, LocalDrains
 from picker.sources.endpoints import EndpointSources
 from picker.sources.scraper import Scraper
-from picker.telemetry import Metrics
-from picker.tracing import Tracing
-from picker.tracking import sweep_stalls
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from picker.http_admin import Propagate
-    from picker.peer_inbox import PeerInbox
-    from picker.rollout_runner import RolloutRunner
-    from picker.shutdown import ShutdownSummary
+    from picker.admin.api import Propagate
+    from picker.lifecycle.shutdown import ShutdownSummary
+    from picker.peers.inbox import PeerInbox
+    from picker.rollout.runner import RolloutRunner
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
     from picker.sources.kv_events import KvEvents
     from picker.sources.served_models import ModelCards
@@ -104,7 +104,7 @@ class Core:
             )
             spawn(self.model_cards.run(), "model-cards")
         if self.path.peering is not None:
-            from picker.peers import PeerLinks
+            from picker.peers.channel import PeerLinks
 
             peers = self.config.peers
             links = PeerLinks(
@@ -124,9 +124,9 @@ class Core:
     def admin(
         self, spawn: Spawn, propagate: Propagate | None = None, move: Mover | None = None
     ) -> web.Application:
-        """The metrics port's application (picker/http_admin.py) over this core."""
-        from picker.http_admin import admin_app
-        from picker.status_page import overview
+        """The metrics port's application (picker/admin/api.py) over this core."""
+        from picker.admin.api import admin_app
+        from picker.admin.status_page import overview
 
         token, metrics_token = self.config.admin.token, self.config.admin.metrics_token
         drains = self.open_drains(spawn) or LocalDrains(self.pool)
@@ -186,7 +186,7 @@ class Core:
         peering = self.path.peering
         if peering is None:
             return None
-        from picker.peer_inbox import PeerInbox
+        from picker.peers.inbox import PeerInbox
 
         peers = self.config.peers
         inbox = PeerInbox(
@@ -205,7 +205,7 @@ class Core:
 
     async def pool_drains(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Every picker's drain records merged: what the pool's drains were (`picker scorecard`)."""
-        from picker.peers import peer_drains
+        from picker.peers.channel import peer_drains
 
         peering = self.path.peering
         secret = self.config.peers.credential()
@@ -308,7 +308,7 @@ def build_core(config: PickerConfig) -> Core:
     )
     metrics.register_capacity(core.guard.figures)
     if config.rollout.candidate is not None:
-        from picker.rollout_runner import start_rollout
+        from picker.rollout.runner import start_rollout
 
         core.rollout = start_rollout(config, pool, path)
         metrics.register_rollout(core.rollout.canary)

@@ -20,7 +20,7 @@ from loadtest.rollout.attribution import request_id
 from loadtest.rollout.timeline import TimelineEvent, error_event, stream_event
 from loadtest.sse_client import StreamResult, stream_request
 from loadtest.traffic import REPLICA_HEADER, completion_body, percentile
-from picker.headers import REQUEST_ID
+from picker.contract.headers import REQUEST_ID
 
 DROPPED_REASON_HEADER = "x-picker-dropped-reason"
 

@@ -29,9 +29,9 @@ from loadtest.proxy_stack import ProxyStack
 from loadtest.rollout.attribution import upstreams_from_file
 from loadtest.rollout.fleet import Fleet
 from loadtest.stack import Stack, StackOptions, health_ok
-from picker.config import parse_address
+from picker.cli.envoyconf import envoy_binary
+from picker.config.model import parse_address
 from picker.drain import scorecard
-from picker.envoyconf import envoy_binary
 
 TEMPLATE = Path(__file__).resolve().parent / "envoy-round-robin.yaml"
 LOAD_ASSIGNMENT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"

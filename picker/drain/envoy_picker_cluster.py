@@ -11,13 +11,11 @@ requests holds both), the bound the shipped config meets.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from picker.drain.envoy_bootstrap import Located
 from picker.drain.manifests import Document, get, is_placeholder, placeholder_name
 from picker.drain.rules import Budget, Report
-
-if TYPE_CHECKING:
-    from picker.drain.envoy_rules import Located
 
 RULE = "ENVOY-016"
 

@@ -2,20 +2,19 @@
 
 Only static_resources are read: listeners -> HTTP connection managers -> routes and ext_proc filters,
 and the clusters the routes send to. A placeholder makes the rules that need its value skip.
-Just over 400 lines: the rules walk one parsed bootstrap together; picker/drain/envoy_picker_cluster.py
-holds the picker cluster's.
+Just over 400 lines: the rules walk one parsed bootstrap together; picker/drain/envoy_bootstrap.py
+finds its connection managers, picker/drain/envoy_picker_cluster.py holds the picker cluster's rule.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from picker import headers
-from picker.contract import Outcome
+from picker.contract import Outcome, headers
 from picker.drain import envoy_picker_cluster
+from picker.drain.envoy_bootstrap import Located, connection_managers, type_of
 from picker.drain.manifests import Document, FieldPath, Unknown, get, is_placeholder, placeholder_name
 from picker.drain.rules import Budget, Report
 
@@ -36,35 +35,6 @@ def duration_s(value: Any) -> float | Unknown | None:
         return float(value.get("seconds", 0) or 0) + float(value.get("nanos", 0) or 0) / 1e9
     match = _DURATION.match(str(value).strip())
     return float(match.group(1)) if match else Unknown(f"duration {value!r} not understood")
-
-
-def _type_of(typed_config: Any) -> str:
-    return str(get(typed_config, ("@type",), "")).rsplit(".", 1)[-1]
-
-
-@dataclass(frozen=True)
-class Located:
-    path: FieldPath
-    data: dict[str, Any]
-
-
-def connection_managers(doc: Document) -> Iterator[Located]:
-    for li, listener in enumerate(get(doc.data, ("static_resources", "listeners"), []) or []):
-        for ci, chain in enumerate(get(listener, ("filter_chains",), []) or []):
-            for fi, item in enumerate(get(chain, ("filters",), []) or []):
-                config = get(item, ("typed_config",))
-                if isinstance(config, dict) and _type_of(config) == "HttpConnectionManager":
-                    path = (
-                        "static_resources",
-                        "listeners",
-                        li,
-                        "filter_chains",
-                        ci,
-                        "filters",
-                        fi,
-                        "typed_config",
-                    )
-                    yield Located(path, config)
 
 
 def _routes(hcm: Located) -> Iterator[tuple[FieldPath, dict[str, Any]]]:
@@ -175,7 +145,7 @@ def _check_header_removal(doc: Document, hcm: Located, report: Report) -> None:
 def _routing_filters(hcm: Located) -> Iterator[Located]:
     for index, item in enumerate(hcm.data.get("http_filters") or []):
         config = get(item, ("typed_config",))
-        if isinstance(config, dict) and _type_of(config) == "ExternalProcessor":
+        if isinstance(config, dict) and type_of(config) == "ExternalProcessor":
             if config.get("observability_mode") is not True:  # an observer cannot route
                 yield Located((*hcm.path, "http_filters", index, "typed_config"), config)
 
@@ -410,7 +380,7 @@ def sees_response_bodies(doc: Document) -> bool:
     for hcm in connection_managers(doc):
         for item in hcm.data.get("http_filters") or []:
             config = get(item, ("typed_config",))
-            if isinstance(config, dict) and _type_of(config) == "ExternalProcessor":
+            if isinstance(config, dict) and type_of(config) == "ExternalProcessor":
                 if str(get(config, ("processing_mode", "response_body_mode"), "NONE")) != "NONE":
                     return True
     return False
@@ -423,11 +393,11 @@ def _check_response_view(doc: Document, hcm: Located, routing: list[Located], re
         return
     for item in hcm.data.get("access_log") or []:
         config = get(item, ("typed_config",))
-        if isinstance(config, dict) and _type_of(config) == "HttpGrpcAccessLogConfig":
+        if isinstance(config, dict) and type_of(config) == "HttpGrpcAccessLogConfig":
             return  # each request's end reaches the picker from the log (--response-end access-log)
     for item in hcm.data.get("http_filters") or []:
         config = get(item, ("typed_config",))
-        if isinstance(config, dict) and _type_of(config) == "ExternalProcessor":
+        if isinstance(config, dict) and type_of(config) == "ExternalProcessor":
             if str(get(config, ("processing_mode", "response_body_mode"), "NONE")) != "NONE":
                 return  # a routing filter or an observer streams the response past the picker
     first = routing[0]

@@ -28,7 +28,7 @@ DRAINING_HEALTH_SERVICES = (
     "inference-extension",
 )
 READINESS_HEALTH_SERVICES = ("readiness", "inference-extension")
-DEFAULT_PICKER_DRAIN_S = 30.0  # picker/config.py ShutdownConfig.drain_timeout_s
+DEFAULT_PICKER_DRAIN_S = 30.0  # picker/config/model.py ShutdownConfig.drain_timeout_s
 DEFAULT_HEALTH_PORT = 9003
 
 

@@ -1,6 +1,6 @@
 """Reading the inputs of `picker check`: YAML documents that remember the line of every field.
 
-Envoy templates carry `${NAME}` placeholders (filled by picker/envoyconf.py). They are not YAML, so
+Envoy templates carry `${NAME}` placeholders (filled by picker/cli/envoyconf.py). They are not YAML, so
 before parsing each becomes a plain scalar `__placeholder_NAME__` (a placeholder alone on its line
 becomes a comment), and rules treat any value holding one as unknown.
 """

@@ -14,7 +14,7 @@ import grpc
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from picker.extproc import translate
-from picker.pipeline import RequestPath
+from picker.request.pipeline import RequestPath
 
 log = logging.getLogger(__name__)
 

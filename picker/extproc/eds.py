@@ -32,7 +32,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.endpoint.v3 import eds_pb2_grpc
 from google.protobuf import any_pb2
 
-from picker.config import parse_address
+from picker.config.model import parse_address
 from picker.pool import EndpointState, Pool
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from picker import headers
+from picker.contract import headers
 from picker.extproc import translate
-from picker.pipeline import RequestPath
+from picker.request.pipeline import RequestPath
 from picker.streams import RequestRecord
 
 

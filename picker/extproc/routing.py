@@ -29,13 +29,12 @@ from dataclasses import dataclass, field
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from picker import headers
-from picker.contract import Outcome, Reply, reply_for
+from picker.contract import Outcome, Reply, headers, reply_for
 from picker.extproc import translate
 from picker.flow import Ticket
-from picker.hints import HintRules, Hints, read_hints
-from picker.inference import InferenceRequest, parse_request
-from picker.pipeline import RequestPath
+from picker.request.hints import HintRules, Hints, read_hints
+from picker.request.inference import InferenceRequest, parse_request
+from picker.request.pipeline import RequestPath
 from picker.streams import RequestRecord
 
 log = logging.getLogger(__name__)

@@ -15,13 +15,12 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
-from picker import headers
-from picker.contract import Outcome, reply_for
+from picker.contract import Outcome, headers, reply_for
 from picker.extproc import translate
 from picker.extproc.observer import ObserverSession
 from picker.extproc.routing import Pending, RoutingOptions, RoutingSession, Tokenize
-from picker.hints import HintRules
-from picker.pipeline import RequestPath
+from picker.request.hints import HintRules
+from picker.request.pipeline import RequestPath
 from picker.streams import EndReason, RequestRecord
 from picker.streams.ends import Ends
 
@@ -182,7 +181,7 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
                     self._learn(peer, Ends.BODY)
                 if unreported is not None and session.shim:
                     # no response phase will come, nor an observer: the engine's gauges say when
-                    # it ended (picker/pipeline.py `hand_to_engine`)
+                    # it ended (picker/request/pipeline.py `hand_to_engine`)
                     self._learn(peer, Ends.ENGINE)
                     self.path.hand_to_engine(unreported)
                 elif unreported is not None and envoy_closed and self._skips_responses(peer, unreported):

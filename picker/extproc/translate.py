@@ -12,9 +12,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import duration_pb2, struct_pb2
 
-from picker import headers
-from picker.config import canonical_address, format_address
-from picker.contract import Reply
+from picker.config.model import canonical_address, format_address
+from picker.contract import Reply, headers
 from picker.streams import Attempts
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD

@@ -3,7 +3,7 @@
 Owns `Endpoint` (address, READY / DRAINING / NOT_READY / GONE, in-flight), `Pool`, the one mutable
 view every frontend reads, drain records (`drain.py`) and the pure reading of what sources say
 (`slices.py`: EndpointSlices -> desired states). Sources (static list, endpoints file, EndpointSlice
-watch, admin API; adapters in picker/sources/ and picker/http_admin.py) replace the desired set; the
+watch, admin API; adapters in picker/sources/ and picker/admin/api.py) replace the desired set; the
 pool keeps counting in-flight requests of endpoints that drain or disappear until each request ends.
 Plain synchronous code, driven from one asyncio loop: no locks, no network or file I/O.
 """

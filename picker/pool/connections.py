@@ -3,7 +3,7 @@
 Envoy dispatches the next request on an HTTP/1.x client connection only once the last one's
 response is complete, so a request that arrives on a connection shows that the last request on it
 has ended, whichever picker routed it. Its end still has to come round: Envoy tells the picker its
-observer stream went to, which tells the others (picker/peering.py), a hop that can take longer
+observer stream went to, which tells the others (picker/peers/books.py), a hop that can take longer
 than the client's next request takes to reach another picker. Picked meanwhile, that request saw
 the replica still busy with the one that had ended: with four pickers in lockstep, most of the
 picks that went to a busier replica than another (bench_ha). So each picker notes the connection of

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 class DrainEnd(enum.Enum):
     """How one request attributed to an endpoint ended, in the pool's words (closed set).
 
-    The request path maps its own end reasons onto these (picker/pipeline.py `finish`)."""
+    The request path maps its own end reasons onto these (picker/request/pipeline.py `finish`)."""
 
     COMPLETED = "completed"  # the response reached its end
     CLIENT_DISCONNECT = "client-disconnect"  # the client went away first

@@ -42,10 +42,10 @@ class Endpoint:
     # uncached prompt tokens of the requests routed here that have not sent a first token yet:
     # the prefill backlog a new request would wait behind (the reference's in-flight token load)
     pending_prefill: float = 0.0
-    peer_in_flight: int = 0  # requests other pickers have in flight here (picker/peering.py)
+    peer_in_flight: int = 0  # requests other pickers have in flight here (picker/peers/books.py)
     peer_arrivals: int = 0  # of `arrivals`, those other pickers' books added
     # of the requests counted here, those a newer request on the same client connection shows have
-    # ended, their end not heard yet (picker/peering.py): the load estimate leaves them out
+    # ended, their end not heard yet (picker/peers/books.py): the load estimate leaves them out
     superseded: int = 0
     # its load (running + waiting, estimated) averaged over the last seconds, at `load_avg_at`: a
     # sustained imbalance, which breaks affinity, from the moment-to-moment swings, which must not

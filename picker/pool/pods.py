@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from picker.config import format_address
+from picker.config.model import format_address
 from picker.pool.endpoint import EndpointState
 
 MAX_TARGET_PORTS = 8

@@ -16,12 +16,12 @@ from typing import Any
 
 from aiohttp import web
 
-from picker.config import PickerConfig
+from picker.config.model import PickerConfig
 from picker.contract import Outcome, reply_for
+from picker.lifecycle.shutdown import Shutdown, ShutdownSummary
 from picker.proxy.h2c import H2Protocol, ProtocolSniffer
 from picker.proxy.server import ProxyFrontend
 from picker.proxy.upstream import Upstream
-from picker.shutdown import Shutdown, ShutdownSummary
 from picker.streams.resume import ResumeMode
 from picker.wiring import build_core, run_until_signalled, spawn_owned
 
@@ -137,7 +137,8 @@ class ProxyApp:
         spawn_owned(self._tasks, coro, name)
 
     async def shutdown(self, force: asyncio.Event) -> ShutdownSummary:
-        """The phased drain (picker/shutdown.py); at its deadline every open exchange is cut cleanly."""
+        """The phased drain (picker/lifecycle/shutdown.py); at its deadline every open exchange is cut
+        cleanly."""
         summary = await Shutdown(self.path, self._not_ready, self.config.shutdown).run(force)
         cut = self.frontend.cut_all(reply_for(Outcome.REJECTED_SHUTTING_DOWN))
         if cut:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from picker.contract import Reply
-from picker.pipeline import Routed
 from picker.proxy.upstream import Opened
+from picker.request.pipeline import Routed
 from picker.streams.resume import Splice, Why
 
 

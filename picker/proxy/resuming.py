@@ -12,13 +12,12 @@ import json
 import logging
 from typing import Any
 
-from picker import headers
-from picker.contract import Outcome, Reply, reply_for
-from picker.pipeline import RequestPath
+from picker.contract import Outcome, Reply, headers, reply_for
 from picker.proxy import translate
 from picker.proxy.downstream import Downstream
 from picker.proxy.exchange import Exchange, UpstreamCut
 from picker.proxy.upstream import UPSTREAM_READ_ERRORS, Opened, Upstream, UpstreamUnavailable
+from picker.request.pipeline import RequestPath
 from picker.streams import RequestRecord
 from picker.streams.resume import CHAT, COMPLETIONS, ResumeMode, Splice, Why, prepare, refusal
 

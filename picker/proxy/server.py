@@ -14,17 +14,16 @@ import random
 
 from aiohttp import web
 
-from picker import headers
-from picker.contract import Outcome, Reply, reply_for
-from picker.hints import HintRules, read_hints
-from picker.inference import parse_request
-from picker.pipeline import RequestPath
+from picker.contract import Outcome, Reply, headers, reply_for
 from picker.pool import Pool
 from picker.proxy import translate
 from picker.proxy.downstream import Downstream, Http1Downstream
 from picker.proxy.exchange import Exchange, UpstreamCut
 from picker.proxy.resuming import prepared, read_ask, relay_resumable
 from picker.proxy.upstream import UPSTREAM_READ_ERRORS, Opened, Upstream, UpstreamUnavailable
+from picker.request.hints import HintRules, read_hints
+from picker.request.inference import parse_request
+from picker.request.pipeline import RequestPath
 from picker.streams import EndReason, RequestRecord
 from picker.streams.resume import ResumeMode, Why
 

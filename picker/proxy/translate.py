@@ -9,8 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from aiohttp import web
 
-from picker import headers
-from picker.contract import Reply
+from picker.contract import Reply, headers
 
 _DROPPED_UPSTREAM = frozenset(
     {*headers.HOP_BY_HOP, *headers.CLIENT_HINTS, headers.PICKER_REQUEST_ID, headers.RESUME}

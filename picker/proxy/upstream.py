@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_none
 
-from picker import headers as header_names
-from picker.config import ProxyConfig
+from picker.config.model import ProxyConfig
+from picker.contract import headers as header_names
 
 # Answers before the first byte that move to the next endpoint, as config/envoy.yaml's route retries:
 # 503 (busy), 500 (vLLM's drain refusal, and an engine that failed before streaming anything)

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from picker.config import RolloutConfig
+from picker.config.model import RolloutConfig
 from picker.rollout.gates import Limits, Reading, Sample, Window, judge, step_may_end
 
 CANDIDATE, STABLE = "candidate", "stable"

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from picker.config import RolloutConfig
+from picker.config.model import RolloutConfig
 from picker.streams import EndReason
 
 CUT = frozenset({EndReason.UPSTREAM_TRUNCATED, EndReason.UPSTREAM_ERROR_EVENT, EndReason.STALLED})

@@ -36,7 +36,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from picker.config import AffinityConfig
+from picker.config.model import AffinityConfig
 from picker.scheduling.load import LoadPolicy, assess, estimated_load
 from picker.scheduling.pick import Candidate, Stagger
 

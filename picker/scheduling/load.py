@@ -55,7 +55,7 @@ class LoadPolicy:
 
 def counted(view: LoadView) -> float:
     """This picker's and its peers' requests on the endpoint, less those a newer request on the same
-    client connection shows have ended (their end not heard yet: picker/peering.py)."""
+    client connection shows have ended (their end not heard yet: picker/peers/books.py)."""
     return float(max(0, view.in_flight + view.peer_in_flight - view.superseded))
 
 

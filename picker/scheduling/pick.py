@@ -21,7 +21,7 @@ class Candidate(LoadView, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Stagger:
-    """This picker's place among `pickers` active ones (picker/peering.py).
+    """This picker's place among `pickers` active ones (picker/peers/books.py).
 
     A burst reaches them all at once, and each picks before the others' picks reach it, so by load
     alone every one would choose the same least-loaded endpoint (herding). Staggered, each takes

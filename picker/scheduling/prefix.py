@@ -1,6 +1,6 @@
 """Prompt block hashes: what a request shares with what a replica has cached, as chained block keys.
 
-Approximate (no engine support): the prompt's material (picker/inference.py) is cut into blocks of
+Approximate (no engine support): the prompt's material (picker/request/inference.py) is cut into blocks of
 `block_tokens` pseudo-tokens of `bytes_per_token` bytes each (the reference picker packs 4 bytes into
 one pseudo-token and uses blocks of at least 64). Full blocks only, unlike the reference, which
 hashes the partial last block too: an engine caches full blocks only, so a prompt shorter than a

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from picker.config import canonical_address
+from picker.config.model import canonical_address
 from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
 from picker.sources.static_file import EndpointsFile, EndpointsFileError, parse_endpoints
 

@@ -15,12 +15,12 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from picker.config import ConfigError, PickerConfig
-from picker.objectives import Objectives
+from picker.config.model import ConfigError, PickerConfig
+from picker.observability.metrics import Metrics
 from picker.pool import Pool
 from picker.pool.slices import TargetPort
+from picker.request.objectives import Objectives
 from picker.sources import kube, kube_pool, static_file
-from picker.telemetry import Metrics
 
 log = logging.getLogger(__name__)
 

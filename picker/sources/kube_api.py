@@ -34,7 +34,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.discovery_v1 import EndpointSlice
 
-from picker.config import ConfigError
+from picker.config.model import ConfigError
 from picker.sources.kube import ApiFailure, BadData, Disconnected, Expired, SourceError, WatchEvent
 
 _MAX_ERROR_BODY = 64 * 1024

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from picker.config import canonical_address
+from picker.config.model import canonical_address
 from picker.pool import Endpoint, EndpointConflict, EndpointState, Pool, UnknownEndpoint
 from picker.sources.drain_store import Check, DrainRecordUnavailable
 from picker.sources.kube import Collection, ListWatch, SourceError, WatchSettings

@@ -9,7 +9,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
 
-from picker.config import KubeSourceConfig
+from picker.config.model import KubeSourceConfig
 from picker.pool import Pool
 from picker.sources.kube import ApiFailure, Collection, Disconnected, WatchSettings
 from picker.sources.kube_api import LightkubeCollection, load_kubeconfig, make_client

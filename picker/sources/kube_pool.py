@@ -7,7 +7,7 @@ inactivity deadline, backoff), one inside the other:
 A change of the pool's selector restarts the pod watch with the new selector (its first list replaces
 the whole view); a change of targetPorts alone re-reads the same pods. A missing or invalid pool is
 reported once through `on_problem` (the picker stops being ready) and the last good view stays; a
-usable pool again clears it. Given an `Objectives` (picker/objectives.py), a third loop keeps it in
+usable pool again clears it. Given an `Objectives` (picker/request/objectives.py), a third loop keeps it in
 step with the namespace's InferenceObjectives (request priorities). The API sits behind `PoolApi`
 (kube_api.LightkubePoolApi).
 """
@@ -19,9 +19,9 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
-from picker.objectives import Objectives
 from picker.pool import Pool
 from picker.pool.pods import PodStore, PoolSpec, PoolSpecStore
+from picker.request.objectives import Objectives
 from picker.sources.kube import Collection, ListWatch, SourceError, WatchSettings
 
 log = logging.getLogger(__name__)

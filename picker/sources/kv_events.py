@@ -30,7 +30,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from picker.config import AffinityConfig, parse_address
+from picker.config.model import AffinityConfig, parse_address
 from picker.pool import EndpointState, Pool
 from picker.pool.cache import KvBlocks
 from picker.scheduling.prefix import chain_tokens, seed_of

@@ -20,7 +20,7 @@ from picker.sources.kube_drains import WriteConflict
 from picker.sources.lease import Election, Elector, LeaseInvalid, LeaseRecord, lease_record
 
 if TYPE_CHECKING:
-    from picker.config import PickerConfig
+    from picker.config.model import PickerConfig
 
 
 class LightkubeLeaseApi:

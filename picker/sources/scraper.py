@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import aiohttp
 
-from picker.config import LoadConfig
+from picker.config.model import LoadConfig
 from picker.pool import Endpoint, EndpointState, Pool
-from picker.pool.load import record_engine_info, record_failure, record_sample
+from picker.pool.scrapes import record_engine_info, record_failure, record_sample
 from picker.sources.vllm_metrics import EngineGauges, GaugeScanner, MetricsPageError, gauge_names
 
 log = logging.getLogger(__name__)

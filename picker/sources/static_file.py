@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from picker.config import canonical_address
+from picker.config.model import canonical_address
 from picker.pool import EndpointState, Pool
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from picker.config import LoadConfig
+from picker.config.model import LoadConfig
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"

@@ -38,7 +38,7 @@ class Attempts:
 
 
 class TraceHooks(Protocol):
-    """What the request path tells a request's trace (picker/tracing.py `RequestTrace`)."""
+    """What the request path tells a request's trace (picker/observability/tracing.py `RequestTrace`)."""
 
     def outgoing(self) -> tuple[tuple[str, str], ...]: ...
     def queued(self) -> None: ...
@@ -90,12 +90,12 @@ class RequestRecord:
     stalled: bool = False
     ended_at: float | None = None
     end_reason: EndReason | None = None
-    trace: TraceHooks | None = None  # with tracing on (picker/tracing.py)
+    trace: TraceHooks | None = None  # with tracing on (picker/observability/tracing.py)
     keys: CacheKeys | None = None  # what it looks up in caches (cache-aware routing)
     predicted_blocks: int = 0  # of its blocks, how many the picker expected its primary to hold
     prefill: float = 0.0  # uncached prompt tokens it adds to its endpoint's backlog until its first token
     prefill_at: str | None = None  # ... which endpoint's
-    # another picker routed it; this one only tracks its response for it (picker/peering.py)
+    # another picker routed it; this one only tracks its response for it (picker/peers/books.py)
     owner: str | None = None
     observed_by: str | None = None  # the peer its observer stream went to (it reports the end)
     peers_told: bool = False  # ... and that peer told the other pickers it ended

@@ -88,7 +88,7 @@ class ResponseTracker:
 
     def summary(self) -> dict[str, Any]:
         """What a picker that routed the request needs of its stream, seen by another picker, to
-        settle it as if it had seen it itself (classify.from_body; picker/peering.py)."""
+        settle it as if it had seen it itself (classify.from_body; picker/peers/books.py)."""
         return {
             "streaming": self.streaming,
             "first": self.first_byte_at is not None,

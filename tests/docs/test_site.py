@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from picker.reference_pages import PAGES
+from picker.cli.reference_pages import PAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("name", sorted(PAGES))
 def test_each_generated_page_matches_the_code(name: str) -> None:
     page = ROOT / "docs" / "reference" / name
-    assert page.exists(), f"{page} missing: run `python -m picker.reference_pages`"
-    assert page.read_text() == PAGES[name](), f"{page} is stale: run `python -m picker.reference_pages`"
+    assert page.exists(), f"{page} missing: run `python -m picker.cli.reference_pages`"
+    assert page.read_text() == PAGES[name](), f"{page} is stale: run `python -m picker.cli.reference_pages`"
 
 
 def test_the_site_builds_strict(tmp_path: Path) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from picker.cli import main as cli_main
+from picker.cli.envoyconf import EnvoyParams, render
+from picker.cli.main import main as cli_main
 from picker.drain.check import check_paths
 from picker.drain.rules import RULES, Budget, Report, Severity
-from picker.envoyconf import EnvoyParams, render
 from tests.drain.pool_variants import POOL_VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]

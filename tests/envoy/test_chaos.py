@@ -28,7 +28,7 @@ from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions, parse_metrics
 from loadtest.traffic import Result, stream_one
-from picker.peer_outbox import SYNC_EVERY_S
+from picker.peers.outbox import SYNC_EVERY_S
 from tests.envoy.test_picker_ha import until_healthy
 
 pytestmark = pytest.mark.envoy

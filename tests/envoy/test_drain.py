@@ -372,7 +372,7 @@ async def test_watch_faults_keep_routing_on_the_last_good_view(tmp_path: Path) -
 async def test_demo_drains_a_replica_and_prints_its_record(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    from picker.demo import run_demo
+    from picker.cli.demo import run_demo
 
     picture = tmp_path / "rollout.png"
     assert await run_demo(seconds=4.0, picture=picture) == 0

@@ -14,8 +14,7 @@ from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body
-from picker import headers
-from picker.contract import Outcome, reply_for
+from picker.contract import Outcome, headers, reply_for
 
 pytestmark = pytest.mark.envoy
 

@@ -27,7 +27,7 @@ from loadtest.procs import wait_until
 from loadtest.sse_client import stream_request
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import Result, completion_body, stream_one
-from picker.envoyconf import SHAPES, SHIPPED
+from picker.cli.envoyconf import SHAPES, SHIPPED
 
 pytestmark = pytest.mark.envoy
 

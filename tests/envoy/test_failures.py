@@ -15,7 +15,7 @@ from loadtest import http_client
 from loadtest.procs import free_port, wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import REPLICA_HEADER, completion_body, stream_one
-from picker.envoyconf import EnvoyParams, envoy_binary, render
+from picker.cli.envoyconf import EnvoyParams, envoy_binary, render
 
 pytestmark = pytest.mark.envoy
 

@@ -31,7 +31,7 @@ from loadtest import http_client
 from loadtest.procs import free_port, wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import REPLICA_HEADER
-from picker import headers
+from picker.contract import headers
 
 pytestmark = pytest.mark.envoy
 

@@ -53,10 +53,10 @@ from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import REPLICA_HEADER, Result, completion_body, stream_one
+from picker.cli.envoyconf import SHAPES as GATEWAY_SHAPES
+from picker.cli.envoyconf import SHIPPED, EnvoyParams, envoy_binary, render, shape_template
 from picker.drain.check import check_paths
 from picker.drain.rules import Budget
-from picker.envoyconf import SHAPES as GATEWAY_SHAPES
-from picker.envoyconf import SHIPPED, EnvoyParams, envoy_binary, render, shape_template
 
 pytestmark = pytest.mark.envoy
 

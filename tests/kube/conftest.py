@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from picker.objectives import Objectives
 from picker.pool import Pool
 from picker.pool.slices import TargetPort
+from picker.request.objectives import Objectives
 from picker.sources.kube import SliceWatcher, WatchSettings
 from picker.sources.kube_api import LightkubePoolApi, LightkubeSliceApi, load_kubeconfig
 from picker.sources.kube_pool import PoolSource

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from loadtest.procs import async_wait_until
-from picker.config import ConfigError
-from picker.config_sources import load_config
+from picker.config.model import ConfigError
+from picker.config.sources import load_config
+from picker.observability.metrics import Metrics
 from picker.pool import EndpointState, Pool
 from picker.sources.endpoints import EndpointSources
 from picker.sources.static_file import EndpointsFile
-from picker.telemetry import Metrics
 from tests.kube.fake_apiserver import FakeApiServer, endpoint, terminating
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from picker.http_admin import admin_app
+from picker.admin.api import admin_app
+from picker.observability.metrics import Metrics
 from picker.pool import Pool
 from picker.sources.kube_api import load_kubeconfig
 from picker.sources.token_review import TokenReviewer
-from picker.telemetry import Metrics
 from tests.kube.fake_apiserver import FakeApiServer
 
 STATIC = "a-static-metrics-token-0123456789"

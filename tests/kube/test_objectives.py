@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from loadtest.procs import async_wait_until
-from picker.objectives import Objectives, request_priority
+from picker.request.objectives import Objectives, request_priority
 from picker.sources.kube import ApiFailure
 from tests.kube.conftest import PoolSourceFactory
 from tests.kube.fake_apiserver import FakeApiServer

@@ -10,7 +10,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from picker.app import PickerApp
-from picker.config_sources import load_config
+from picker.config.sources import load_config
 from tests.kube.fake_apiserver import FakeApiServer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -14,10 +14,10 @@ from contextlib import asynccontextmanager
 import pytest
 
 from loadtest.procs import async_wait_until
-from picker.config import ConfigError
-from picker.config_sources import load_config
+from picker.config.model import ConfigError
+from picker.config.serve_flags import SERVE_FLAGS, add_serve_flags, overrides
+from picker.config.sources import load_config
 from picker.pool import EndpointState, Pool
-from picker.serve_flags import SERVE_FLAGS, add_serve_flags, overrides
 from picker.sources.kube import ApiFailure
 from picker.sources.kube_pool import PoolSource
 from tests.kube.conftest import PoolSourceFactory, WatcherFactory

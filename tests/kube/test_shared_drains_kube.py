@@ -13,7 +13,7 @@ import pytest
 
 from loadtest import http_client
 from picker.app import PickerApp
-from picker.config_sources import load_config
+from picker.config.sources import load_config
 from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
 from picker.sources.drain_store import DrainRecordUnavailable
 from picker.sources.kube_api import load_kubeconfig

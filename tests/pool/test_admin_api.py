@@ -9,9 +9,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from picker.http_admin import admin_app
+from picker.admin.api import admin_app
+from picker.observability.metrics import Metrics
 from picker.pool import DrainEnd, EndpointState, Pool
-from picker.telemetry import Metrics
 
 TOKEN = "s3cret-admin-token-0123"
 Factory = Callable[..., Awaitable[TestClient]]
@@ -201,7 +201,7 @@ async def test_two_drains_at_once_are_judged_one_after_the_other(pool: Pool) -> 
     200 and left 4 slots for a demand of 6. Judged and applied as one, the second sees the first."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from picker.capacity_guard import CapacityGuard
+    from picker.admin.capacity_guard import CapacityGuard
     from picker.sources.drain_store import LocalDrains
 
     for address, in_flight in (("10.0.0.1:8000", 2), ("10.0.0.2:8000", 2), ("[fd00::1]:8000", 2)):

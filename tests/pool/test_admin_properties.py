@@ -12,13 +12,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from picker.config import RolloutConfig
-from picker.http_admin import CapacityGuard, admin_app
+from picker.admin.api import CapacityGuard, admin_app
+from picker.config.model import RolloutConfig
+from picker.observability.metrics import Metrics
 from picker.pool import EndpointState, Pool
 from picker.rollout import Canary, CanaryPlan
-from picker.rollout_runner import RolloutRunner
+from picker.rollout.runner import RolloutRunner
 from picker.sources.drain_store import LocalDrains
-from picker.telemetry import Metrics
 
 TOKEN = "s3cret-admin-token-0123"
 READY = ["10.0.0.1:8000", "10.0.0.2:8000", "[fd00::1]:8000"]

@@ -10,14 +10,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from picker import rollout_cli
-from picker.config import RolloutConfig
-from picker.http_admin import admin_app
+from picker.admin.api import admin_app
+from picker.config.model import RolloutConfig
+from picker.observability.metrics import Metrics
 from picker.pool import EndpointState, Pool
 from picker.rollout import Canary, CanaryPlan
-from picker.rollout_runner import RolloutRunner
+from picker.rollout import command as rollout_cli
+from picker.rollout.runner import RolloutRunner
 from picker.sources.drain_store import LocalDrains
-from picker.telemetry import Metrics
 
 TOKEN = "s3cret-admin-token-0123"
 LABEL = "app.kubernetes.io/version"
@@ -141,7 +141,7 @@ async def test_an_unobservable_gate_is_said_once_not_every_tick(
     for i in range(30):  # headers only: the streamed gates cannot be fed
         for group in (STABLE, GROUP):
             canary.ended(group, Sample(i * 0.05, cut=None, error=False, ttft_s=None, itl_s=None))
-    caplog.set_level("WARNING", logger="picker.rollout_runner")
+    caplog.set_level("WARNING", logger="picker.rollout.runner")
     for tick in range(3):
         clock[0] = 1.6 + tick
         await runner.tick()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from picker.contract import Outcome
-from picker.inference import InferenceRequest
-from picker.pipeline import RequestPath
+from picker.observability.metrics import Metrics
 from picker.pool import DrainEnd, EndpointState, Pool
+from picker.request.inference import InferenceRequest
+from picker.request.pipeline import RequestPath
+from picker.request.tracking import drain_end
 from picker.streams import EndReason
-from picker.telemetry import Metrics
-from picker.tracking import drain_end
 
 EXPECTED = {
     EndReason.COMPLETED: DrainEnd.COMPLETED,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from picker.config import ConfigError, canonical_address
-from picker.config_sources import load_config
-from picker.serve_flags import SERVE_FLAGS, add_serve_flags, overrides
+from picker.config.model import ConfigError, canonical_address
+from picker.config.serve_flags import SERVE_FLAGS, add_serve_flags, overrides
+from picker.config.sources import load_config
 
 
 def test_defaults() -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from picker.http_admin import admin_app
+from picker.admin.api import admin_app
+from picker.observability.metrics import Metrics
 from picker.pool import DrainEnd, EndpointState, Pool
-from picker.telemetry import Metrics
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 

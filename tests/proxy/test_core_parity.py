@@ -14,9 +14,9 @@ import pytest
 import yaml
 from aiohttp import web
 
-from picker import headers
-from picker.config import PickerConfig
-from picker.config_sources import load_config
+from picker.config.model import PickerConfig
+from picker.config.sources import load_config
+from picker.contract import headers
 from picker.proxy.app import ProxyApp, ProxyPorts
 from picker.sources import static_file
 from tests.sources.test_source_readiness import wait_for

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from picker.inference import InferenceRequest
-from picker.pipeline import RequestPath
+from picker.observability.metrics import Metrics
 from picker.pool import Pool
+from picker.request.inference import InferenceRequest
+from picker.request.pipeline import RequestPath
 from picker.streams import EndReason, RequestRecord
-from picker.telemetry import Metrics
 
 TOKEN = b'data: {"choices":[{"text":" t","finish_reason":null}]}\n\n'
 LAST = b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\ndata: [DONE]\n\n'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from picker.demo_proxy import run_demo_proxy
+from picker.cli.demo_proxy import run_demo_proxy
 
 
 async def test_demo_proxy_drains_and_cuts_cleanly(capsys: pytest.CaptureFixture[str]) -> None:

@@ -391,7 +391,7 @@ def envoy_in_front(proxy: str, workdir: Path) -> tuple[Proc, int]:
 
     from loadtest.procs import free_port, port_open
     from loadtest.stack import health_ok
-    from picker.envoyconf import EnvoyParams, envoy_binary, render
+    from picker.cli.envoyconf import EnvoyParams, envoy_binary, render
 
     listen, admin_port = free_port(), free_port()
     params = EnvoyParams(listen, admin_port, free_port(), [proxy], eds=False, picker_tls=False)

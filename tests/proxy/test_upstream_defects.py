@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from loadtest import http_client
-from picker.config_sources import load_config
+from picker.config.sources import load_config
 from picker.contract import Outcome, reply_for
 from picker.proxy.app import ProxyApp
 from picker.streams import EndReason

@@ -23,7 +23,7 @@ import zmq.asyncio
 from loadtest import http_client
 from loadtest.procs import async_wait_until
 from loadtest.realvllm import launcher
-from picker.config import AffinityConfig
+from picker.config.model import AffinityConfig
 from picker.pool import Pool
 from picker.scheduling.prefix import seed_of, token_blocks
 from picker.sources.kv_events import KvEvents

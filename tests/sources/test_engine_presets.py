@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 
-from picker.config import ConfigError, LoadConfig
-from picker.config_sources import load_config
+from picker.config.model import ConfigError, LoadConfig
+from picker.config.serve_flags import SERVE_FLAGS, add_serve_flags, overrides
+from picker.config.sources import load_config
 from picker.pool import Pool
-from picker.serve_flags import SERVE_FLAGS, add_serve_flags, overrides
 from picker.sources.scraper import Scraper
 from picker.sources.vllm_metrics import (
     SGLANG,

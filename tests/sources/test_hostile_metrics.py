@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from picker.config import LoadConfig
+from picker.config.model import LoadConfig
 from picker.pool import Pool
 from picker.sources.scraper import Scraper
 from picker.sources.vllm_metrics import MAX_LINE_BYTES, GaugeScanner, MetricsPageError, parse_engine_gauges

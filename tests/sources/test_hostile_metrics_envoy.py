@@ -20,7 +20,7 @@ from loadtest import http_client
 from loadtest.procs import wait_until
 from loadtest.stack import Stack, StackOptions
 from loadtest.traffic import completion_body, stream_one
-from picker.telemetry import MAX_LABEL_CHARS
+from picker.observability.metrics import MAX_LABEL_CHARS
 from tests.sources.hostile_metrics import MIB, gauge_flood, page_server
 
 pytestmark = pytest.mark.envoy
@@ -62,7 +62,7 @@ async def test_a_replica_serving_4_mib_of_gauge_lines_does_not_stall_routing(tmp
 
 async def test_a_2_mib_model_name_does_not_grow_the_pickers_metrics(tmp_path: Path) -> None:
     """The broken picker's /metrics grew from 15 KB to 31 MB. Refused at the door or routed with a
-    bounded label (picker/telemetry.py), the name never reaches the page whole."""
+    bounded label (picker/observability/metrics.py), the name never reaches the page whole."""
     huge = "x" * (2 * MIB)
     stack = Stack(tmp_path, StackOptions(replicas=1)).start()
     try:

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lightkube.resources.coordination_v1 import Lease
 
-from picker.config import canonical_address
-from picker.objectives import Objectives
+from picker.config.model import canonical_address
 from picker.pool import EndpointState
 from picker.pool.pods import PodStore, PoolSpec, read_pool
 from picker.pool.slices import SliceStore, TargetPort
+from picker.request.objectives import Objectives
 from picker.sources.kube_drains import DATA_KEY, DrainRecord, Record, parse_record, render_record
 from picker.sources.lease import Elector, LeaseInvalid, LeaseRecord, lease_record
 from picker.sources.lease_api import spec_fields

@@ -12,7 +12,7 @@ from loadtest.procs import async_wait_until, free_port
 from loadtest.sim import run_sim
 from loadtest.sim.config import CacheConfig
 from loadtest.sim.prefix import completion_tokens
-from picker.config import AffinityConfig
+from picker.config.model import AffinityConfig
 from picker.pool import Pool
 from picker.pool.cache import KvBlocks
 from picker.scheduling.prefix import seed_of, token_blocks

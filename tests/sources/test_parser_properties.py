@@ -1,6 +1,6 @@
 """Outside inputs parsed whole or refused with the parser's own error (issue 40, item 3 of what to
 build): arbitrary and mutated valid inputs never raise anything else. Hypothesis, bounded in examples
-so the suite stays quick. The peer channel's events: tests/unit/test_peer_events.py; KV events:
+so the suite stays quick. The peer channel's events: tests/unit/peers/test_peer_events.py; KV events:
 tests/sources/test_kv_events.py."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def test_any_v1_models_answer_is_what_it_serves_or_nothing(body: object) -> None
 @SETTINGS
 @given(st.text(max_size=300))
 def test_any_endpoint_picker_config_is_one_or_its_error(text: str) -> None:
-    from picker.plugin_config import PluginConfigError, parse_plugin_config
+    from picker.config.plugins import PluginConfigError, parse_plugin_config
 
     try:
         parse_plugin_config(text)

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from picker.config import LoadConfig
+from picker.config.model import LoadConfig
 from picker.pool import Pool
 from picker.scheduling import LoadPolicy, saturated
 from picker.sources.scraper import Scraper

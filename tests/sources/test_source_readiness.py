@@ -14,12 +14,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from picker.app import PickerApp
-from picker.config import PickerConfig
-from picker.config_sources import load_config
+from picker.config.model import PickerConfig
+from picker.config.sources import load_config
+from picker.observability.metrics import Metrics
 from picker.pool import Pool
 from picker.sources import static_file
 from picker.sources.endpoints import EndpointSources
-from picker.telemetry import Metrics
 
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVING = health_pb2.HealthCheckResponse.SERVING

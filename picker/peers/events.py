@@ -1,0 +1,125 @@
+"""The shape of every event one picker sends another (picker/peers/books.py), checked whole before any of
+it is applied: a malformed event from a peer (a faulty or hostile one) is rejected with a reason and
+changes nothing, where before `["end", 7]` raised out of the request path and `["pick", "p~x",
+["z"]]` was half applied.
+
+Pure: no I/O, no state. `problem(event)` is None for a well-formed event, else the reason (a metric
+label: picker_peer_events_rejected_total).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+MAX_ID = 256  # a request id: <owner>~<hex>
+MAX_TEXT = 512  # an address, a connection key, a served endpoint
+MAX_FLAGS = 32  # response flags in an access-log event
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_TEXT
+
+
+def _text_or_none(value: Any) -> bool:
+    return value is None or _text(value) or value == ""
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1_000_000
+
+
+def _status(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 999
+
+
+def _bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
+def _bool_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, bool)
+
+
+def _time(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _flags(value: Any) -> bool:
+    return isinstance(value, list) and len(value) <= MAX_FLAGS and all(_text(f) for f in value)
+
+
+def _summary(value: Any) -> bool:
+    """A stream summary (ResponseTracker.summary, or None): a small map of plain values by name."""
+    if value is None:
+        return True
+    return (
+        isinstance(value, dict)
+        and len(value) <= 32
+        and all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    )
+
+
+MAX_SYNC = 100_000  # requests in flight one picker may list in a sync of its books
+
+
+def _entries(value: Any) -> bool:
+    """A sync's books: [[request id, address], ...]."""
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_SYNC
+        and all(
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and 0 < len(entry[0]) <= MAX_ID
+            and _text(entry[1])
+            for entry in value
+        )
+    )
+
+
+def _plain(value: Any) -> bool:
+    return (
+        value is None
+        or isinstance(value, str | int | bool)
+        or (isinstance(value, float) and math.isfinite(value))
+    )
+
+
+Check = Callable[[Any], bool]
+# kind -> (the fields after the request id that it must have, those it may add)
+SHAPES: dict[str, tuple[tuple[Check, ...], tuple[Check, ...]]] = {
+    "pick": ((_text,), (_text,)),  # address; its client connection
+    "move": ((_text,), ()),  # address
+    "sync": ((_entries,), ()),  # "<sender>~": its books whole
+    "end": ((), ()),
+    "claim": ((), ()),
+    "started": ((_status, _text_or_none, _bool_or_none), ()),  # status, served endpoint, streaming
+    "first": ((), (_time,)),  # when, on the sender's clock
+    "alive": ((), ()),
+    "blind": ((), ()),  # its observer there sees no body: the owner's gauges end it
+    "ended": ((_bool,), (_summary, _time)),  # end of stream; summary; when
+    "log": ((_count, _flags, _status, _text_or_none), ()),  # attempts, flags, status, upstream
+}
+
+
+def problem(event: Any) -> str | None:
+    """None when `event` may be applied whole; else why not."""
+    if not isinstance(event, list) or len(event) < 2:
+        return "not-an-event"
+    kind, request_id = event[0], event[1]
+    shape = SHAPES.get(kind) if isinstance(kind, str) else None
+    if shape is None:
+        return "unknown-kind"
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_ID:
+        return "bad-request-id"
+    required, optional = shape
+    rest = event[2:]
+    if not len(required) <= len(rest) <= len(required) + len(optional):
+        return "bad-arity"
+    checks = (*required, *optional)
+    if not all(check(value) for check, value in zip(checks, rest, strict=False)):
+        return "bad-field"
+    return None

@@ -1,0 +1,377 @@
+"""Cache-aware placement for the request path: a request's cache keys, the pick, and what is learned.
+
+The request path (picker/request/pipeline.py) calls this at four moments:
+- `keys` at admission: the request's chained block keys (approximate: its prompt material in
+  pseudo-token blocks; precise: the engine's token ids in engine blocks), its size, model, session;
+- `choose` at dispatch: the affinities of each READY candidate (what share of the prompt it holds,
+  LoRA, session) and the pick (picker/scheduling/affinity.py); None when there is nothing to weigh,
+  and the plain load pick applies;
+- `dispatched` / `served`: the endpoint that takes the request learns its blocks (approximate),
+  its session binds there;
+- `ended`: the engine's own report of what it had cached (`usage.prompt_tokens_details`) corrects
+  the approximate index of the endpoint that served.
+Approximate block size: `affinity.block_tokens` pseudo-tokens, raised to the engines' block size
+when they publish a larger one (`vllm:cache_config_info`); the indexes are emptied when it changes.
+No I/O: token ids for precise keys come from the frontend (an engine's /tokenize).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Sequence
+
+from picker.config.model import AffinityConfig
+from picker.contract import Outcome
+from picker.observability.metrics import Metrics
+from picker.pool import Endpoint, Pool
+from picker.pool.cache import CacheKeys, PrefixIndex
+from picker.pool.sessions import Sessions
+from picker.request.inference import InferenceRequest
+from picker.scheduling import LoadPolicy, Stagger, estimated_load
+from picker.scheduling.affinity import Affinity, AffinityPolicy, Choice, lora_score, pick_with_affinity
+from picker.scheduling.latency import LatencyModel
+from picker.scheduling.load import assess, estimated_waiting
+from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
+from picker.streams import RequestRecord
+from picker.streams.record import Slo
+
+log = logging.getLogger(__name__)
+
+# affinity.latency: the output a request that sets no max_tokens is expected to ask for, and the
+# most any request is expected to produce (a huge max_tokens usually ends at a stop long before)
+_DEFAULT_OUTPUT_TOKENS = 128
+_MAX_OUTPUT_TOKENS = 1024
+# a critical request's SLO guards the sheddable work admitted after it for this long (seconds)
+GUARD_S = 10.0
+
+
+class Placement:
+    def __init__(
+        self, pool: Pool, config: AffinityConfig, metrics: Metrics, sessions: Sessions | None
+    ) -> None:
+        self._pool = pool
+        self._config = config
+        self._metrics = metrics
+        self.sessions = sessions
+        self.policy = AffinityPolicy.of(config)
+        self.block_tokens = config.block_tokens
+        # affinity.latency: each replica's TTFT and time per output token, learned online
+        self.latency = LatencyModel(config.latency_half_life_s) if config.latency else None
+        self._refreshed_at = float("-inf")
+        # the latest critical request's SLO, and when it came: sheddable work gives way to it
+        self._guarded: tuple[Slo, float] | None = None
+        pool.on_forget(self._forgotten)
+
+    @property
+    def mode(self) -> str:
+        return self._config.prefix
+
+    def keys(
+        self, request: InferenceRequest, session: str | None, tokens: Sequence[int] | None
+    ) -> CacheKeys | None:
+        """What the request looks up in caches; None when there is nothing to look up."""
+        config = self._config
+        if config.prefix == "off" and session is None:
+            return None
+        seed = seed_of(request.model, request.cache_salt)
+        blocks: tuple[int, ...] = ()
+        token_keys: tuple[int, ...] = ()
+        if config.prefix == "approximate" and request.prompt:
+            block_bytes = self.block_tokens * config.bytes_per_token
+            blocks = prompt_blocks(request.prompt, block_bytes, seed, config.max_blocks)
+        elif config.prefix == "precise" and tokens:
+            block_size = self._kv_block_size()
+            if block_size:
+                token_keys = token_blocks(tokens[: block_size * config.max_blocks], block_size, seed)
+        estimated = len(tokens) if tokens else len(request.prompt) // config.bytes_per_token
+        return CacheKeys(blocks, token_keys, estimated, request.model, session)
+
+    def bound_endpoint(self, record: RequestRecord) -> str | None:
+        """The endpoint the request's session is bound to (affinity.session_header), if any."""
+        keys = record.keys
+        if keys is None or keys.session is None or self.sessions is None:
+            return None
+        return self.sessions.endpoint(keys.session)
+
+    def choose(
+        self,
+        record: RequestRecord,
+        candidates: Sequence[Endpoint],
+        count: int,
+        rng: random.Random,
+        now: float,
+        load: LoadPolicy,
+        suspects: frozenset[str],
+        stagger: Stagger | None = None,
+    ) -> Choice | None:
+        """The affinity pick, or None when nothing but load tells the candidates apart."""
+        keys = record.keys
+        model = record.model  # an adapter some candidate runs or queues: LoRA affinity applies
+        lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
+        latency = self.latency
+        if keys is None and not lora and latency is None:
+            return None
+        bound = self.bound_endpoint(record)
+        size = keys.estimated_tokens if keys is not None else 0
+        affinities = []
+        window = self._config.balance_window_s
+        features: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
+        out_tokens = min(record.max_tokens or _DEFAULT_OUTPUT_TOKENS, _MAX_OUTPUT_TOKENS)
+        for c in candidates:
+            current = estimated_load(c)
+            load_avg = _averaged(c, current, now, window)
+            cached = keys.cached_fraction(c) if keys is not None else 0.0
+            ttft_s = tpot_s = latency_s = None
+            if latency is not None:
+                ttft_s, tpot_s, ttft_x, tpot_x = _predict(latency, c, current, size * (1.0 - cached), load)
+                features.append((ttft_x, tpot_x))
+                latency_s = ttft_s + tpot_s * out_tokens
+            affinities.append(
+                Affinity(
+                    cached=cached,
+                    lora=lora_score(record.model, c.running_adapters, c.waiting_adapters, c.max_adapters)
+                    if lora
+                    else 0.0,
+                    session=c.address == bound,
+                    prefill=c.pending_prefill + size * (1.0 - cached),
+                    room=_room(c),
+                    load_avg=load_avg,
+                    ttft_s=ttft_s,
+                    tpot_s=tpot_s,
+                    latency_s=latency_s,
+                )
+            )
+        slo = record.slo
+        choice = pick_with_affinity(
+            candidates,
+            affinities,
+            count,
+            rng,
+            now,
+            load,
+            self.policy,
+            suspects,
+            stagger,
+            slo=None if slo is None else (slo.ttft_s, slo.tpot_s),
+        )
+        if choice.destinations:
+            primary = choice.destinations[0]
+            at = next(i for i, c in enumerate(candidates) if c.address == primary)
+            found = affinities[at]
+            if features:
+                record.ttft_x, record.tpot_x = features[at]
+                record.predicted_ttft, record.dispatched_at = found.ttft_s, now
+            if keys is not None and keys.blocks:
+                record.predicted_blocks = round(found.cached * len(keys.blocks))
+            record.prefill = size * (1.0 - found.cached)
+            self._metrics.count_placement(choice.reason, found.cached)
+        return choice
+
+    def dispatched(self, record: RequestRecord, address: str) -> None:
+        """`address` takes the request (its primary, or the fallback that served it)."""
+        keys = record.keys
+        if keys is None:
+            return
+        endpoint = self._pool.get(address)
+        self.prefilled(record)  # a fallback that served it carries its backlog now
+        if endpoint is not None and record.prefill:
+            endpoint.pending_prefill += record.prefill
+            record.prefill_at = address
+        if endpoint is not None and keys.blocks:
+            if endpoint.prefix is None:
+                endpoint.prefix = PrefixIndex(self._index_capacity(endpoint))
+            endpoint.prefix.add(keys.blocks)
+        if keys.session is not None and self.sessions is not None:
+            self.sessions.bind(keys.session, address)
+
+    def shed(self, record: RequestRecord, pool: Pool, load: LoadPolicy, now: float) -> Outcome | None:
+        """Whether a request is refused for latency, and why (with the latency model only).
+
+        A sheddable request with an SLO that no ready replica is predicted to meet now:
+        `rejected-slo-unattainable`. Critical requests are never refused, so at overload their
+        objectives hold only if the sheddable work gives way: a sheddable request without an SLO of
+        its own is held to the latest critical request's (seen within `GUARD_S`), and refused as
+        `rejected-saturated` when no replica is predicted to meet that."""
+        if self.latency is None:
+            return None
+        if record.priority >= 0:
+            if record.slo is not None:
+                self._guarded = (record.slo, now)
+            return None
+        if record.slo is not None:
+            if self.attainable(record, pool.ready(), load, now):
+                return None
+            self._metrics.count_slo(record.slo, "refused")
+            return Outcome.REJECTED_SLO_UNATTAINABLE
+        guarded = self._guarded
+        if guarded is None or now - guarded[1] > GUARD_S:
+            return None
+        if self.attainable(record, pool.ready(), load, now, guarded[0]):
+            return None
+        return Outcome.REJECTED_SATURATED
+
+    def attainable(
+        self,
+        record: RequestRecord,
+        candidates: Sequence[Endpoint],
+        load: LoadPolicy,
+        now: float,
+        slo: Slo | None = None,
+    ) -> bool:
+        """Whether some candidate with room is predicted to meet `slo` (the request's own by default)
+        now (True without one). With none, it would wait in the queue behind what is queued already:
+        not in time."""
+        slo, latency = slo or record.slo, self.latency
+        if slo is None or latency is None:
+            return True
+        candidates = [c for c in candidates if not assess(c, now, load)[0]]
+        keys = record.keys
+        size = keys.estimated_tokens if keys is not None else 0
+        for c in candidates:
+            current = estimated_load(c)
+            cached = keys.cached_fraction(c) if keys is not None else 0.0
+            ttft_s, tpot_s, _, _ = _predict(latency, c, current, size * (1.0 - cached), load)
+            if slo.met_by(ttft_s, tpot_s):
+                return True
+        return False
+
+    def first_token(self, record: RequestRecord) -> None:
+        """Its first token came: its prompt leaves the backlog, and the model learns its TTFT."""
+        if record.prefill_at is not None:
+            self.prefilled(record)
+        tracker, latency, x = record.tracker, self.latency, record.ttft_x
+        if latency is None or x is None or tracker is None or tracker.first_byte_at is None:
+            return
+        record.ttft_x = None  # learned once
+        if record.dispatched_at is None or not record.picked or record.endpoint != record.picked[0]:
+            return  # a fallback served it: the features were its primary's
+        ttft = tracker.first_byte_at - record.dispatched_at
+        latency.learn_ttft(record.picked[0], x, ttft, tracker.first_byte_at)
+        self._metrics.observe_latency_prediction(
+            record.picked[0], "ttft", record.predicted_ttft, ttft, record.slo
+        )
+
+    def prefilled(self, record: RequestRecord) -> None:
+        """Its first token came (or it ended): its prompt no longer waits in its endpoint's prefill."""
+        address, record.prefill_at = record.prefill_at, None
+        endpoint = self._pool.get(address) if address is not None else None
+        if endpoint is not None:
+            endpoint.pending_prefill = max(0.0, endpoint.pending_prefill - record.prefill)
+
+    def ended(self, record: RequestRecord) -> None:
+        """It completed: the model learns its time per output token; the engine said how much of the
+        prompt it had cached: correct the approximate index."""
+        self._learn_tpot(record)
+        keys, tracker = record.keys, record.tracker
+        if keys is None or not keys.blocks or tracker is None or tracker.usage_cached_tokens is None:
+            return
+        if not self._config.engine_feedback:
+            return
+        prompt = tracker.usage_prompt_tokens
+        if not prompt or not record.picked or record.endpoint != record.picked[0]:
+            return
+        endpoint = self._pool.get(record.endpoint)
+        if endpoint is None or endpoint.prefix is None:
+            return
+        cached_blocks = int(tracker.usage_cached_tokens / prompt * len(keys.blocks))
+        # blocks differ in size between the picker and the engine: one block short is noise
+        endpoint.prefix.observed(record.predicted_blocks - 1, cached_blocks)
+        self._metrics.count_prefix_feedback(
+            record.predicted_blocks * self.block_tokens, tracker.usage_cached_tokens
+        )
+
+    def _learn_tpot(self, record: RequestRecord) -> None:
+        tracker, latency, x = record.tracker, self.latency, record.tpot_x
+        if latency is None or x is None or tracker is None or not record.picked:
+            return
+        first, last, tokens = tracker.first_byte_at, tracker.last_chunk_at, tracker.tokens
+        if first is None or last is None or tokens < 2 or record.endpoint != record.picked[0]:
+            return
+        tpot = (last - first) / (tokens - 1)
+        predicted = latency.tpot(record.picked[0], x)
+        latency.learn_tpot(record.picked[0], x, tpot, last, tokens)
+        self._metrics.observe_latency_prediction(record.picked[0], "tpot", predicted, tpot, record.slo)
+
+    def tune(self) -> None:
+        """After a scrape: let the latency model's old observations fade (at most once a second),
+        and raise the block size to the engines' when they publish a larger one."""
+        now = self._pool.now()
+        if self.latency is not None and now - self._refreshed_at >= 1.0:
+            self._refreshed_at = now
+            self.latency.refresh(now)
+        published = max((e.block_size or 0 for e in self._pool.endpoints()), default=0)
+        wanted = max(self._config.block_tokens, published)
+        if self._config.prefix != "approximate" or wanted == self.block_tokens:
+            return
+        log.info("prefix affinity block_tokens=%d (the engines' block size)", wanted)
+        self.block_tokens = wanted
+        for endpoint in self._pool.endpoints():
+            endpoint.prefix = None  # keyed by the old block size: useless now
+
+    def _index_capacity(self, endpoint: Endpoint) -> int:
+        """The engine's cache in the index's blocks when it publishes it, else the configured size."""
+        if endpoint.num_blocks and endpoint.block_size:
+            return max(1, endpoint.num_blocks * endpoint.block_size // self.block_tokens)
+        return self._config.index_blocks
+
+    def _kv_block_size(self) -> int | None:
+        for endpoint in self._pool.ready():
+            if endpoint.kv is not None and endpoint.kv.block_size:
+                return endpoint.kv.block_size
+        return None
+
+    def _forgotten(self, address: str) -> None:
+        if self.latency is not None:
+            self.latency.forget(address)
+        if self.sessions is not None:
+            self.sessions.forget_endpoint(address)
+
+
+def _room(endpoint: Endpoint) -> float:
+    """The share of an endpoint's cache not known to be taken: by its KV events, else its index."""
+    if endpoint.kv is not None and endpoint.num_blocks:
+        return max(0.0, 1.0 - len(endpoint.kv) / endpoint.num_blocks)
+    if endpoint.prefix is not None:
+        return max(0.0, 1.0 - len(endpoint.prefix) / endpoint.prefix.capacity)
+    return 1.0
+
+
+def _averaged(endpoint: Endpoint, load: float, now: float, window_s: float) -> float:
+    """The endpoint's load averaged over about `window_s` seconds (an exponential moving average)."""
+    at = endpoint.load_avg_at
+    if at is None:
+        endpoint.load_avg = load
+    elif now > at:
+        endpoint.load_avg += (1.0 - math.exp((at - now) / window_s)) * (load - endpoint.load_avg)
+    endpoint.load_avg_at = now
+    return endpoint.load_avg
+
+
+def _queued_ahead(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
+    """Requests that would wait on the engine ahead of one more: its queue now, plus this one's own
+    wait when every slot is taken (slots configured or learned; else the scrape's queue alone)."""
+    slots = policy.engine_slots or endpoint.learned_slots
+    if slots:
+        return max(0.0, load + 1.0 - slots)
+    return estimated_waiting(endpoint, policy)
+
+
+def _slots(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
+    """The engine's batch slots: configured, learned, else at least what it runs now."""
+    return float(policy.engine_slots or endpoint.learned_slots or max(1.0, load))
+
+
+def _predict(
+    latency: LatencyModel, endpoint: Endpoint, load: float, uncached: float, policy: LoadPolicy
+) -> tuple[float, float, tuple[float, float, float], tuple[float, float]]:
+    """(TTFT, TPOT, their features) the model predicts for one more request of `uncached` prompt
+    tokens on `endpoint`, which holds `load` requests now."""
+    return latency.predict(
+        endpoint.address,
+        endpoint.pending_prefill + uncached,
+        _queued_ahead(endpoint, load, policy),
+        _slots(endpoint, load, policy),
+        load + 1.0,
+    )

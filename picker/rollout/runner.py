@@ -1,0 +1,163 @@
+"""The canary at run time: its tick every `rollout.tick_s`, the drains and undrains it asks for
+(through the same drain store as the admin API, so every picker replica applies them), a log line
+per decision, and the commands `picker rollout promote | abort | resume | pause` send.
+
+The rule lives in picker/rollout; this module only clocks it and carries out what it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from picker.config.model import PickerConfig
+from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
+from picker.request.pipeline import RequestPath
+from picker.rollout import CANDIDATE, Actions, Canary, CanaryPlan
+from picker.rollout.gates import EVIDENCE, HINT, UNOBSERVABLE
+from picker.sources.drain_store import DrainRecordUnavailable, DrainStore
+
+log = logging.getLogger(__name__)
+
+COMMANDS = ("promote", "abort", "resume", "pause")
+
+
+class RolloutRunner:
+    """Clocks one `Canary` over the pool and applies its actions."""
+
+    def __init__(
+        self,
+        canary: Canary,
+        pool: Pool,
+        tick_s: float,
+        *,
+        drain_on_rollback: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.canary, self.pool, self.tick_s = canary, pool, tick_s
+        self.drain_on_rollback = drain_on_rollback
+        self.clock = clock
+        self.store: DrainStore | None = None  # set by the wiring once the admin drains are open
+        # rollout.move_streams (picker proxy with streams.resume): a rollback moves the candidate's
+        # streams to stable replicas rather than let them run on the version it rolled back
+        self.move_streams: Callable[[str], int] | None = None
+        self._logged = canary.events
+        self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
+        self._pods: dict[str, str | None] = {}  # the pod each rollback drain was for, by address
+
+    def candidates(self) -> list[str]:
+        """The candidate group's endpoints a rollback would drain: not gone, and not draining
+        already (an operator's or its source's drain stays theirs: `resume` must not lift it)."""
+        canary = self.canary
+        return [
+            e.address
+            for e in self.pool.endpoints()
+            if e.state not in (EndpointState.GONE, EndpointState.DRAINING)
+            and canary.group_of(e.labels) == CANDIDATE
+        ]
+
+    async def run(self) -> None:
+        """Forever: one tick every `tick_s`. A tick that raises is logged; the next one runs."""
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("rollout tick failed; the next one runs in %.2f s", self.tick_s)
+
+    async def tick(self) -> None:
+        await self.apply(self.canary.tick(self.clock(), self.candidates()))
+        for reading in self.canary.readings:
+            if reading.verdict == UNOBSERVABLE and reading.gate not in self._unobservable:
+                self._unobservable.add(reading.gate)
+                log.warning(
+                    "rollout gate %s %s (it reads %s); the steps end on the gates that can judge",
+                    reading.gate,
+                    HINT,
+                    EVIDENCE[reading.gate],
+                )
+
+    async def command(self, verb: str) -> dict[str, Any]:
+        """One operator command; the status after it."""
+        canary, now = self.canary, self.clock()
+        match verb:
+            case "promote":
+                actions = canary.promote(now)
+            case "abort":
+                actions = canary.abort(now, self.candidates())
+            case "resume":
+                actions = canary.resume(now)
+            case "pause":
+                canary.pause(now)
+                actions = Actions()
+            case _:
+                raise ValueError(f"unknown rollout command {verb!r}: {', '.join(COMMANDS)}")
+        await self.apply(actions)
+        return self.status()
+
+    def status(self) -> dict[str, Any]:
+        """The canary's status; `clock_to_wall_s` turns its times (`at_s`) into wall-clock seconds."""
+        return {"clock_to_wall_s": round(time.time() - self.clock(), 3), **self.canary.status(self.clock())}
+
+    async def apply(self, actions: Actions) -> None:
+        self._log_events()
+        if self.store is None:
+            return
+        drains = actions.drain if self.drain_on_rollback else []
+        for verb, addresses in (("drain", drains), ("undrain", actions.undrain)):
+            for address in addresses:
+                # a rollback drains the candidate's pod, not its IP: a later pod given that IP is
+                # not drained, and `resume` lifts that pod's drain only
+                endpoint = self.pool.get(address)
+                pod = self._pods.get(address) if verb == "undrain" else endpoint and endpoint.instance
+                try:
+                    if verb == "drain":
+                        await self.store.drain(address, pod=pod)
+                        self._pods[address] = pod
+                        if self.move_streams is not None:
+                            log.info("rollout moves %d stream(s) off %s", self.move_streams(address), address)
+                    else:
+                        await self.store.undrain(address, pod=pod)
+                        self._pods.pop(address, None)
+                    log.info("rollout %s address=%s pod=%s", verb, address, pod or "-")
+                except (EndpointConflict, UnknownEndpoint, DrainRecordUnavailable) as exc:
+                    log.warning("rollout %s address=%s not done: %s", verb, address, exc)
+
+    def _log_events(self) -> None:
+        """One log line per decision the canary took since the last look (steps, rollback, ...)."""
+        canary = self.canary
+        fresh = min(canary.events - self._logged, len(canary.history))
+        self._logged = canary.events
+        for event in list(canary.history)[len(canary.history) - fresh :]:
+            kind = event["event"]
+            if kind == "rolled-back":
+                log.warning(
+                    "rollout rolled back reason=%s weight=0 candidate=%s gates=%s",
+                    event.get("reason"),
+                    canary.plan.candidate,
+                    json.dumps((canary.rollback or {}).get("gates", []), separators=(",", ":")),
+                )
+            elif kind == "step-ended":
+                log.info(
+                    "rollout step ended weight=%s routed=%s share=%s",
+                    event["weight"],
+                    event["routed"],
+                    event["share"],
+                )
+            else:
+                log.info("rollout %s weight=%s", kind, event.get("weight"))
+
+
+def start_rollout(config: PickerConfig, pool: Pool, path: RequestPath) -> RolloutRunner:
+    """The canary of `rollout.*`: its split in the request path, its clock in a runner."""
+    r = config.rollout
+    plan = CanaryPlan.of(r)
+    canary = path.canary = Canary(plan, pool.now())
+    log.info("rollout canary label=%s candidate=%s steps=%s", r.group_label, r.candidate, list(r.steps))
+    for gate, evidence in EVIDENCE.items():
+        log.info("rollout gate %s judges from %s", gate, evidence)
+    return RolloutRunner(canary, pool, r.tick_s, drain_on_rollback=r.drain_on_rollback)

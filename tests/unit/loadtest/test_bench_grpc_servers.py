@@ -1,0 +1,38 @@
+"""The gRPC-stack benchmark's own parts: its Envoy config is one Envoy accepts, and the do-nothing
+servers answer each routing message as the picker would (issue 15)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from loadtest.bench_grpc_servers import envoy_config
+from loadtest.ext_proc_bare import answer
+from picker.cli.envoyconf import envoy_binary
+from picker.contract import headers
+from tests.unit.extproc.test_extproc_service import BODY, body, request_headers, response_headers
+
+
+@pytest.mark.parametrize(
+    "ext_proc", [[], [9002], [9002, 9003]], ids=["envoy-alone", "with-ext-proc", "two-servers"]
+)
+def test_the_benchmarks_envoy_config_validates(tmp_path: Path, ext_proc: list[int]) -> None:
+    config = tmp_path / "envoy.yaml"
+    config.write_text(envoy_config(8080, 9901, 8000, ext_proc, tmp_path / "access.log"))
+    result = subprocess.run(
+        [envoy_binary(), "--mode", "validate", "-c", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = config.read_text()
+    assert ("ext_proc.v3.ExternalProcessor" in text) is bool(ext_proc)
+    assert all(f"port_value: {port}" in text for port in ext_proc)
+
+
+def test_the_bare_server_answers_like_the_picker_and_never_an_observer() -> None:
+    assert answer(request_headers(), "10.0.0.1:8000").WhichOneof("response") == "request_headers"
+    routed = answer(body(BODY), "10.0.0.1:8000")
+    lb = routed.dynamic_metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value
+    assert lb.fields[headers.DESTINATION].string_value == "10.0.0.1:8000"
+    assert answer(response_headers(observer=True), "10.0.0.1:8000") is None

@@ -1,0 +1,137 @@
+"""Routing by predicted latency in the core (issue 43): the pick prefers the replica predicted to
+finish first within the latency gap, the SLO headers are read whole (or refused with a 400), a
+request goes where its SLO is predicted to be met, and a sheddable one no replica can serve in time
+gets the contract's refusal while a critical one is routed."""
+
+from __future__ import annotations
+
+import random
+
+from picker.config.model import AffinityConfig
+from picker.contract import Outcome
+from picker.observability.metrics import Metrics
+from picker.pool import Pool
+from picker.request.hints import HintRules, read_hints
+from picker.request.inference import InferenceRequest
+from picker.request.pipeline import RequestPath
+from picker.scheduling import LoadPolicy
+from picker.scheduling.affinity import Affinity, AffinityPolicy, pick_with_affinity
+from picker.scheduling.latency import tpot_features, ttft_features
+from picker.streams import EndReason, ResponseTracker
+from picker.streams.record import Slo
+
+FAST, SLOW = "10.0.0.1:8000", "10.0.0.2:8000"
+POLICY = AffinityPolicy.of(AffinityConfig(latency=True))
+
+
+def pick(affinities: list[Affinity], slo: tuple[float | None, float | None] | None = None) -> str:
+    pool = Pool()
+    pool.apply(ready=[FAST, SLOW])
+    choice = pick_with_affinity(
+        pool.ready(), affinities, 2, random.Random(1), 0.0, LoadPolicy(use_metrics=False), POLICY, slo=slo
+    )
+    return choice.destinations[0]
+
+
+def test_the_replica_predicted_to_finish_first_wins_even_holding_less() -> None:
+    quick = Affinity(ttft_s=0.05, tpot_s=0.01, latency_s=0.37)
+    slow_but_cached = Affinity(cached=1.0, ttft_s=0.03, tpot_s=0.03, latency_s=0.99)
+    assert pick([quick, slow_but_cached]) == FAST
+    # within the latency gap, what is cached decides as before (sticky prefix)
+    near = Affinity(cached=1.0, ttft_s=0.03, tpot_s=0.011, latency_s=0.38)
+    assert pick([quick, near]) == SLOW
+
+
+def test_an_slo_prefers_a_replica_predicted_to_meet_it() -> None:
+    first_token_soon = Affinity(ttft_s=0.05, tpot_s=0.03, latency_s=1.0)
+    finishes_first = Affinity(ttft_s=0.07, tpot_s=0.02, latency_s=0.72)
+    assert pick([first_token_soon, finishes_first]) == SLOW
+    assert pick([first_token_soon, finishes_first], slo=(0.06, None)) == FAST
+    assert pick([first_token_soon, finishes_first], slo=(0.01, None)) == SLOW  # none can: the best
+    waits_for_a_slot = Affinity(ttft_s=0.4, tpot_s=0.01, latency_s=0.72)  # out of the TTFT gap
+    assert pick([first_token_soon, waits_for_a_slot]) == FAST
+
+
+def header_of(values: dict[str, str]):  # type: ignore[no-untyped-def]
+    return lambda name: values.get(name)
+
+
+def test_slo_headers_are_read_in_both_spellings_and_a_bad_one_is_a_400() -> None:
+    rules = HintRules(slo_headers=True)
+    hints = read_hints(header_of({"x-slo-ttft-ms": "500", "x-llm-d-slo-tpot-ms": "50"}), rules, None, bool)
+    assert not isinstance(hints, type(None)) and getattr(hints, "slo", None) == Slo(0.5, 0.05)
+    for bad in ("soon", "0", "-5", "nan", "inf", "1e99"):
+        refused = read_hints(header_of({"x-slo-ttft-ms": bad}), rules, None, bool)
+        assert getattr(refused, "outcome", None) is Outcome.BAD_REQUEST, bad
+    off = read_hints(header_of({"x-slo-ttft-ms": "soon"}), HintRules(), None, bool)
+    assert getattr(off, "slo", "x") is None  # not read without affinity.latency
+
+
+def path_with_model() -> tuple[RequestPath, Pool]:
+    pool = Pool()
+    pool.apply(ready=[FAST, SLOW])
+    path = RequestPath(
+        pool,
+        Metrics(),
+        fallback_count=1,
+        schedule=lambda d, f: lambda: None,
+        affinity=AffinityConfig(prefix="off", latency=True),
+        rng=random.Random(3),
+    )
+    model = path.placement.latency
+    assert model is not None
+    for i in range(40):  # what the picker saw: FAST answers in 50 ms, SLOW in 400
+        for address, ttft, tpot in ((FAST, 0.05, 0.01), (SLOW, 0.4, 0.04)):
+            model.learn_ttft(address, ttft_features(0, 0), ttft, i * 0.05)
+            model.learn_tpot(address, tpot_features(1), tpot, i * 0.05)
+    return path, pool
+
+
+REQUEST = InferenceRequest("POST", "/v1/completions", model="m", stream=True, max_tokens=16)
+
+
+def test_sheddable_requests_no_replica_can_serve_in_time_are_refused_and_critical_ones_routed() -> None:
+    path, _ = path_with_model()
+    shed = path.admit(REQUEST, priority=-1, slo=Slo(0.01, None))
+    reply = path.settle(shed)
+    assert getattr(reply, "outcome", None) is Outcome.REJECTED_SLO_UNATTAINABLE
+    assert getattr(reply, "retry_after_s", None)
+    critical = path.admit(REQUEST, priority=0, slo=Slo(0.01, None)).payload
+    assert critical.picked and critical.picked[0] == FAST
+    attainable = path.admit(REQUEST, priority=-1, slo=Slo(0.2, None)).payload
+    assert attainable.picked and attainable.picked[0] == FAST
+
+
+def test_the_model_learns_from_the_requests_the_picker_routes() -> None:
+    path, pool = path_with_model()
+    model = path.placement.latency
+    assert model is not None
+    before = model.replicas[FAST].ttft.weight
+    record = path.admit(REQUEST).payload
+    assert record.picked[0] == FAST and record.ttft_x is not None and record.dispatched_at is not None
+    record.tracker = ResponseTracker(streaming=True)
+    record.status = 200
+    path.body_chunk(record, b'data: {"choices":[{"text":" a","finish_reason":null}]}\n\n')
+    path.body_chunk(record, b'data: {"choices":[{"text":" b","finish_reason":"length"}]}\n\ndata: [DONE]\n\n')
+    path.finish(record, EndReason.COMPLETED)
+    assert record.ttft_x is None  # learned once
+    assert model.replicas[FAST].ttft.weight != before
+    assert pool.get(FAST) is not None
+
+
+def test_sheddable_work_without_an_slo_gives_way_to_the_critical_requests_objectives() -> None:
+    """At overload the critical requests cannot be refused, so their SLOs hold only if the sheddable
+    work gives way: while critical requests ask for a first token sooner than any replica is
+    predicted to give one, a sheddable request without an SLO of its own is refused as saturated;
+    once no critical request has asked for a while, it is admitted again."""
+    path, _ = path_with_model()
+    before = path.admit(REQUEST, priority=-1)
+    assert before.payload.picked  # no critical objective seen: admitted
+    path.admit(REQUEST, priority=0, slo=Slo(0.01, None))  # a critical request no replica can meet
+    shed = path.settle(path.admit(REQUEST, priority=-1))
+    assert getattr(shed, "outcome", None) is Outcome.REJECTED_SATURATED
+    assert getattr(shed, "retry_after_s", None)
+    critical = path.admit(REQUEST, priority=0).payload
+    assert critical.picked  # critical work is never shed
+    path.admit(REQUEST, priority=0, slo=Slo(0.2, None))  # one the quick replica meets: no pressure
+    assert path.admit(REQUEST, priority=-1).payload.picked
