@@ -2,8 +2,8 @@
 
 Frontends translate their wire format into these calls; nothing here knows about gRPC or HTTP.
 Over 400 lines: admission, the pick, a resumed stream's new pick and the engine-gauge settling all
-read and write RequestPath's one set of books (the live records, the queue, the pool's leases); the
-package-per-part split (issue 44) takes them apart with that state.
+read and write RequestPath's one set of books (the live records, the queue, the pool's leases), so
+they stay with it; what can stand alone already does (placement, tracking, hints, inference).
 """
 
 from __future__ import annotations
