@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -260,17 +261,20 @@ async def model_errors(admin: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def pick_cost(rounds: int) -> tuple[float, float]:
-    """Microseconds per pick, four candidates with load samples: default, and with the latency model."""
+def pick_cost(picks: int, blocks: int = 10) -> tuple[float, float]:
+    """Microseconds per pick, four candidates with load samples: default, and with the latency model.
+    The two alternate in blocks (warm-up and the machine's other work fall on both alike); each is
+    the median of its blocks."""
     from picker.config.model import AffinityConfig
     from picker.observability.metrics import Metrics
     from picker.pool import EndpointState, Pool
     from picker.pool.load import LoadSample
+    from picker.request.inference import InferenceRequest
     from picker.request.placement import Placement
     from picker.scheduling import LoadPolicy
     from picker.streams import RequestRecord
 
-    results = []
+    setups = []
     for latency in (False, True):
         pool = Pool()
         addresses = [f"10.0.0.{i}:8000" for i in range(1, 5)]
@@ -278,18 +282,21 @@ def pick_cost(rounds: int) -> tuple[float, float]:
         for i, endpoint in enumerate(pool.endpoints()):
             endpoint.load = LoadSample(float(i), 0.0, 0.1, 0.0, 0, 0)
         placement = Placement(pool, AffinityConfig(latency=latency), Metrics(), None)
-        from picker.request.inference import InferenceRequest
-
         request = InferenceRequest(
             method="POST", path="/v1/completions", model="m", stream=True, prompt=b"x" * 4000
         )
         record = RequestRecord(request_id="r", admitted_at=0.0, keys=placement.keys(request, None, None))
-        candidates, rng, policy = pool.ready(), random.Random(1), LoadPolicy()
-        started = time.perf_counter()
-        for _ in range(rounds):
-            placement.choose(record, candidates, 3, rng, 0.5, policy, frozenset())
-        results.append((time.perf_counter() - started) / rounds * 1e6)
-    return results[0], results[1]
+        setups.append((placement, record, pool.ready()))
+    per_block = max(1, picks // blocks)
+    times: list[list[float]] = [[], []]
+    rng, policy = random.Random(1), LoadPolicy()
+    for _ in range(blocks):
+        for k, (placement, record, candidates) in enumerate(setups):
+            started = time.perf_counter()
+            for _ in range(per_block):
+                placement.choose(record, candidates, 3, rng, 0.5, policy, frozenset())
+            times[k].append((time.perf_counter() - started) / per_block * 1e6)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 Setups = dict[str, tuple[str, str]]  # row -> (its URL, its admin URL)

@@ -182,21 +182,16 @@ class LatencyModel:
     def predict(
         self, address: str, prefill_tokens: float, queued_ahead: float, slots: float, running: float
     ) -> tuple[float, float, tuple[float, float, float], tuple[float, float]]:
-        """(TTFT, TPOT) predicted for one request on one replica, and the features they came from."""
-        ttft_x, tpot_x = self.features(address, prefill_tokens, queued_ahead, slots, running)
+        """(TTFT, TPOT) predicted for one request on one replica, and the features they came from.
+        The slot wait ahead is estimated from the replica's own speed (its predicted time per token
+        x the tokens a stream produces, per slot): a replica with half the slots, or twice as slow,
+        makes a request wait twice as long per request queued ahead. Every pick calls this for every
+        candidate: the time per token is computed once and serves both."""
         replica = self.replicas.get(address) or self.pool
-        tpot = _dot(replica.tpot_params, tpot_x)
-        return _dot(replica.ttft_params, ttft_x), tpot, ttft_x, tpot_x
-
-    def features(
-        self, address: str, prefill_tokens: float, queued_ahead: float, slots: float, running: float
-    ) -> tuple[tuple[float, float, float], tuple[float, float]]:
-        """What the model reads of one request on one replica: its TTFT features (the slot wait ahead
-        estimated from the replica's own speed: a replica with half the slots, or twice as slow,
-        makes a request wait twice as long per request queued ahead) and its TPOT features."""
         tpot_x = tpot_features(running)
-        serve_s = self.tpot(address, tpot_x) * self.output_tokens
-        return ttft_features(prefill_tokens, queued_ahead * serve_s / max(1.0, slots)), tpot_x
+        tpot = _dot(replica.tpot_params, tpot_x)
+        ttft_x = ttft_features(prefill_tokens, queued_ahead * tpot * self.output_tokens / max(1.0, slots))
+        return _dot(replica.ttft_params, ttft_x), tpot, ttft_x, tpot_x
 
     def _replica(self, address: str) -> ReplicaLatency:
         found = self.replicas.get(address)
