@@ -392,7 +392,7 @@ async def phase_c(setups: Setups, replicas: list[str], windows: tuple[float, flo
 
 
 async def run(args: argparse.Namespace) -> None:
-    windows = (4.0, 10.0) if args.quick else (6.0, 20.0)
+    windows = (4.0, 10.0) if args.quick else (6.0, args.measure_s)
     with tempfile.TemporaryDirectory(prefix="bench-slo-") as tmp:
         workdir = Path(tmp)
         ports = {name: free_port() for name in MIXED}
@@ -462,6 +462,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter windows")
     parser.add_argument("--only", default="abcde", help="the phases to run (default: all)")
+    parser.add_argument("--measure-s", type=float, default=20.0, help="(a), (c): seconds measured per row")
     parser.add_argument("--sequences", type=int, default=3, help="(c): seeded arrival sequences per row")
     parser.add_argument(
         "--latency-env",
