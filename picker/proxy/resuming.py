@@ -37,17 +37,14 @@ def read_ask(value: str | None) -> bool | Reply | None:
 
 
 def prepared(
-    mode: ResumeMode, asked: bool | None, path: str, body: bytes
+    mode: ResumeMode, asked: bool | None, path: str, body: bytes, data: dict[str, Any] | None
 ) -> tuple[bytes, Splice | None, str | None]:
     """The body to send and the stream's splice when it may be resumed; else the body as it came,
-    no splice, and why not (None when resume is simply off for it)."""
+    no splice, and why not (None when resume is simply off for it). `data` is the body's JSON
+    object as the request's parse read it (None: it had none)."""
     if asked is False or (mode is ResumeMode.OFF and not asked) or path not in (COMPLETIONS, CHAT):
         return body, None, None
-    try:
-        data: Any = json.loads(body)
-    except ValueError:
-        return body, None, "not-json"
-    if not isinstance(data, dict):
+    if data is None:
         return body, None, "not-json"
     why = refusal(data, path, mode, asked)
     if why is not None:

@@ -82,6 +82,8 @@ class ProxyFrontend:
         if isinstance(body, Reply):
             await down.reply(self.path.reject(body))
             return
+        asked = down.header(headers.RESUME)
+        resuming = self._resume is not ResumeMode.OFF or asked is not None
         parsed = parse_request(
             down.method,
             down.path,
@@ -89,6 +91,7 @@ class ProxyFrontend:
             body,
             self._max_body_bytes,
             self._max_model_bytes,
+            keep_fields=resuming,  # the resume rewrites the body from the one parse
         )
         if isinstance(parsed, Reply):
             await down.reply(self.path.reject(parsed))
@@ -98,13 +101,12 @@ class ProxyFrontend:
             await down.reply(self.path.reject(hints))
             return
         splice, refused = None, None
-        asked = down.header(headers.RESUME)
-        if self._resume is not ResumeMode.OFF or asked is not None:
+        if resuming:
             ask = read_ask(asked)
             if isinstance(ask, Reply):
                 await down.reply(self.path.reject(ask))
                 return
-            body, splice, refused = prepared(self._resume, ask, parsed.path, body)
+            body, splice, refused = prepared(self._resume, ask, parsed.path, body, parsed.fields)
             if ask is not True:
                 refused = None  # said only to a client that asked
         tokens = await self.path.tokens(parsed) if self.path.wants_tokens(parsed) else None

@@ -32,6 +32,8 @@ class InferenceRequest:
     cache_salt: str | None = field(default=None, repr=False)  # vLLM's cache isolation key
     # what an engine's /tokenize takes: {"prompt": ...} or {"messages": ..., "tools": ...}
     tokenize: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    # the body's JSON object as parsed (`keep_fields`), for a frontend that rewrites it (resume)
+    fields: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
 
 def _text(value: Any) -> str:
@@ -98,10 +100,13 @@ def parse_request(
     body: bytes,
     max_body_bytes: int,
     max_model_bytes: int | None = None,
+    keep_fields: bool = False,
 ) -> InferenceRequest | Reply:
     """Parse a request body, or say (as a contract reply) why it cannot be served.
 
     `max_model_bytes` bounds the model name, which becomes a metric label and a log field.
+    `keep_fields`: the result carries the parsed JSON object (for a frontend that rewrites the
+    body); else it is let go with the parse, so a long stream does not hold its prompt twice.
     """
     if len(body) > max_body_bytes:
         return reply_for(
@@ -149,4 +154,5 @@ def parse_request(
         prompt=prompt,
         cache_salt=salt,
         tokenize=tokenize,
+        fields=data if keep_fields else None,
     )
