@@ -93,7 +93,18 @@ class FlowController(Generic[T]):
     def queued_bytes(self) -> int:
         return self._queue.bytes
 
-    def submit(self, payload: T, *, flow: str = "", priority: int = 0, size: int = 0) -> Ticket[T]:
+    def submit(
+        self,
+        payload: T,
+        *,
+        flow: str = "",
+        priority: int = 0,
+        size: int = 0,
+        objective_s: float | None = None,
+    ) -> Ticket[T]:
+        """Dispatch, queue or refuse one request. `objective_s`: its time-to-first-token objective,
+        which makes it due that long after now (queued, it goes ahead of its flow's requests due
+        later: those without one are due when their time to live ends)."""
         ticket: Ticket[T] = Ticket(payload)
         if self.closed:
             self._finish(ticket, Outcome.REJECTED_SHUTTING_DOWN, 0.0)
@@ -102,7 +113,7 @@ class FlowController(Generic[T]):
         elif not self._queue.fits(size):
             self._finish(ticket, Outcome.REJECTED_SATURATED, 0.0)
         else:
-            self._enqueue(ticket, flow, priority, size)
+            self._enqueue(ticket, flow, priority, size, objective_s)
             self.pump()  # it may be first in line for room that is there already
         return ticket
 
@@ -156,8 +167,13 @@ class FlowController(Generic[T]):
             evicted += 1
         return evicted
 
-    def _enqueue(self, ticket: Ticket[T], flow: str, priority: int, size: int) -> None:
-        item = QueuedItem(flow=flow, priority=priority, size=size, enqueued_at=self._clock(), payload=ticket)
+    def _enqueue(
+        self, ticket: Ticket[T], flow: str, priority: int, size: int, objective_s: float | None
+    ) -> None:
+        now = self._clock()
+        timed = objective_s is not None
+        due = now + (objective_s if objective_s is not None else self.limits.ttl_s)
+        item = QueuedItem(flow, priority, size, now, ticket, deadline=due, timed=timed)
         ticket.item = item
         ticket.queued = True
         loop = asyncio.get_running_loop()

@@ -1,5 +1,12 @@
 """The admission queue: priority bands, fair between flows, FIFO within a flow, bounded.
 
+Within a flow, a request with a time-to-first-token objective (the SLO headers, read with
+`affinity.latency` on) is due at its admission plus that objective, and one without is due when its
+time to live ends; the flow serves whichever is due first (earliest deadline first). Requests
+without an objective keep their order (their deadlines are in arrival order) and cost as before;
+those with one are held apart, sorted by deadline (O(log n) to find, a list insert to place), so in
+a burst a request that must see its first token in 500 ms is not served after one that may wait.
+
 Only live entries are held: a removed entry (TTL, cancellation) leaves its flow, its flow leaves its
 band when it has nothing left, and an empty band is dropped, so nothing a request left behind keeps
 its ticket alive or slows the next pop. Push, pop, unpop and remove cost O(1) plus O(log bands)
@@ -9,7 +16,10 @@ outnumber the live bands.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import itertools
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,11 +35,59 @@ class QueuedItem:
     size: int
     enqueued_at: float
     payload: Any = None
+    deadline: float = math.inf  # when it is due (earliest first within its flow)
+    timed: bool = False  # due by its own objective (else by its time to live: arrival order)
     removed: bool = field(default=False, repr=False)
+    order: int = field(default=0, repr=False)  # ties between equal deadlines: the earlier push
+
+
+_pushes = itertools.count()
+
+
+class _Line:
+    """One flow's queued items: those without an objective in arrival order (an insertion-ordered
+    set: O(1) removal from anywhere), those with one sorted by (deadline, order)."""
+
+    __slots__ = ("fifo", "timed")
+
+    def __init__(self) -> None:
+        self.fifo: OrderedDict[QueuedItem, None] = OrderedDict()
+        self.timed: list[tuple[float, int, QueuedItem]] = []
+
+    def push(self, item: QueuedItem, front: bool = False) -> None:
+        if item.timed:
+            bisect.insort(self.timed, (item.deadline, item.order, item))
+            return
+        self.fifo[item] = None
+        if front:
+            self.fifo.move_to_end(item, last=False)
+
+    def pop(self) -> QueuedItem:
+        timed, fifo = self.timed, self.fifo
+        if timed and (not fifo or timed[0][0] <= next(iter(fifo)).deadline):
+            return timed.pop(0)[2]
+        item, _ = fifo.popitem(last=False)
+        return item
+
+    def remove(self, item: QueuedItem) -> None:
+        if not item.timed:
+            del self.fifo[item]
+            return
+        timed = self.timed
+        at = bisect.bisect_left(timed, (item.deadline, item.order))
+        while timed[at][2] is not item:
+            at += 1
+        del timed[at]
+
+    def __bool__(self) -> bool:
+        return bool(self.fifo) or bool(self.timed)
+
+    def __len__(self) -> int:
+        return len(self.fifo) + len(self.timed)
 
 
 class _Band:
-    """One priority level: a round robin over the flows with queued items, each a FIFO.
+    """One priority level: a round robin over the flows with queued items, each a `_Line`.
 
     A flow joins the end of the rotation when it gets its first item, goes to the end after each
     turn, and leaves when its last item is popped or removed.
@@ -38,37 +96,35 @@ class _Band:
     __slots__ = ("flows",)
 
     def __init__(self) -> None:
-        # Each flow's FIFO is an insertion-ordered set of items: O(1) removal from anywhere.
-        self.flows: OrderedDict[str, OrderedDict[QueuedItem, None]] = OrderedDict()
+        self.flows: OrderedDict[str, _Line] = OrderedDict()
 
-    def push(self, item: QueuedItem) -> None:
-        fifo = self.flows.get(item.flow)
-        if fifo is None:
-            fifo = self.flows[item.flow] = OrderedDict()
-        fifo[item] = None
+    def push(self, item: QueuedItem, front: bool = False) -> None:
+        line = self.flows.get(item.flow)
+        if line is None:
+            line = self.flows[item.flow] = _Line()
+        line.push(item, front)
 
     def push_front(self, item: QueuedItem) -> None:
-        self.push(item)
-        self.flows[item.flow].move_to_end(item, last=False)
+        self.push(item, front=True)
         self.flows.move_to_end(item.flow, last=False)
 
     def pop(self) -> QueuedItem:
-        flow, fifo = next(iter(self.flows.items()))
-        item, _ = fifo.popitem(last=False)
-        if fifo:
+        flow, line = next(iter(self.flows.items()))
+        item = line.pop()
+        if line:
             self.flows.move_to_end(flow)  # the next pop serves the next flow
         else:
             del self.flows[flow]
         return item
 
     def remove(self, item: QueuedItem) -> None:
-        fifo = self.flows[item.flow]
-        del fifo[item]
-        if not fifo:
+        line = self.flows[item.flow]
+        line.remove(item)
+        if not line:
             del self.flows[item.flow]
 
     def __len__(self) -> int:
-        return sum(len(fifo) for fifo in self.flows.values())
+        return sum(len(line) for line in self.flows.values())
 
 
 class AdmissionQueue:
@@ -102,6 +158,7 @@ class AdmissionQueue:
 
     def push(self, item: QueuedItem) -> None:
         item.removed = False
+        item.order = next(_pushes)
         self._band(item.priority).push(item)
         self._count += 1
         self._bytes += item.size

@@ -236,7 +236,10 @@ class RequestPath(ResponseSide):
                 return self.flow.refuse(record, never)
         if not self.flow.closed and (shed := self.placement.shed(record, self._pool, self._policy, now)):
             return self.flow.refuse(record, shed)
-        ticket = self.flow.submit(record, flow=flow, priority=priority, size=request.body_bytes)
+        objective = slo.ttft_s if slo is not None else None
+        ticket = self.flow.submit(
+            record, flow=flow, priority=priority, size=request.body_bytes, objective_s=objective
+        )
         if record.trace is not None and not ticket.done:
             record.trace.queued()
         return ticket

@@ -104,6 +104,24 @@ async def test_queued_request_is_released_by_pump_when_room_frees() -> None:
     assert room.dispatched == ["r1"] and flow.queued == 0
 
 
+async def test_within_a_flow_the_earliest_due_goes_first() -> None:
+    """A request with a TTFT objective is due at its admission plus the objective; one without, when
+    its time to live ends. Queued together, the earliest due is served first; a request without an
+    objective that has waited long is not passed by one due after it."""
+    room, now = Room(0), [100.0]
+    flow = FlowController(room.try_dispatch, lambda: True, FlowLimits(ttl_s=30.0), clock=lambda: now[0])
+    flow.submit("old")  # due at 130
+    now[0] = 125.0
+    flow.submit("plain")  # due at 155
+    flow.submit("slow-slo", objective_s=10.0)  # due at 135
+    flow.submit("tight-slo", objective_s=0.5)  # due at 125.5
+    flow.submit("late-slo", objective_s=20.0)  # due at 145
+    flow.submit("other-flow", flow="b", objective_s=0.1)  # flows still take turns
+    room.free = 6
+    assert flow.pump() == 6
+    assert room.dispatched == ["tight-slo", "other-flow", "old", "slow-slo", "late-slo", "plain"]
+
+
 async def test_new_arrival_does_not_overtake_the_queue() -> None:
     room = Room(0)
     flow = controller(room)

@@ -1,7 +1,9 @@
 """The admission queue against a plain reference model, over random push/pop/unpop/remove sequences.
 
 The model is lists: the highest priority band first, its flows in rotation order (a flow joins at
-the end with its first item, goes to the end after its turn, leaves when empty), FIFO within a flow.
+the end with its first item, goes to the end after its turn, leaves when empty); within a flow,
+items without an objective in arrival order (one put back goes to the front), and an item with one
+(`timed`) served before them when it is due no later than the first of them, the earliest due first.
 After every step the queue must agree with it and hold nothing but the live entries.
 """
 
@@ -39,7 +41,8 @@ class Model:
         priority = max(self.bands)
         rotation = self.bands[priority]
         flow, items = rotation.pop(0)
-        item = items.pop(0)
+        item = _due_first(items)
+        items.remove(item)
         if items:
             rotation.append((flow, items))
         if not rotation:
@@ -61,9 +64,23 @@ class Model:
         return [i for rotation in self.bands.values() for _, items in rotation for i in items]
 
 
+def _due_first(items: list[QueuedItem]) -> QueuedItem:
+    untimed = [i for i in items if not i.timed]
+    timed = sorted((i for i in items if i.timed), key=lambda i: (i.deadline, i.payload))
+    if timed and (not untimed or timed[0].deadline <= untimed[0].deadline):
+        return timed[0]
+    return untimed[0]
+
+
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("push"), st.sampled_from("abc"), st.integers(-40, 3), st.integers(0, 50)),
+        st.tuples(
+            st.just("push"),
+            st.sampled_from("abc"),
+            st.integers(-40, 3),
+            st.integers(0, 50),
+            st.one_of(st.none(), st.integers(0, 300)),  # an objective: due at this, else by arrival
+        ),
         st.tuples(st.just("pop")),
         st.tuples(st.just("pop_unpop")),
         st.tuples(st.just("remove"), st.integers(0, 10_000)),
@@ -82,9 +99,10 @@ def test_queue_matches_the_reference_model_and_holds_only_live_entries(ops: list
     serial = 0
     for op in ops:
         match op:
-            case ("push", flow, priority, size):
-                serial += 1
-                item = QueuedItem(flow, priority, size, 0.0, payload=serial)
+            case ("push", flow, priority, size, due):
+                serial += 1  # without an objective, due by its time to live: in arrival order
+                deadline = float(serial + 100 if due is None else due)
+                item = QueuedItem(flow, priority, size, 0.0, serial, deadline=deadline, timed=due is not None)
                 queue.push(item)
                 model.push(item)
             case ("pop",):

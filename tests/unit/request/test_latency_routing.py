@@ -11,6 +11,7 @@ from picker.config.model import AffinityConfig
 from picker.contract import Outcome
 from picker.observability.metrics import Metrics
 from picker.pool import Pool
+from picker.pool.scrapes import record_sample
 from picker.request.hints import HintRules, read_hints
 from picker.request.inference import InferenceRequest
 from picker.request.pipeline import RequestPath
@@ -135,3 +136,39 @@ def test_sheddable_work_without_an_slo_gives_way_to_the_critical_requests_object
     assert critical.picked  # critical work is never shed
     path.admit(REQUEST, priority=0, slo=Slo(0.2, None))  # one the quick replica meets: no pressure
     assert path.admit(REQUEST, priority=-1).payload.picked
+
+
+async def test_queued_requests_with_a_ttft_objective_go_first_when_room_frees() -> None:
+    """Every slot taken: requests queue in the picker. When one slot frees, the request that must see
+    its first token soon takes it, ahead of those queued before it without an objective (within its
+    priority: the sheddable still wait for the critical)."""
+    now = [10.0]
+    pool = Pool()
+    pool.apply(ready=[FAST])
+    path = RequestPath(
+        pool,
+        Metrics(),
+        fallback_count=0,
+        schedule=lambda d, f: lambda: None,
+        affinity=AffinityConfig(prefix="off", latency=True),
+        load_policy=LoadPolicy(engine_slots=1),
+        clock=lambda: now[0],
+        rng=random.Random(3),
+    )
+    endpoint = pool.get(FAST)
+    assert endpoint is not None
+    record_sample(endpoint, running=1.0, waiting=1.0, kv_usage=0.1, now=now[0])  # full: all queue
+    tickets = {
+        "sheddable": path.admit(REQUEST, priority=-1),
+        "plain": path.admit(REQUEST),
+        "slo": path.admit(REQUEST, slo=Slo(0.5, None)),
+        "plain-2": path.admit(REQUEST),
+    }
+    assert not any(t.done for t in tickets.values())
+    # its one slot taken, room for one more to wait on the engine (waiting_threshold 1)
+    record_sample(endpoint, running=1.0, waiting=0.0, kv_usage=0.1, now=now[0])
+    path.capacity_changed()
+    assert [name for name, t in tickets.items() if t.done] == ["slo"]
+    record_sample(endpoint, running=1.0, waiting=0.0, kv_usage=0.1, now=now[0])  # that one started
+    path.capacity_changed()
+    assert [name for name, t in tickets.items() if t.done] == ["plain", "slo"]
