@@ -268,6 +268,7 @@ def build_core(config: PickerConfig) -> Core:
         waiting_threshold=load.waiting_threshold,
         kv_threshold=load.kv_threshold,
         engine_slots=load.engine_slots,
+        engine_queue=config.affinity.latency_engine_queue if config.affinity.latency else None,
         weight_load=load.weight_load,
         weight_waiting=load.weight_waiting,
         weight_kv=load.weight_kv,

@@ -538,6 +538,12 @@ class AffinityConfig(_Group):
     latency_half_life_s: float = Field(
         5.0, gt=0, le=3600, description="an observation's weight in the model halves every this many seconds"
     )
+    latency_engine_queue: int = Field(
+        0,
+        ge=0,
+        description="with latency on: requests that may wait on an engine for a batch slot (0: they wait "
+        "in the picker, bound late to the first slot that frees, the earliest due first)",
+    )
 
 
 class PeersConfig(_Group):

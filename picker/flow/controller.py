@@ -83,11 +83,18 @@ class FlowController(Generic[T]):
         self._clock = clock
         self._restricted = restricted
         self._timers: dict[int, asyncio.TimerHandle] = {}
+        self._aside = 0  # requests the pump passed and holds aside until it ends (queued still)
         self.closed = False
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + self._aside
+
+    @property
+    def ahead(self) -> int:
+        """Requests waiting ahead of the one being dispatched now: those the pump looked past (0 for
+        a request that arrives to an empty queue)."""
+        return self._aside
 
     @property
     def queued_bytes(self) -> int:
@@ -144,9 +151,11 @@ class FlowController(Generic[T]):
                 continue
             if self._restricted(ticket.payload) and len(passed) < _MAX_PASSED:
                 passed.append(item)
+                self._aside = len(passed)
                 continue
             self._queue.unpop(item)  # no room: it keeps its turn
             break
+        self._aside = 0
         for item in reversed(passed):
             self._queue.unpop(item)
         return dispatched

@@ -482,6 +482,12 @@ class Metrics:
             ["how"],
             registry=r,
         )
+        self._latency_waits = Counter(
+            "picker_latency_waits",
+            "Requests held in the picker for a busy replica predicted to serve them sooner than any "
+            "with room (affinity.latency)",
+            registry=r,
+        )
         self._placed_cached = Histogram(
             "picker_affinity_cached_share",
             "Share of the prompt the primary was known to hold, per cache-aware pick",
@@ -680,6 +686,10 @@ class Metrics:
         """A cache-aware pick: how it was chosen, and the share of the prompt it was known to hold."""
         self._placements.labels(how).inc()
         self._placed_cached.observe(cached)
+
+    def count_latency_wait(self) -> None:
+        """A request chose to wait for a busy replica predicted quicker (counted once per request)."""
+        self._latency_waits.inc()
 
     def count_prefix_feedback(self, predicted_tokens: int, engine_cached_tokens: int) -> None:
         """The engine's report of a prompt's cached tokens beside what the picker's index predicted."""

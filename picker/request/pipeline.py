@@ -139,7 +139,10 @@ class RequestPath(ResponseSide):
             clock=clock,
             # a request limited to a subset (the data plane's hint) that finds no room says nothing
             # about the others: the queue looks past it rather than hold everyone behind it
-            restricted=lambda record: record.allowed is not None or record.need is not None,
+            # (and one that chose to wait for a busy replica predicted quicker: others may go elsewhere)
+            restricted=lambda record: (
+                record.allowed is not None or record.need is not None or record.waits_for_quicker
+            ),
         )
         self.arrivals = 0
         self.last_arrival_at: float | None = None
@@ -408,7 +411,7 @@ class RequestPath(ResponseSide):
         suspects = self._pool.health.suspects()  # failing fast: never the primary, last resort only
         stagger = self.peering.stagger if self.peering is not None else None  # several pickers
         choice = self.placement.choose(
-            record, candidates, count, self._rng, started, policy, suspects, stagger
+            record, candidates, count, self._rng, started, policy, suspects, stagger, self.flow.ahead
         )
         if choice is not None:
             destinations = choice.destinations

@@ -105,8 +105,10 @@ class Placement:
         load: LoadPolicy,
         suspects: frozenset[str],
         stagger: Stagger | None = None,
+        ahead: int = 0,
     ) -> Choice | None:
-        """The affinity pick, or None when nothing but load tells the candidates apart."""
+        """The affinity pick, or None when nothing but load tells the candidates apart. `ahead`:
+        the requests waiting in the picker ahead of this one."""
         keys = record.keys
         model = record.model  # an adapter some candidate runs or queues: LoRA affinity applies
         lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
@@ -155,7 +157,12 @@ class Placement:
             suspects,
             stagger,
             slo=None if slo is None else (slo.ttft_s, slo.tpot_s),
+            ahead=ahead,
         )
+        waits = choice.reason == "wait"
+        if waits and not record.waits_for_quicker:
+            self._metrics.count_latency_wait()
+        record.waits_for_quicker = waits
         if choice.destinations:
             primary = choice.destinations[0]
             at = next(i for i, c in enumerate(candidates) if c.address == primary)

@@ -26,8 +26,11 @@ there). Then, among the candidates with room (not saturated, not suspect):
 With `affinity.latency` (picker/scheduling/latency.py), each candidate comes with its predicted time
 to the request's first and last token: the replicas within the latency gap of the quickest on both
 (or, when none is, on the first token), and meeting the request's SLO when some can, replace the
-load gap in every step above, and the score adds `latency_weight` for the quickest.
-Fallbacks follow as `pick` orders them. No I/O; the weights come from configuration.
+load gap in every step above, and the score adds `latency_weight` for the quickest. When a busy
+replica (every slot taken) is predicted to finish the request sooner, its wait for a slot counted,
+than every one with room by more than the gap, the request waits in the picker for a slot ("wait":
+a cold prompt is not sent to a replica that prefills and decodes at half the speed just because it
+has room). Fallbacks follow as `pick` orders them. No I/O; the weights come from configuration.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from picker.config.model import AffinityConfig
-from picker.scheduling.load import LoadPolicy, assess, estimated_load
+from picker.scheduling.load import LoadPolicy, assess, busy, estimated_load
 from picker.scheduling.pick import Candidate, Stagger
 
 
@@ -100,7 +103,9 @@ _BALANCE_SLACK = 0.05  # requests: a pool at rest is never out of balance
 @dataclass(frozen=True, slots=True)
 class Choice:
     destinations: list[str]
-    reason: str  # "session", "lora", "sticky", "score" or "" (none had room): for metrics and traces
+    # "session", "lora", "sticky", "score", "wait" (a busy replica is quicker) or "" (none had room):
+    # for metrics and traces
+    reason: str
 
 
 @dataclass(slots=True)
@@ -129,12 +134,14 @@ def pick_with_affinity(
     last_resort: frozenset[str] = frozenset(),
     stagger: Stagger | None = None,
     slo: tuple[float | None, float | None] | None = None,
+    ahead: int = 0,
 ) -> Choice:
     """Up to `count` addresses, primary first; no destinations when no candidate has room.
 
     With `stagger` (several pickers), loads compare in whole requests and ties go by the picker's
     own order (`Stagger`), not at random. `slo`: the request's (TTFT, TPOT) objectives in seconds:
-    the replicas predicted to meet them are preferred (when none is, the quickest)."""
+    the replicas predicted to meet them are preferred (when none is, the quickest). `ahead`: the
+    requests waiting in the picker ahead of this one."""
     if count <= 0 or not candidates:
         return Choice([], "")
     rows = []
@@ -152,6 +159,9 @@ def pick_with_affinity(
         if rows[0].full:
             return Choice([], "")  # every candidate is saturated: queue
         return Choice([row.candidate.address for row in rows[:count]], "score")  # suspects only
+    predicted = open_rows[0].affinity.latency_s is not None
+    if predicted and _worth_waiting(rows, open_rows, policy, now, load, slo, ahead):
+        return Choice([], "wait")
     primary, reason = _primary(open_rows, policy, slo)
     rest = [row.candidate.address for row in rows if row is not primary]
     return Choice([primary.candidate.address, *rest[: count - 1]], reason)
@@ -231,6 +241,47 @@ def _primary(
     return max(within if predicted else rows, key=score), "score"
 
 
+def _worth_waiting(
+    rows: list[_Row],
+    open_rows: list[_Row],
+    policy: AffinityPolicy,
+    now: float,
+    load: LoadPolicy,
+    slo: tuple[float | None, float | None] | None,
+    ahead: int,
+) -> bool:
+    """Whether a busy replica (its slots all taken, `busy`) is predicted to finish the request sooner,
+    its wait for a slot counted, than every replica with room, by more than the latency gap. Only
+    when no request waits ahead of it in the picker: then its wait is for the next slot to free,
+    which the model predicts; behind others it would wait for theirs too (measured: waiting behind
+    the queue cost more time to first token than it saved in decoding). Among
+    those meeting the request's SLO when one does: a replica with room that meets it is not passed
+    over for one that is quicker but would not."""
+    if ahead:
+        return False
+    waiting = [row for row in rows if row.full and not row.suspect and busy(row.candidate, now, load)]
+    if not waiting:
+        return False
+    if slo is not None:
+        meeting = [row for row in (*open_rows, *waiting) if _meets(row, slo)]
+        if meeting:
+            open_rows = [row for row in open_rows if _meets(row, slo)]
+            waiting = [row for row in waiting if _meets(row, slo)]
+            if not waiting:
+                return False
+            if not open_rows:
+                return True
+    best = min(row.affinity.latency_s or 0.0 for row in waiting)
+    bound = max(best * (1.0 + policy.latency_gap_ratio), best + policy.latency_gap_s)
+    return min(row.affinity.latency_s or 0.0 for row in open_rows) > bound
+
+
+def _meets(row: _Row, slo: tuple[float | None, float | None]) -> bool:
+    ttft, tpot = slo
+    a = row.affinity
+    return (ttft is None or (a.ttft_s or 0.0) <= ttft) and (tpot is None or (a.tpot_s or 0.0) <= tpot)
+
+
 def _quick(
     within: list[_Row], policy: AffinityPolicy, slo: tuple[float | None, float | None] | None
 ) -> list[_Row]:
@@ -238,13 +289,7 @@ def _quick(
     within the latency gap of the quickest: a replica twice as slow is not a choice while a quick
     one has room, whatever it holds."""
     if slo is not None:
-        ttft, tpot = slo
-
-        def meets(row: _Row) -> bool:
-            a = row.affinity
-            return (ttft is None or (a.ttft_s or 0.0) <= ttft) and (tpot is None or (a.tpot_s or 0.0) <= tpot)
-
-        within = [row for row in within if meets(row)] or within
+        within = [row for row in within if _meets(row, slo)] or within
     # within the gap both to the first token and to the last: a replica that would make the
     # request wait for a batch slot is out as much as one that decodes slowly; when no replica is
     # quick on both, the first token decides (a slower decoder then takes the overflow)

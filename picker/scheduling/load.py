@@ -48,6 +48,9 @@ class LoadPolicy:
     waiting_threshold: float = 1.0  # saturated at this many (estimated) queued requests on the engine
     kv_threshold: float = 0.9  # saturated at this KV-cache usage
     engine_slots: int | None = None  # vLLM --max-num-seqs, if known
+    # with the slots known: saturated when one more request would make more than this many wait on
+    # the engine (0: a request waits in the picker, not on an engine). None: `waiting_threshold`.
+    engine_queue: float | None = None
     weight_load: float = 1.0  # per request the engine holds
     weight_waiting: float = 2.0  # extra per request queued on the engine
     weight_kv: float = 10.0  # per full KV cache
@@ -117,12 +120,26 @@ def assess(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float]
     load = estimated_load(view)
     waiting = _queued(load, sample, view, policy)
     kv = sample.kv_usage
-    full = (
-        now - sample.at > policy.staleness_s
-        or waiting >= policy.waiting_threshold
-        or kv >= policy.kv_threshold
-    )
+    slots = policy.engine_slots or view.learned_slots
+    if policy.engine_queue is not None and slots:
+        queue_full = load + 1.0 - slots > policy.engine_queue
+    else:
+        queue_full = waiting >= policy.waiting_threshold
+    full = now - sample.at > policy.staleness_s or queue_full or kv >= policy.kv_threshold
     return full, policy.weight_load * load + policy.weight_waiting * waiting + policy.weight_kv * kv
+
+
+def busy(view: LoadView, now: float, policy: LoadPolicy) -> bool:
+    """Saturated only because every batch slot is taken (its figures fresh, its KV cache not full):
+    a slot frees when one of its requests ends, so waiting for it is a choice, not a gamble."""
+    sample = view.load
+    return (
+        policy.use_metrics
+        and sample is not None
+        and now - sample.at <= policy.staleness_s
+        and sample.kv_usage < policy.kv_threshold
+        and assess(view, now, policy)[0]
+    )
 
 
 class ScrapeView(Protocol):

@@ -112,6 +112,9 @@ class RequestRecord:
     ttft_x: tuple[float, ...] | None = None
     tpot_x: tuple[float, ...] | None = None
     predicted_ttft: float | None = None
+    # ... and its last pick chose to wait for a busy replica predicted to serve it sooner than any
+    # with room: the queue looks past it (requests behind it may go where it would not)
+    waits_for_quicker: bool = False
     # streams.resume (picker proxy): the replicas its stream was continued on, after cuts
     resumed_on: tuple[str, ...] = ()
     cut_on: tuple[str, ...] = ()  # ... and the replicas it was cut on

@@ -2,7 +2,8 @@
 times slower, with affinity.latency on. The picker learns each replica's speed from what it sees and
 sends the slow one little new work; a sheddable request whose SLO no replica can meet gets the
 contract's refusal, a critical one goes to the best replica (and sheddable work without an SLO then
-gives way to its objective), and a malformed SLO header is a 400."""
+gives way to its objective), and a malformed SLO header is a 400. With every slot taken, requests wait
+in the picker rather than on an engine, and the one with a TTFT objective goes first."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from loadtest import http_client
+from loadtest.procs import wait_until
 from loadtest.stack import StackOptions, parse_metrics
 from loadtest.traffic import completion_body, stream_one
 from tests.frontends.conftest import FRONTENDS, start_stack
@@ -96,3 +98,49 @@ async def test_the_slow_replica_is_learned_and_slo_requests_are_routed_or_refuse
     refused = page.get(("picker_slo_requests_total", (("objective", "ttft"), ("result", "refused"))), 0.0)
     missed = page.get(("picker_slo_requests_total", (("objective", "ttft"), ("result", "missed"))), 0.0)
     assert refused == 1 and missed >= 1, page
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+async def test_with_every_slot_taken_the_request_with_an_objective_goes_first(
+    tmp_path: Path, frontend: str
+) -> None:
+    """One replica, one batch slot (known to the picker), a long stream in it. A request without an
+    objective arrives, then one with a 2-s TTFT objective: both wait in the picker (none on the
+    engine, which would serve them in arrival order), and when the slot frees the one with the
+    objective takes it."""
+    options = StackOptions(
+        replicas=1,
+        sim_args=("--ttft-ms", "10", "--itl-ms", "20", "--max-num-seqs", "1"),
+        picker_args=("--engine-slots", "1", "--scrape-interval", "0.05"),
+        picker_env={"PICKER_AFFINITY__LATENCY": "true"},
+        envoy_picker_tls=False,
+    )
+    stack = start_stack(frontend, tmp_path, options)
+    try:
+        async with http_client.AsyncClient(timeout=30) as client:
+            running = asyncio.Event()
+            holder = asyncio.create_task(
+                stream_one(client, stack.url, completion_body(2000), first_event=running)
+            )
+            await asyncio.wait_for(running.wait(), 10)
+            order: list[str] = []
+
+            async def one(name: str, headers: dict[str, str]) -> None:
+                started = asyncio.Event()
+                task = asyncio.create_task(
+                    stream_one(client, stack.url, completion_body(10), headers, started)
+                )
+                await asyncio.wait_for(started.wait(), 20)
+                order.append(name)
+                assert (await task).ok
+
+            plain = asyncio.create_task(one("plain", {}))
+            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 1, 10)
+            due = asyncio.create_task(one("objective", {"x-slo-ttft-ms": "2000"}))
+            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 2, 10)
+            holder.cancel()  # the client leaves: the engine aborts it, its slot frees
+            await asyncio.wait_for(asyncio.gather(plain, due), 30)
+        assert order == ["objective", "plain"], order
+        await asyncio.to_thread(stack.wait_no_leaks)
+    finally:
+        stack.stop()

@@ -6,6 +6,8 @@ gets the contract's refusal while a critical one is routed."""
 from __future__ import annotations
 
 import random
+import time
+from collections.abc import Callable
 
 from picker.config.model import AffinityConfig
 from picker.contract import Outcome
@@ -68,7 +70,9 @@ def test_slo_headers_are_read_in_both_spellings_and_a_bad_one_is_a_400() -> None
     assert getattr(off, "slo", "x") is None  # not read without affinity.latency
 
 
-def path_with_model() -> tuple[RequestPath, Pool]:
+def path_with_model(
+    load_policy: LoadPolicy | None = None, clock: Callable[[], float] = time.monotonic
+) -> tuple[RequestPath, Pool]:
     pool = Pool()
     pool.apply(ready=[FAST, SLOW])
     path = RequestPath(
@@ -78,6 +82,8 @@ def path_with_model() -> tuple[RequestPath, Pool]:
         schedule=lambda d, f: lambda: None,
         affinity=AffinityConfig(prefix="off", latency=True),
         rng=random.Random(3),
+        load_policy=load_policy,
+        clock=clock,
     )
     model = path.placement.latency
     assert model is not None
@@ -172,3 +178,59 @@ async def test_queued_requests_with_a_ttft_objective_go_first_when_room_frees() 
     record_sample(endpoint, running=1.0, waiting=0.0, kv_usage=0.1, now=now[0])  # that one started
     path.capacity_changed()
     assert [name for name, t in tickets.items() if t.done] == ["plain", "slo"]
+
+
+def test_a_request_waits_for_a_busy_replica_predicted_to_serve_it_much_sooner() -> None:
+    """The quick replica has every slot taken; the slow one has room. Predicted to finish sooner on the
+    quick one, its wait for a slot counted, by more than the latency gap, the request waits in the
+    picker ("wait"); not when it is within the gap, not behind other waiting requests, and not when
+    only the replica with room meets its SLO."""
+    pool = Pool()
+    pool.apply(ready=[FAST, SLOW])
+    quick, slow = pool.get(FAST), pool.get(SLOW)
+    assert quick is not None and slow is not None
+    quick.in_flight = quick.arrivals = 2
+    record_sample(quick, running=2, waiting=0, kv_usage=0.1, now=0.0)
+    record_sample(slow, running=0, waiting=0, kv_usage=0.1, now=0.0)
+    load = LoadPolicy(engine_slots=2, engine_queue=0)
+
+    def choose(on_quick: Affinity, on_slow: Affinity, **kwargs: object) -> tuple[list[str], str]:
+        choice = pick_with_affinity(
+            pool.ready(), [on_quick, on_slow], 2, random.Random(1), 0.0, load, POLICY, **kwargs
+        )
+        return choice.destinations, choice.reason
+
+    waits = Affinity(ttft_s=0.15, tpot_s=0.02, latency_s=0.8)  # a slot frees soon, then quick tokens
+    slow_now = Affinity(ttft_s=0.12, tpot_s=0.04, latency_s=1.4)
+    assert choose(waits, slow_now) == ([], "wait")
+    assert choose(waits, slow_now, ahead=1)[0][0] == SLOW  # others wait already: not behind them
+    near = Affinity(ttft_s=0.05, tpot_s=0.025, latency_s=0.9)
+    assert choose(waits, near)[0][0] == SLOW  # within the gap: the replica with room
+    assert choose(waits, slow_now, slo=(0.13, None))[0][0] == SLOW  # only it meets the SLO
+    assert choose(waits, slow_now, slo=(0.2, None)) == ([], "wait")  # both do
+    quick.in_flight = 1
+    quick.departures = 1
+    record_sample(quick, running=1, waiting=0, kv_usage=0.1, now=0.0)
+    assert choose(waits, slow_now)[0][0] == FAST  # a slot freed: no waiting
+
+
+async def test_a_request_waiting_for_a_busy_replica_holds_nobody_behind_it() -> None:
+    """FAST (quick) has its one slot taken, SLOW (eight times slower) has room: the next request waits
+    in the picker for FAST's slot; the one after it, with a request already waiting, goes to SLOW at
+    once (the queue looks past the waiting one); when FAST's request ends, the waiting one goes there."""
+    path, pool = path_with_model(LoadPolicy(engine_slots=1, engine_queue=0), clock=lambda: 2.0)
+    for address in (FAST, SLOW):
+        endpoint = pool.get(address)
+        assert endpoint is not None
+        record_sample(endpoint, running=0.0, waiting=0.0, kv_usage=0.1, now=2.0)
+    long = InferenceRequest("POST", "/v1/completions", model="m", stream=True, max_tokens=64)
+    first = path.admit(long)
+    assert first.done and first.payload.picked[0] == FAST
+    second = path.admit(long)
+    assert not second.done and second.payload.waits_for_quicker
+    third = path.admit(long)
+    assert third.done and third.payload.picked[0] == SLOW
+    assert not second.done
+    path.finish(first.payload, EndReason.COMPLETED)
+    assert second.done and second.payload.picked[0] == FAST
+    assert b"picker_latency_waits_total 1.0" in path._metrics.exposition()  # once, though tried twice

@@ -5,6 +5,7 @@ from picker.pool import Endpoint, EndpointState
 from picker.pool.load import LoadSample
 from picker.pool.scrapes import record_failure, record_sample
 from picker.scheduling import LoadPolicy, estimated_load, estimated_waiting, pick, saturated
+from picker.scheduling.load import busy
 
 POLICY = LoadPolicy(staleness_s=2.0, waiting_threshold=1, kv_threshold=0.9)
 
@@ -112,3 +113,38 @@ def test_the_books_gap_is_what_the_books_count_beyond_the_engine_and_what_is_on_
     assert books_gap(endpoint) == 0.0
     record_sample(endpoint, running=2, waiting=1, kv_usage=0.0, now=2.0)  # one ended, unseen here
     assert books_gap(endpoint) == 1.0
+
+
+def test_with_an_engine_queue_bound_a_request_waits_in_the_picker_not_on_the_engine() -> None:
+    """`engine_queue` (affinity.latency_engine_queue, 0 by default with the latency model): with the
+    slots known, an engine is saturated once one more request would wait there beyond the bound."""
+    e = endpoint()
+    send(e, 2)
+    record_sample(e, running=2, waiting=0, kv_usage=0.1, now=0.0)
+    late = LoadPolicy(engine_slots=3, engine_queue=0)
+    assert not saturated(e, 0.0, late)  # a slot is free
+    send(e, 1)
+    assert saturated(e, 0.0, late)  # every slot taken: one more would wait on the engine
+    assert not saturated(e, 0.0, LoadPolicy(engine_slots=3))  # the default lets one wait there
+    assert not saturated(e, 0.0, LoadPolicy(engine_slots=3, engine_queue=1))
+    send(e, 1)
+    assert saturated(e, 0.0, LoadPolicy(engine_slots=3, engine_queue=1))
+    unknown = endpoint()  # slots neither configured nor learned: the scrape's queue decides
+    record_sample(unknown, running=5, waiting=0, kv_usage=0.1, now=0.0)
+    assert not saturated(unknown, 0.0, LoadPolicy(engine_queue=0))
+
+
+def test_busy_is_saturated_by_its_slots_alone() -> None:
+    """A replica whose every slot is taken frees one when a request ends; one with stale figures or a
+    full KV cache is no replica to wait for."""
+    policy = LoadPolicy(engine_slots=2, engine_queue=0)
+    e = endpoint()
+    send(e, 2)
+    record_sample(e, running=2, waiting=0, kv_usage=0.1, now=0.0)
+    assert busy(e, 0.0, policy)
+    assert not busy(e, 5.0, policy)  # stale: saturated, but not known to be busy
+    record_sample(e, running=2, waiting=0, kv_usage=0.95, now=0.0)
+    assert not busy(e, 0.0, policy)  # its cache is full
+    end(e, 1)
+    record_sample(e, running=1, waiting=0, kv_usage=0.1, now=0.0)
+    assert not busy(e, 0.0, policy)  # it has room
