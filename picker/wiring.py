@@ -262,17 +262,7 @@ def build_core(config: PickerConfig) -> Core:
     metrics.register_pool(pool)
     sources = EndpointSources(config, pool, metrics)
     load = config.load
-    policy = LoadPolicy(
-        use_metrics=load.scrape,
-        staleness_s=load.staleness_s,
-        waiting_threshold=load.waiting_threshold,
-        kv_threshold=load.kv_threshold,
-        engine_slots=load.engine_slots,
-        engine_queue=config.affinity.latency_engine_queue if config.affinity.latency else None,
-        weight_load=load.weight_load,
-        weight_waiting=load.weight_waiting,
-        weight_kv=load.weight_kv,
-    )
+    policy = LoadPolicy.of(load, config.affinity)
     flow = config.flow
     tracing = start_tracing(config)
     path = RequestPath(

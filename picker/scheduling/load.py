@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from picker.config.model import AffinityConfig, LoadConfig
 from picker.pool.load import LoadSample
 
 
@@ -51,6 +52,21 @@ class LoadPolicy:
     # with the slots known: saturated when one more request would make more than this many wait on
     # the engine (0: a request waits in the picker, not on an engine). None: `waiting_threshold`.
     engine_queue: float | None = None
+
+    @classmethod
+    def of(cls, load: LoadConfig, affinity: AffinityConfig) -> LoadPolicy:
+        """From the configuration: `load.*`, and with `affinity.latency` its engine queue bound."""
+        return cls(
+            use_metrics=load.scrape,
+            staleness_s=load.staleness_s,
+            waiting_threshold=load.waiting_threshold,
+            kv_threshold=load.kv_threshold,
+            engine_slots=load.engine_slots,
+            engine_queue=affinity.latency_engine_queue if affinity.latency else None,
+            weight_load=load.weight_load,
+            weight_waiting=load.weight_waiting,
+            weight_kv=load.weight_kv,
+        )
     weight_load: float = 1.0  # per request the engine holds
     weight_waiting: float = 2.0  # extra per request queued on the engine
     weight_kv: float = 10.0  # per full KV cache
