@@ -32,7 +32,7 @@ from picker.request.inference import InferenceRequest
 from picker.scheduling import LoadPolicy, Stagger, estimated_load
 from picker.scheduling.affinity import Affinity, AffinityPolicy, Choice, lora_score, pick_with_affinity
 from picker.scheduling.latency import LatencyModel
-from picker.scheduling.load import assess, estimated_waiting
+from picker.scheduling.load import assess
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
 from picker.streams import RequestRecord
 from picker.streams.record import Slo
@@ -362,7 +362,8 @@ def _queued_ahead(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
     slots = policy.engine_slots or endpoint.learned_slots
     if slots:
         return max(0.0, load + 1.0 - slots)
-    return estimated_waiting(endpoint, policy)
+    sample = endpoint.load  # slots unknown: the scrape's queue (what `estimated_waiting` says then)
+    return 0.0 if sample is None else sample.waiting
 
 
 def _slots(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:

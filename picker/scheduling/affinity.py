@@ -159,9 +159,10 @@ def pick_with_affinity(
         if rows[0].full:
             return Choice([], "")  # every candidate is saturated: queue
         return Choice([row.candidate.address for row in rows[:count]], "score")  # suspects only
-    predicted = open_rows[0].affinity.latency_s is not None
-    if predicted and _worth_waiting(rows, open_rows, policy, now, load, slo, ahead):
-        return Choice([], "wait")
+    some_full = len(open_rows) < len(rows)
+    if some_full and not ahead and open_rows[0].affinity.latency_s is not None:
+        if _worth_waiting(rows, open_rows, policy, now, load, slo):
+            return Choice([], "wait")
     primary, reason = _primary(open_rows, policy, slo)
     rest = [row.candidate.address for row in rows if row is not primary]
     return Choice([primary.candidate.address, *rest[: count - 1]], reason)
@@ -248,29 +249,22 @@ def _worth_waiting(
     now: float,
     load: LoadPolicy,
     slo: tuple[float | None, float | None] | None,
-    ahead: int,
 ) -> bool:
     """Whether a busy replica (its slots all taken, `busy`) is predicted to finish the request sooner,
-    its wait for a slot counted, than every replica with room, by more than the latency gap. Only
-    when no request waits ahead of it in the picker: then its wait is for the next slot to free,
-    which the model predicts; behind others it would wait for theirs too (measured: waiting behind
-    the queue cost more time to first token than it saved in decoding). Among
-    those meeting the request's SLO when one does: a replica with room that meets it is not passed
-    over for one that is quicker but would not."""
-    if ahead:
-        return False
+    its wait for a slot counted, than every replica with room, by more than the latency gap. Asked
+    only when no request waits ahead of this one in the picker: then its wait is for the next slot
+    to free, which the model predicts; behind others it would wait for theirs too (measured: waiting
+    behind the queue cost more time to first token than it saved in decoding). When some replica
+    meets the request's SLO, only those that do compare: a replica with room that meets it is not
+    passed over for one that is quicker but would not."""
     waiting = [row for row in rows if row.full and not row.suspect and busy(row.candidate, now, load)]
+    if slo is not None and any(_meets(row, slo) for row in (*open_rows, *waiting)):
+        open_rows = [row for row in open_rows if _meets(row, slo)]
+        waiting = [row for row in waiting if _meets(row, slo)]
+        if not open_rows:
+            return bool(waiting)
     if not waiting:
         return False
-    if slo is not None:
-        meeting = [row for row in (*open_rows, *waiting) if _meets(row, slo)]
-        if meeting:
-            open_rows = [row for row in open_rows if _meets(row, slo)]
-            waiting = [row for row in waiting if _meets(row, slo)]
-            if not waiting:
-                return False
-            if not open_rows:
-                return True
     best = min(row.affinity.latency_s or 0.0 for row in waiting)
     bound = max(best * (1.0 + policy.latency_gap_ratio), best + policy.latency_gap_s)
     return min(row.affinity.latency_s or 0.0 for row in open_rows) > bound

@@ -67,6 +67,7 @@ class LoadPolicy:
             weight_waiting=load.weight_waiting,
             weight_kv=load.weight_kv,
         )
+
     weight_load: float = 1.0  # per request the engine holds
     weight_waiting: float = 2.0  # extra per request queued on the engine
     weight_kv: float = 10.0  # per full KV cache
