@@ -9,7 +9,8 @@ out. The same seeded Poisson arrivals go through two
 `picker proxy` processes over the same replicas:
   default   load + prefix affinity (the picker's default)
   latency   the same with affinity.latency on: each replica's TTFT and time per output token learned
-            online, a latency gap and score in the pick
+            online, a latency gap and score in the pick; requests wait in the picker for a batch
+            slot (earliest due first), not on an engine
 Phases (each bounded in time and requests; the prefix caches emptied before each row):
   (a) at 80 % of the pool's capacity: TTFT and TPOT p50/p90/p99, prefix hit rate, each replica's share
   (b) uniform replicas at 60 %; one turns twice as slow 8 s in (POST /sim/speed): its share of new
@@ -19,7 +20,7 @@ Phases (each bounded in time and requests; the prefix caches emptied before each
       sequences, each shown, then pooled
   (d) each replica's prediction error (MAPE, from picker_latency_model) after (a)
   (e) the cost of one pick in-process, four candidates: default and with the latency model
-Run: `python -m loadtest.bench_slo` (about 6 minutes; `--quick`: shorter windows).
+Run: `python -m loadtest.bench_slo` (about 7 minutes; `--quick`: shorter windows).
 """
 
 from __future__ import annotations
