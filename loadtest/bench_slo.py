@@ -360,10 +360,12 @@ async def phase_b(setups: Setups, replicas: list[str]) -> None:
             if k * window >= change_at and v < 0.75 * before
         ]
         fell = f"{after[0]:.0f}-{after[0] + window:.0f} s after" if after else "never"
+        later = shares[int(change_at / window) :]
         print(
             f"  {name:<8} per {window:.0f} s: "
             + " ".join(f"{v * 100:3.0f}" for v in shares)
-            + f"  (before {before * 100:.0f}; below 75 % of it: {fell})",
+            + f"  (before {before * 100:.0f}; below 75 % of it: {fell};"
+            f" mean after {sum(later) / len(later) * 100:.0f})",
             flush=True,
         )
     await post_all([f"http://{r}/sim/speed" for r in replicas], {"slowdown": 1.0})
