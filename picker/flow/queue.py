@@ -1,4 +1,4 @@
-"""The admission queue: priority bands, fair between flows, FIFO within a flow, bounded.
+"""The admission queue: priority bands, fair between flows, the earliest due first within a flow.
 
 Within a flow, a request with a time-to-first-token objective (the SLO headers, read with
 `affinity.latency` on) is due at its admission plus that objective, and one without is due when its
@@ -9,9 +9,9 @@ a burst a request that must see its first token in 500 ms is not served after on
 
 Only live entries are held: a removed entry (TTL, cancellation) leaves its flow, its flow leaves its
 band when it has nothing left, and an empty band is dropped, so nothing a request left behind keeps
-its ticket alive or slows the next pop. Push, pop, unpop and remove cost O(1) plus O(log bands)
-for the priority heap, which holds band priorities lazily and is rebuilt when stale entries
-outnumber the live bands.
+its ticket alive or slows the next pop. Push, pop, unpop and remove of a request without an
+objective cost O(1) plus O(log bands) for the priority heap, which holds band priorities lazily and
+is rebuilt when stale entries outnumber the live bands.
 """
 
 from __future__ import annotations
