@@ -10,6 +10,8 @@
    pages a hostile replica may send (all gauge lines; all other lines): total CPU, and the longest
    step taken without yielding to the loop.
 4. Queue pop cost with 20,000 priority bands whose entries expired or were cancelled, vs none.
+5. Push + pop with 20,000 queued in one flow: none with a TTFT objective (arrival order), half
+   with one (earliest due first: sorted apart).
 
 Run: `python -m loadtest.bench_flow` (about 30 s).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import statistics
 import sys
 import tempfile
@@ -154,6 +157,28 @@ def queue_pop_cost(dead_bands: int, pops: int = 20_000) -> float:
     return min(runs)
 
 
+def objective_cost(queued: int = 20_000, share: float = 0.0) -> float:
+    """Nanoseconds per push + pop with `queued` requests in one flow, `share` of them with a TTFT
+    objective (due 0-1 s after its arrival, arrivals 10 ms apart). The best of three runs."""
+    runs = []
+    for _ in range(3):
+        rng = random.Random(1)
+        items = [
+            QueuedItem("f", 0, 1, 0.0, deadline=i * 0.01 + rng.random(), timed=True)
+            if rng.random() < share
+            else QueuedItem("f", 0, 1, 0.0, deadline=30.0 + i * 0.01)
+            for i in range(queued)
+        ]
+        queue = AdmissionQueue(10**7, 10**12)
+        started = time.perf_counter()
+        for item in items:
+            queue.push(item)
+        while queue.pop() is not None:
+            pass
+        runs.append((time.perf_counter() - started) / queued * 1e9)
+    return min(runs)
+
+
 def serve_static(page_file: str, ports: list[int]) -> None:
     """A stand-in for 100 engines: one canned /metrics page on many ports, as cheap as can be."""
     from aiohttp import web
@@ -268,6 +293,10 @@ async def main() -> None:
     print(
         f"queue pop + push: {queue_pop_cost(0):.2f} us with no emptied bands, "
         f"{queue_pop_cost(20_000):.2f} us with 20,000 emptied bands below live traffic"
+    )
+    print(
+        f"push + pop, 20,000 queued in one flow: {objective_cost():.0f} ns without objectives, "
+        f"{objective_cost(share=0.5):.0f} ns with half of them due by a TTFT objective"
     )
     with tempfile.TemporaryDirectory(prefix="bench-flow-") as tmp:
         await scrape_cost(args.endpoints, args.seconds, Path(tmp))

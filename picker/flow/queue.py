@@ -46,7 +46,8 @@ _pushes = itertools.count()
 
 class _Line:
     """One flow's queued items: those without an objective in arrival order (an insertion-ordered
-    set: O(1) removal from anywhere), those with one sorted by (deadline, order)."""
+    set: O(1) removal from anywhere), those with one sorted by (deadline, order), kept in reverse
+    (negated keys) so that the earliest due is taken from the end of the list."""
 
     __slots__ = ("fifo", "timed")
 
@@ -54,33 +55,27 @@ class _Line:
         self.fifo: OrderedDict[QueuedItem, None] = OrderedDict()
         self.timed: list[tuple[float, int, QueuedItem]] = []
 
-    def push(self, item: QueuedItem, front: bool = False) -> None:
-        if item.timed:
-            bisect.insort(self.timed, (item.deadline, item.order, item))
-            return
-        self.fifo[item] = None
-        if front:
-            self.fifo.move_to_end(item, last=False)
+    def push_timed(self, item: QueuedItem) -> None:
+        bisect.insort(self.timed, (-item.deadline, -item.order, item))
 
     def pop(self) -> QueuedItem:
         timed, fifo = self.timed, self.fifo
-        if timed and (not fifo or timed[0][0] <= next(iter(fifo)).deadline):
-            return timed.pop(0)[2]
-        item, _ = fifo.popitem(last=False)
-        return item
+        if timed and (not fifo or -timed[-1][0] <= next(iter(fifo)).deadline):
+            return timed.pop()[2]
+        return fifo.popitem(last=False)[0]
 
     def remove(self, item: QueuedItem) -> None:
         if not item.timed:
             del self.fifo[item]
             return
         timed = self.timed
-        at = bisect.bisect_left(timed, (item.deadline, item.order))
+        at = bisect.bisect_left(timed, (-item.deadline, -item.order))
         while timed[at][2] is not item:
             at += 1
         del timed[at]
 
     def __bool__(self) -> bool:
-        return bool(self.fifo) or bool(self.timed)
+        return bool(self.fifo or self.timed)
 
     def __len__(self) -> int:
         return len(self.fifo) + len(self.timed)
@@ -102,7 +97,12 @@ class _Band:
         line = self.flows.get(item.flow)
         if line is None:
             line = self.flows[item.flow] = _Line()
-        line.push(item, front)
+        if item.timed:
+            line.push_timed(item)  # its place is its deadline's, put back or not
+        else:
+            line.fifo[item] = None
+            if front:
+                line.fifo.move_to_end(item, last=False)
 
     def push_front(self, item: QueuedItem) -> None:
         self.push(item, front=True)
@@ -110,8 +110,9 @@ class _Band:
 
     def pop(self) -> QueuedItem:
         flow, line = next(iter(self.flows.items()))
-        item = line.pop()
-        if line:
+        # a flow without objectives (the usual case) is a FIFO: no method call between
+        item = line.pop() if line.timed else line.fifo.popitem(last=False)[0]
+        if line.fifo or line.timed:
             self.flows.move_to_end(flow)  # the next pop serves the next flow
         else:
             del self.flows[flow]
@@ -158,7 +159,8 @@ class AdmissionQueue:
 
     def push(self, item: QueuedItem) -> None:
         item.removed = False
-        item.order = next(_pushes)
+        if item.timed:
+            item.order = next(_pushes)
         self._band(item.priority).push(item)
         self._count += 1
         self._bytes += item.size
