@@ -52,6 +52,9 @@ class LoadPolicy:
     # with the slots known: saturated when one more request would make more than this many wait on
     # the engine (0: a request waits in the picker, not on an engine). None: `waiting_threshold`.
     engine_queue: float | None = None
+    weight_load: float = 1.0  # per request the engine holds
+    weight_waiting: float = 2.0  # extra per request queued on the engine
+    weight_kv: float = 10.0  # per full KV cache
 
     @classmethod
     def of(cls, load: LoadConfig, affinity: AffinityConfig) -> LoadPolicy:
@@ -67,10 +70,6 @@ class LoadPolicy:
             weight_waiting=load.weight_waiting,
             weight_kv=load.weight_kv,
         )
-
-    weight_load: float = 1.0  # per request the engine holds
-    weight_waiting: float = 2.0  # extra per request queued on the engine
-    weight_kv: float = 10.0  # per full KV cache
 
 
 def counted(view: LoadView) -> float:
