@@ -132,6 +132,14 @@ class Core:
         drains = self.open_drains(spawn) or LocalDrains(self.pool)
         if self.rollout is not None:
             self.rollout.store = drains  # a rollback drains through the same store as the admin API
+        moves = None
+        if move is not None and (peering := self.path.peering) is not None:  # moves reach every peer
+            from picker.peers.moves import PoolMoves
+
+            moves = PoolMoves(peering, self.config.peers.credential(), move, self.config.peers.move_timeout_s)
+            self.metrics.register_rejections("peer_move_answers", lambda: moves.rejected)
+            if self.peer_inbox is not None:
+                self.peer_inbox.mover = move  # and a peer's ask moves this picker's streams the same way
         return admin_app(
             self.pool,
             self.metrics,
@@ -147,6 +155,7 @@ class Core:
             metrics_token=metrics_token.get_secret_value() if metrics_token else None,
             metrics_reviewer=self.metrics_reviewer(),
             move_streams=move,
+            pool_moves=None if moves is None else moves.move,
         )
 
     def metrics_reviewer(self) -> Callable[[str], Awaitable[bool]] | None:

@@ -8,7 +8,8 @@
                                          live demand (the capacity guard), unless `?force=true`;
                                          `?wait=S` waits up to S seconds for a replacement first;
                                          `?move_streams=true` (picker proxy) continues its running
-                                         streams on other replicas at once (docs, "Streams that ...")
+                                         streams on other replicas at once (docs, "Streams that ..."),
+                                         with peers every picker's (picker/peers/moves.py)
 - POST /admin/endpoints/<addr>/undrain   lift an admin drain
 - GET  /admin/rollout                    the canary: phase, weight, steps, gate readings, rollback
 - POST /admin/rollout/<verb>             promote | abort | resume | pause (same auth as drains)
@@ -104,6 +105,7 @@ def admin_app(
     metrics_token: str | None = None,
     metrics_reviewer: Callable[[str], Awaitable[bool]] | None = None,
     move_streams: Callable[[str], int] | None = None,
+    pool_moves: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
@@ -116,6 +118,7 @@ def admin_app(
     `trust_loopback`: with a token set, loopback callers need none (admin.trust_loopback).
     `metrics_token`, `metrics_reviewer`: who may read /metrics (admin.metrics_token, a TokenReview).
     `move_streams`: moves an endpoint's running streams elsewhere (picker proxy's resume).
+    `pool_moves`: with peers, moves them on every picker sharing the books (picker/peers/moves.py).
     """
     admin = _Admin(
         pool, metrics, token, drains if drains is not None else LocalDrains(pool), propagate, pool_drains
@@ -123,7 +126,7 @@ def admin_app(
     admin.guard, admin.rollout, admin.data_planes = guard, rollout, data_planes
     admin.overview, admin.trust_loopback = overview, trust_loopback
     admin.metrics_token, admin.metrics_reviewer = metrics_token, metrics_reviewer
-    admin.move_streams = move_streams
+    admin.move_streams, admin.pool_moves = move_streams, pool_moves
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/metrics", admin.metrics_page)
     app.router.add_get("/admin/endpoints", admin.endpoints)
@@ -175,6 +178,7 @@ class _Admin:
         self.metrics_token: str | None = None
         self.metrics_reviewer: Callable[[str], Awaitable[bool]] | None = None
         self.move_streams: Callable[[str], int] | None = None
+        self.pool_moves: Callable[[str], Awaitable[dict[str, Any]]] | None = None
         self._drains_turn = asyncio.Lock()
 
     def refusal(self, request: web.Request) -> web.Response | None:
@@ -292,7 +296,9 @@ class _Admin:
                 str(self.store.shared).lower(),
                 "".join(f" {key}={value}" for key, value in reached.items()),
             )
-            if move and self.move_streams is not None:
+            if move and self.pool_moves is not None:  # every picker's streams, and their counts
+                reached.update(await self.pool_moves(address))
+            elif move and self.move_streams is not None:
                 reached["moved_streams"] = self.move_streams(address)
             return web.json_response({"endpoint": describe(self.pool, endpoint), **reached})
 

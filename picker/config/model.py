@@ -452,6 +452,12 @@ class StreamsConfig(_Group):
         "off", description="continue a cut stream on another replica (picker proxy)"
     )
     resume_max: int = Field(2, ge=1, le=10, description="resumes of one stream, at most")
+    resume_max_tokens: int = Field(
+        65536,
+        ge=0,
+        description="prompt and output token ids a resumable stream keeps, at most (0: no cap); past it "
+        "the stream is no longer resumed (reason too-long): about 8 bytes a token",
+    )
     # a drain need not wait for its longest answer: this long after a replica's drain began, its
     # resumable streams continue on other replicas (picker proxy; none: they run to their end)
     move_after_s: float | None = Field(
@@ -571,6 +577,12 @@ class PeersConfig(_Group):
         0.01,
         gt=0,
         description="what peers sent is read before each admission, and at least this often",
+    )
+    move_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=30,
+        description="drain ?move_streams=true: how long each peer gets to answer the ask to move its streams",
     )
     # The pickers' own credential (picker/peers/auth.py: a challenge and an HMAC, never sent), from a
     # Secret (PICKER_PEERS__SECRET, or --peer-secret-file); not the admin token.

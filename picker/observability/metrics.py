@@ -251,6 +251,7 @@ _REJECTED_DOCS = {
     "peer_events": "Events from peers rejected whole (malformed, or naming books not theirs), by reason",
     "kv_events": "Engines' KV-event messages refused whole (not a batch, bad frames), by reason",
     "lease": "Reads of the leader Lease refused whole (malformed, out-of-range), by reason",
+    "peer_move_answers": "Peers' answers to a move ask (?move_streams=true) refused whole, by reason",
 }
 
 

@@ -9,7 +9,9 @@ message is the list of events one loop turn produced for that peer (msgpack's st
 length prefix). A broken connection is reopened with backoff; on each (re)connect the picker first sends a
 `pick` for each request it has in flight, so a peer that restarted, or orphaned this picker's books
 when the connection broke, counts them again. A `drains` hello is answered with this picker's drain
-records and closed (`GET /admin/drains?scope=pool`).
+records and closed (`GET /admin/drains?scope=pool`); a `moves` hello carries a fourth field, the ask
+to move the receiver's streams off an address (picker/peers/events.py), and is answered with how many
+moved, then closed (`?move_streams=true`, picker/peers/moves.py).
 Why not gRPC, as everything else here: measured (loadtest/bench_peers.py), a small message costs
 36 us of CPU to send and 45 to receive over a grpc.aio stream, 7 and 6 this way, and a request
 makes several.
@@ -30,12 +32,13 @@ import msgpack
 from picker.config.model import canonical_address, format_address, parse_address
 from picker.peers.auth import challenge_of, proof
 from picker.peers.books import Peering
+from picker.peers.events import MOVE_ASK
 from picker.peers.outbox import BOOKKEEPING, SYNC_EVERY_S, Event
 from picker.request.pipeline import RequestPath
 
 log = logging.getLogger(__name__)
 
-EVENTS, DRAINS = "events", "drains"  # what a connection is for (its hello's first field)
+EVENTS, DRAINS, MOVES = "events", "drains", "moves"  # what a connection is for (its hello's first field)
 _BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 MAX_BUFFER = 16 * 1024 * 1024  # a peer's message larger than this closes its connection
 HELLO_TIMEOUT_S = 5.0
@@ -284,10 +287,10 @@ class _Outbound(asyncio.Protocol):
             self.challenge.set_exception(ConnectionError("closed before its challenge"))
 
 
-async def peer_drains(
-    peer: str, name: str, secret: str | None, timeout_s: float = 2.0
-) -> list[dict[str, Any]]:
-    """A peer's drain records (its admin API's `drains`), or [] when it does not answer."""
+async def _ask(peer: str, kind: str, name: str, secret: str | None, timeout_s: float, *ask: Any) -> Any:
+    """One question on a connection of its own: the hello (`ask` after its proof), then the answer
+    (None when the peer closed without one). Raises OSError, TimeoutError, msgpack.UnpackException or
+    ValueError when the peer cannot be asked; nothing waits longer than `timeout_s`."""
     host, port = parse_address(peer)
     writer: asyncio.StreamWriter | None = None
     try:
@@ -297,17 +300,35 @@ async def peer_drains(
             nonce = challenge_of(await _next(reader, unpacker))
             if nonce is None:
                 raise ValueError("no challenge")
-            presented = "" if secret is None else proof(secret, nonce, DRAINS, name)
-            writer.write(msgpack.packb([DRAINS, name, presented]))
+            presented = "" if secret is None else proof(secret, nonce, kind, name)
+            writer.write(msgpack.packb([kind, name, presented, *ask]))
             await writer.drain()
-            drains = await _next(reader, unpacker)
-    except (OSError, TimeoutError, msgpack.UnpackException, ValueError) as exc:
-        log.warning("drains from peer %s: %s", peer, type(exc).__name__)
-        return []
+            return await _next(reader, unpacker)
     finally:
         if writer is not None:
             writer.close()
+
+
+async def peer_drains(
+    peer: str, name: str, secret: str | None, timeout_s: float = 2.0
+) -> list[dict[str, Any]]:
+    """A peer's drain records (its admin API's `drains`), or [] when it does not answer."""
+    try:
+        drains = await _ask(peer, DRAINS, name, secret, timeout_s)
+    except (OSError, TimeoutError, msgpack.UnpackException, ValueError) as exc:
+        log.warning("drains from peer %s: %s", peer, type(exc).__name__)
+        return []
     if isinstance(drains, list) and drains and drains[0] == "error":
         log.warning("drains from peer %s: %s", peer, drains[1] if len(drains) > 1 else "refused")
         return []
     return drains if isinstance(drains, list) else []
+
+
+async def peer_moves(peer: str, name: str, secret: str | None, address: str, timeout_s: float) -> Any:
+    """Ask a peer to move its streams off `address` now: its answer as it came (judged whole by
+    picker/peers/events.py's `answer_problem`), or None when it gave none within `timeout_s`."""
+    try:
+        return await _ask(peer, MOVES, name, secret, timeout_s, [MOVE_ASK, address])
+    except (OSError, TimeoutError, msgpack.UnpackException, ValueError) as exc:
+        log.warning("moving streams through peer %s: %s", peer, type(exc).__name__)
+        return None

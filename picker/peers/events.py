@@ -5,6 +5,10 @@ changes nothing, where before `["end", 7]` raised out of the request path and `[
 
 Pure: no I/O, no state. `problem(event)` is None for a well-formed event, else the reason (a metric
 label: picker_peer_events_rejected_total).
+
+The same for the move ask (`?move_streams=true` through one picker moves every picker's streams):
+`ask_problem` judges the ask a peer receives, `answer_problem` the answer the asking picker reads
+(picker/peers/channel.py carries both, picker/peers/moves.py gathers the answers).
 """
 
 from __future__ import annotations
@@ -123,3 +127,37 @@ def problem(event: Any) -> str | None:
     if not all(check(value) for check, value in zip(checks, rest, strict=False)):
         return "bad-field"
     return None
+
+
+# A move ask: one picker asks a peer to move that peer's streams off an address at once (its drain
+# with `?move_streams=true`). The ask is `["move-streams", address]`; the answer `["moved", n]` (n
+# streams began to move), `["cannot", why]` (this picker cannot move streams: not a `picker proxy`),
+# or the channel's refusal `["error", why]`.
+MOVE_ASK = "move-streams"
+MOVED, CANNOT, REFUSED = "moved", "cannot", "error"
+MAX_WHY = 64  # a reason in an answer
+
+
+def ask_problem(ask: Any) -> str | None:
+    """None when `ask` is a well-formed move ask; else why not (a metric label)."""
+    if not isinstance(ask, list) or not ask:
+        return "not-an-ask"
+    if ask[0] != MOVE_ASK:
+        return "unknown-ask"
+    if len(ask) != 2:
+        return "bad-ask-arity"
+    if not _text(ask[1]):
+        return "bad-ask-address"
+    return None
+
+
+def answer_problem(answer: Any) -> str | None:
+    """None when `answer` is a well-formed answer to a move ask; else why not (a metric label)."""
+    if not isinstance(answer, list) or len(answer) != 2:
+        return "not-an-answer"
+    kind, value = answer
+    if kind == MOVED:
+        return None if _count(value) else "bad-count"
+    if kind in (CANNOT, REFUSED):
+        return None if isinstance(value, str) and 0 < len(value) <= MAX_WHY else "bad-reason"
+    return "unknown-answer"

@@ -2,9 +2,11 @@
 to this picker's books and records, read when this picker needs them rather than when they arrive.
 
 A connection starts with this picker's challenge and the peer's hello, `[kind, sender, proof]`
-(picker/peers/auth.py); on an `events` connection each message
-is a list of events (picker/peers/books.py), on a `drains` connection the answer is this picker's drain
-records. After the hello an events connection is not watched: what peers send waits in the socket
+(picker/peers/auth.py); on an `events` connection each message is a list of events
+(picker/peers/books.py), on a `drains` connection the answer is this picker's drain records, and a
+`moves` hello carries a fourth field, a member's ask to move this picker's streams off an address
+(picker/peers/events.py), answered with how many moved (through `mover`: picker proxy's own; else it
+cannot). After the hello an events connection is not watched: what peers send waits in the socket
 until `PeerInbox.catch_up` reads it, which the request path calls before every admission (a pick
 sees every pick and end its peers sent until then), and a timer every `peers.read_every_s` (the
 owner's records settle, a link that broke is noticed). While requests wait in the flow-control
@@ -29,10 +31,11 @@ from typing import Any
 
 import msgpack
 
+from picker.config.model import canonical_address
 from picker.peers.auth import CHALLENGE, new_nonce, verified
 from picker.peers.books import Peering, owner_of
-from picker.peers.channel import DRAINS, EVENTS, HELLO_TIMEOUT_S, MAX_BUFFER
-from picker.peers.events import problem
+from picker.peers.channel import DRAINS, EVENTS, HELLO_TIMEOUT_S, MAX_BUFFER, MOVES
+from picker.peers.events import CANNOT, MOVED, REFUSED, ask_problem, problem
 from picker.request.pipeline import RequestPath
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ log = logging.getLogger(__name__)
 _READ_SIZE = 65536
 OWN_ONLY = frozenset({"pick", "move", "sync"})  # events a picker sends only about its own requests
 _ANSWER_TIMEOUT_S = 5.0  # a drains answer or a refusal that cannot be written by then is dropped
+_HELLO_FIELDS = {EVENTS: 3, DRAINS: 3, MOVES: 4}  # a moves hello carries its ask
 
 
 class PeerInbox:
@@ -66,6 +70,8 @@ class PeerInbox:
         self._connections: set[_Inbound] = set()  # every open one, hello or not
         self._answers: set[asyncio.Task[None]] = set()
         self._listener: socket.socket | None = None
+        # a member's move ask moves this picker's streams through this (picker proxy wires its own)
+        self.mover: Callable[[str], int] | None = None
 
     async def listen(self, host: str, port: int) -> int:
         """Accept peers on host:port (0: any free port); the port."""
@@ -126,14 +132,15 @@ class PeerInbox:
         and name one of this picker's peers."""
         if not (
             isinstance(hello, list)
-            and len(hello) == 3
-            and hello[0] in (EVENTS, DRAINS)
+            and len(hello) >= 3
+            and isinstance(hello[0], str)
+            and _HELLO_FIELDS.get(hello[0]) == len(hello)
             and isinstance(hello[1], str)
             and 0 < len(hello[1]) <= 512
         ):
             self._refuse(connection, "?", "not-a-hello")
             return False
-        kind, name, presented = hello
+        kind, name, presented = hello[:3]
         if self._secret is not None and not verified(self._secret, connection.nonce, kind, name, presented):
             self._refuse(connection, name, "unauthenticated")
             return False
@@ -143,9 +150,36 @@ class PeerInbox:
         if kind == DRAINS:
             self.answer(connection, self._drains())
             return False
+        if kind == MOVES:
+            self.answer(connection, self.answer_move(name, hello[3]))
+            return False
         connection.sender = str(name)
         connection.watch(self.watched)
         return True
+
+    def answer_move(self, sender: str, ask: Any) -> list[Any]:
+        """A member's ask to move this picker's streams off an address (picker/peers/events.py): the
+        answer, `["moved", n]` or `["cannot", why]`; a malformed ask is counted, refused and moves
+        nothing, and nothing raises from here."""
+        reason = ask_problem(ask)
+        address = ""
+        if reason is None:
+            try:
+                address = canonical_address(ask[1])
+            except ValueError:
+                reason = "bad-ask-address"
+        if reason is not None:
+            self._reject(sender, reason)
+            return [REFUSED, "bad-ask"]
+        if self.mover is None:
+            return [CANNOT, "not-a-proxy"]  # ext_proc: Envoy cannot re-issue a request mid-response
+        try:
+            moved = self.mover(address)
+        except Exception:
+            log.exception("peer %s asked to move the streams on %s: failed", sender, address)
+            return [CANNOT, "failed"]
+        log.info("peer %s asked: %d stream(s) on %s moving", sender, moved, address)
+        return [MOVED, moved]
 
     def _refuse(self, connection: _Inbound, name: str, reason: str) -> None:
         """A connection that may not talk here: counted, said (once per cause), answered and closed."""
@@ -197,7 +231,7 @@ class PeerInbox:
                 self._said.clear()
             self._said.add((sender, reason))
             log.warning(
-                "peer %s sent a malformed event (%s); rejected whole, nothing applied", sender, reason
+                "peer %s sent a malformed event or ask (%s); rejected whole, nothing applied", sender, reason
             )
 
     def closed(self, connection: _Inbound) -> None:

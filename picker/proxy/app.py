@@ -60,6 +60,7 @@ class ProxyApp:
             slo_headers=config.affinity.latency,
             resume=ResumeMode(config.streams.resume),
             resume_max=config.streams.resume_max,
+            resume_max_tokens=config.streams.resume_max_tokens,
         )
         self.path.on_stall = self.frontend.stalled  # a stalled resumable stream continues elsewhere
         self.ready = False

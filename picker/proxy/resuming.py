@@ -8,6 +8,7 @@ continuation on the replica the core names.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -23,6 +24,8 @@ from picker.streams.resume import CHAT, COMPLETIONS, ResumeMode, Splice, Why, pr
 
 log = logging.getLogger(__name__)
 
+END_READ_S = 2.0  # after [DONE], how long the rest of an engine's body may take (its framing only)
+
 _ASKED = {"on": True, "off": False}
 
 
@@ -37,7 +40,12 @@ def read_ask(value: str | None) -> bool | Reply | None:
 
 
 def prepared(
-    mode: ResumeMode, asked: bool | None, path: str, body: bytes, data: dict[str, Any] | None
+    mode: ResumeMode,
+    asked: bool | None,
+    path: str,
+    body: bytes,
+    data: dict[str, Any] | None,
+    max_ids: int = 0,
 ) -> tuple[bytes, Splice | None, str | None]:
     """The body to send and the stream's splice when it may be resumed; else the body as it came,
     no splice, and why not (None when resume is simply off for it). `data` is the body's JSON
@@ -49,7 +57,7 @@ def prepared(
     why = refusal(data, path, mode, asked)
     if why is not None:
         return body, None, why
-    sent, splice = prepare(data, chat=path == CHAT)
+    sent, splice = prepare(data, chat=path == CHAT, max_ids=max_ids)
     return json.dumps(sent, separators=(",", ":")).encode(), splice, None
 
 
@@ -84,10 +92,11 @@ async def relay_resumable(
 ) -> None:
     """A resumable stream: whole events rewritten into the client's stream (so a cut of it always
     falls between two events); a cut part continued on the replica the core names
-    (picker/streams/resume.py), until the stream is complete."""
+    (picker/streams/resume.py), until the stream is complete. A continuation that does not open
+    is tried on the next replica; `resume_max` bounds the tries of one stream."""
     record, splice = exchange.routed.record, exchange.splice
     assert splice is not None
-    current, outgoing = opened, exchange.outgoing
+    current, outgoing, tries = opened, exchange.outgoing, 0
     try:
         while True:
             exchange.current = current
@@ -103,19 +112,29 @@ async def relay_resumable(
                 path.body_chunk(record, local)
                 await down.write(local)
                 return
-            continued = None
-            if splice.resumes >= resume_max:
-                path.resume_refused("limit")
-            elif (target := path.resume(record, current.served, why.value)) is not None:
+            continued, failed = None, current.served
+            refused = splice.refused()
+            if refused is None and splice.continuation() is None:
+                refused = "nothing-left"  # every token was sent, its finish_reason was not
+            if refused is not None:
+                path.resume_refused(refused)
+            while continued is None and refused is None:
+                if tries >= resume_max:
+                    path.resume_refused("limit" if splice.resumes >= resume_max else "failed")
+                    break
+                target = path.resume(record, failed)
+                if target is None:
+                    break  # counted: no-replica
+                tries += 1
                 continued = await open_continuation(upstream, splice, target, outgoing)
-                if continued is None:
-                    path.resume_refused("failed")
+                failed = target
             if continued is None:
                 if splice.error_frame:
                     path.body_chunk(record, splice.error_frame)  # the engine's word on it stands
                     await down.write(splice.error_frame)
                     return
                 raise UpstreamCut(f"{why.value}, not resumed")
+            path.resumed(why.value)
             log.info("request_id=%s resumed on %s (%s)", record.request_id, continued.served, why.value)
             current = continued
     finally:
@@ -144,17 +163,21 @@ async def _part(
             await down.write(out)
         if splice.error:
             return Why.ERROR_EVENT
+        if splice.ended_here:  # a stop string straddled the cut: the rest is not wanted
+            return None  # the caller closes the part: vLLM aborts what it still generates
         if splice.done:
             await _read_to_end(reader)  # the body's own end: its connection goes back to the pool
             return None
 
 
-async def _read_to_end(reader: Any, limit: int = 64 * 1024) -> None:
+async def _read_to_end(reader: Any, limit: int = 64 * 1024, within_s: float = END_READ_S) -> None:
     """After [DONE] only the body's framing is left: read it, so the response is complete and its
-    keep-alive connection is reused (closing it early costs a new connection per request)."""
+    keep-alive connection is reused (closing it early costs a new connection per request). Bounded
+    in bytes and in time: an engine that never ends its body cannot hold the stream's slot."""
     left = limit
     try:
-        while left > 0 and (chunk := await reader.readany()):
-            left -= len(chunk)
-    except UPSTREAM_READ_ERRORS:
+        async with asyncio.timeout(within_s):
+            while left > 0 and (chunk := await reader.readany()):
+                left -= len(chunk)
+    except (TimeoutError, *UPSTREAM_READ_ERRORS):
         pass

@@ -49,6 +49,7 @@ class ProxyFrontend:
         slo_headers: bool = False,
         resume: ResumeMode = ResumeMode.OFF,
         resume_max: int = 2,
+        resume_max_tokens: int = 0,
     ) -> None:
         self.path = path
         self._hint_rules = HintRules(max_hint_bytes, test_hooks, session_header, slo_headers)
@@ -57,7 +58,7 @@ class ProxyFrontend:
         self._upstream = upstream
         self._max_body_bytes = max_body_bytes
         self._max_model_bytes = max_model_bytes
-        self._resume, self._resume_max = resume, resume_max
+        self._resume, self._resume_max, self._resume_max_tokens = resume, resume_max, resume_max_tokens
         self._exchanges: set[Exchange] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -106,7 +107,9 @@ class ProxyFrontend:
             if isinstance(ask, Reply):
                 await down.reply(self.path.reject(ask))
                 return
-            body, splice, refused = prepared(self._resume, ask, parsed.path, body, parsed.fields)
+            body, splice, refused = prepared(
+                self._resume, ask, parsed.path, body, parsed.fields, self._resume_max_tokens
+            )
             if ask is not True:
                 refused = None  # said only to a client that asked
         tokens = await self.path.tokens(parsed) if self.path.wants_tokens(parsed) else None
@@ -130,6 +133,7 @@ class ProxyFrontend:
         if isinstance(decision, Reply):
             await down.reply(decision)
             return
+        decision.record.resumable = splice is not None
         exchange = Exchange(decision, body, asyncio.current_task(), splice)
         exchange.resume_refused = refused
         del body

@@ -359,13 +359,14 @@ class RequestPath(ResponseSide):
             record.group, candidates = canary_side(self.canary, record.group, home, candidates)
         return candidates
 
-    def resume(self, record: RequestRecord, failed: str, why: str) -> str | None:
+    def resume(self, record: RequestRecord, failed: str) -> str | None:
         """A stream cut after its commit point is to be continued (picker/streams/resume.py): the
-        READY replica to continue it on (never a draining one, nor one it was cut on; the one
-        holding its prefix first), its slot moved there; None when there is none."""
-        record.cut_on = (*record.cut_on, failed)
-        tried = {*record.cut_on, *record.resumed_on}  # never back to a replica that cut it
-        candidates = [e for e in self._candidates(record) if e.address not in tried]
+        READY replica to continue it on (never a draining one, nor one it was cut on or tried; the
+        one holding its prefix first), its slot moved there; None when there is none (counted).
+        The caller counts the resume once it opened (`resumed`), or why it did not."""
+        if failed not in record.cut_on:
+            record.cut_on = (*record.cut_on, failed)
+        candidates = self._resume_candidates(record)
         if not candidates:
             self._metrics.count_resume("no-replica")
             return None
@@ -379,18 +380,33 @@ class RequestPath(ResponseSide):
         # (or its sample is stale), queued on an engine rather than cut
         target = found[0] if found else min(candidates, key=estimated_load).address
         record.resumed_on = (*record.resumed_on, target)
-        record.stalled = False  # its new part is judged afresh
+        record.stalled = record.stall_kept = False  # its new part is judged afresh ...
+        record.part_started_at = self._clock()  # ... its silence counted from now
         record.served = target
         if record.lease is not None:
             record.lease.move(target)
         self.placement.dispatched(record, target)
         if self.peering is not None:
             self.peering.placed(record, target, moved=True)
-        self._metrics.count_resume(why)
         return target
 
+    def _resume_candidates(self, record: RequestRecord) -> list[Endpoint]:
+        tried = {*record.cut_on, *record.resumed_on}  # never back to a replica that cut it
+        return [e for e in self._candidates(record) if e.address not in tried]
+
+    def movable(self, record: RequestRecord) -> bool:
+        """A stalled stream may move: some READY replica it was not on has room for it now (a move
+        to a full or absent one would only cut it)."""
+        candidates = [e for e in self._resume_candidates(record) if e.address != record.served]
+        return bool(candidates) and bool(pick(candidates, 1, self._rng, self._clock(), self._policy))
+
+    def resumed(self, why: str) -> None:
+        """A cut stream continued: counted once, with why it was cut."""
+        self._metrics.count_resume(why)
+
     def resume_refused(self, reason: str) -> None:
-        """A cut stream was not continued after all (the limit, or the continuation failed)."""
+        """A cut stream was not continued after all (the limit, the continuation failed, what the
+        stream showed)."""
         self._metrics.count_resume(reason)
 
     def _try_dispatch(self, record: RequestRecord) -> bool:

@@ -225,6 +225,10 @@ class ResponseSide:
         if not record.ended:
             self.finish(record, EndReason.UNOBSERVED)
 
+    def movable(self, record: RequestRecord) -> bool:
+        """Whether a stalled stream has somewhere to move (RequestPath knows the candidates)."""
+        return False
+
     def sweep_stalls(self) -> int:
         """Mark streams silent for longer than the stall bound; end those whose endpoint is gone."""
         now = self._clock()
@@ -238,11 +242,20 @@ class ResponseSide:
                 if started is not None and now - started >= self._stall_after_s:
                     self.hand_to_engine(record)
                 continue
-            if tracker is None or not tracker.streaming or record.stalled or record.engine_tracked:
+            if tracker is None or not tracker.streaming or record.engine_tracked:
                 continue
-            last = tracker.last_chunk_at or record.response_started_at
+            last = max(tracker.last_chunk_at or 0.0, record.part_started_at or 0.0)
+            last = last or record.response_started_at
+            if record.stalled:
+                if record.stall_kept and last is not None and now - last < self._stall_after_s:
+                    record.stalled = record.stall_kept = False  # it sends again: judged afresh
+                elif record.stall_kept and self.on_stall is not None and self.movable(record):
+                    self.on_stall(record)  # a replica has room now: the kept stream moves
+                continue
             if last is None or now - last < self._stall_after_s:
                 continue
+            if self._queued_on_engine(record, tracker.last_chunk_at):
+                continue  # no token yet from a replica that queues requests: waiting, not stalled
             record.stalled = True
             found += 1
             endpoint = record.endpoint or ""
@@ -255,10 +268,24 @@ class ResponseSide:
                 now - last,
                 known.state.value if known else "forgotten",
             )
-            moving = self.on_stall is not None and self.on_stall(record)
+            resumable = record.resumable and self.on_stall is not None
+            moving = resumable and self.movable(record) and self.on_stall(record)  # type: ignore[misc]
             if not moving and (known is None or known.state is EndpointState.GONE):
                 self.finish(record, EndReason.STALLED)  # its engine will never send again
+            elif not moving and resumable:
+                record.stall_kept = True  # nowhere to move: it waits on its own replica
+                self._metrics.count_resume("stall-kept")
         return found
+
+    def _queued_on_engine(self, record: RequestRecord, last_chunk_at: float | None) -> bool:
+        """This part has had no token yet and its replica's last scrape showed requests waiting:
+        it is queued there (a cold or busy engine), not stalled."""
+        started = record.part_started_at
+        if last_chunk_at is not None and (started is None or last_chunk_at >= started):
+            return False
+        endpoint = self._pool.get(record.endpoint or "")
+        load = endpoint.load if endpoint is not None else None
+        return load is not None and load.waiting > 0
 
     def finish(self, record: RequestRecord, reason: EndReason) -> None:
         """End a request: release its endpoint slot and count why. Safe to call more than once."""

@@ -118,6 +118,9 @@ class RequestRecord:
     # streams.resume (picker proxy): the replicas its stream was continued on, after cuts
     resumed_on: tuple[str, ...] = ()
     cut_on: tuple[str, ...] = ()  # ... and the replicas it was cut on
+    part_started_at: float | None = None  # ... and when its current part began (silence counts from it)
+    resumable: bool = False  # picker proxy may continue its stream on another replica
+    stall_kept: bool = False  # judged stalled with nowhere to move: it waits on its own replica
 
     @property
     def ended(self) -> bool:

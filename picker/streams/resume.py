@@ -11,10 +11,10 @@ is continued from its chat template's ids through the completions endpoint and r
 chunks. The client sees one stream: the first part's `id`, `created` and `model`, no token twice,
 the final usage counting the original prompt and both parts' tokens.
 
-What cannot be continued exactly is never resumed, and `refusal()` says why: `n` > 1, `echo`,
-`best_of`, several prompts, presence/frequency penalties (they count generated tokens, which become
-prompt tokens), structured output and tool calls (an engine state a prompt cannot restore), and in
-`greedy` mode any sampling. Pure: no I/O, no clock.
+What cannot be continued exactly is never resumed, and `refusal()` says why; every request field's
+rule is in picker/streams/resume_fields.py (the resume guide's table). What only the stream shows
+(reasoning output, more ids than streams.resume_max_tokens) refuses at the cut (`Splice.refused`).
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -24,20 +24,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from picker.streams.resume_fields import CHAT, COMPLETIONS, continued_fields, stops
+from picker.streams.resume_fields import refusal as field_refusal
 from picker.streams.sse import SSEParser
 
-COMPLETIONS = "/v1/completions"
-CHAT = "/v1/chat/completions"
 _DONE = b"data: [DONE]\n\n"
 _IDS = b'"token_ids":['
 _FINISH = b'"finish_reason":'
-_CHAT_ONLY = (
-    "messages", "tools", "tool_choice", "parallel_tool_calls", "max_completion_tokens", "response_format",
-    "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
-    "documents", "reasoning_effort", "top_logprobs", "logprobs", "add_special_tokens", "prompt",
-)  # fmt: skip
-_STRUCTURED = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-               "structured_outputs", "guided_decoding_backend")  # fmt: skip
+_REASONING = ("reasoning_content", "reasoning")
 
 
 class ResumeMode(enum.Enum):
@@ -62,6 +56,7 @@ class Part:
 
     chat_as_completions: bool = False  # a chat request continued through the completions endpoint
     seen_prompt: bool = False
+    straddle_left: int = 0  # characters of this part in which a stop string may end that began before it
 
 
 @dataclass(slots=True)
@@ -70,34 +65,54 @@ class Splice:
 
     `feed()` takes the upstream bytes of the current part and returns the bytes for the client
     (whole SSE events only: a partial event waits for its end, so a cut never leaves half an event).
+
+    With stop strings the engine is asked to hold nothing back (`include_stop_str_in_output`) and
+    the splice holds back what vLLM would (the longest stop string less one character), so the held
+    text is the picker's own when a cut comes: the continuation starts after it, and a stop string
+    that straddles the cut is found here, at the place an uncut run finds it.
     """
 
     chat: bool  # the client's request is a chat completion
     body: dict[str, Any]  # the client's request, as sent (with return_token_ids)
     client_ids: bool  # the client asked for token ids itself: they stay in what it sees
     include_usage: bool  # the client asked for the usage chunk
+    stops: tuple[str, ...] = ()  # the request's stop strings
+    hold: int = 0  # characters held back while a stop string may still match (vLLM's rule)
+    include_stop: bool = False  # the client asked include_stop_str_in_output
+    plain: bool = True  # no stop strings, logprobs or per-chunk usage: the quick path may serve it
+    max_ids: int = 0  # streams.resume_max_tokens: prompt and output ids kept at most (0: no cap)
     prompt_ids: list[int] | None = None
     sent: list[int] = field(default_factory=list)  # generated ids the client has been sent
+    generated: int = 0  # how many (kept or not: streams.resume_max_tokens)
     meta: dict[str, Any] | None = None  # the first part's id, object, created, model
     prompt_tokens: int | None = None  # the original request's, from its prompt ids
     finished: str | None = None  # a finish_reason was sent
+    ended_here: bool = False  # the splice found the stop string (it straddled a cut): end the part
     usage_sent: bool = False
+    role_sent: bool = False  # chat: the one role chunk went out
     done: bool = False  # [DONE] was sent
     error: bool = False  # the current part was cut: the engine's error event, or [DONE] too early
     error_frame: bytes = b""  # the engine's error event (what the client sees if no resume follows)
     resumes: int = 0
+    unresumable: str | None = None  # seen in the stream: why it cannot be continued (a refusal reason)
+    text_sent: int = 0  # characters of text the client has been sent (completions' text_offset)
+    pending: str = ""  # text held back (stop strings)
+    context: str = ""  # the last characters sent, where a straddling stop string may begin
     _parser: SSEParser = field(default_factory=SSEParser)
     _part: Part = field(default_factory=Part)
 
     def feed(self, chunk: bytes) -> bytes:
         events = self._parser.feed(chunk)
-        if len(events) == 1 and not (self.error or self.done):  # the common chunk: one event
-            return self._event(events[0].data, events[0].event)
+        if len(events) == 1 and not (self.error or self.done or self.ended_here):  # the common chunk
+            out = self._event(events[0].data, events[0].event)
+            return out if not self.ended_here else out + (self.finish_locally() or b"")
         out = bytearray()
         for event in events:
-            if self.error or self.done:
-                continue  # after an error event: the part is over, whatever follows
+            if self.error or self.done or self.ended_here:
+                continue  # after an error event or the end: the part is over, whatever follows
             out += self._event(event.data, event.event)
+            if self.ended_here:  # the splice found the stop string: its usage and [DONE] go now
+                out += self.finish_locally() or b""
         return bytes(out)
 
     def _event(self, data: bytes, name: str) -> bytes:
@@ -107,7 +122,7 @@ class Splice:
                 return b""
             self.done = True
             return _DONE
-        if self.resumes == 0 and self.meta is not None and not name:
+        if self.plain and self.resumes == 0 and self.meta is not None and not name:
             quick = self._quick(data)
             if quick is not None:
                 return quick
@@ -136,7 +151,7 @@ class Splice:
     def _quick_content(self, data: bytes) -> bytes | None:
         at = data.rfind(_IDS)
         reason_at = data.find(_FINISH)
-        if at < 0 or reason_at < 0:
+        if at < 0 or reason_at < 0 or (self.chat and b'"reasoning' in data):
             return None
         value = data[reason_at + len(_FINISH) : reason_at + len(_FINISH) + 24]
         finished = None
@@ -149,7 +164,7 @@ class Splice:
             ids = [int(t) for t in data[at + len(_IDS) : -4].split(b",")]
         except ValueError:
             return None
-        self.sent.extend(ids)
+        self._keep(ids)
         if finished is not None:
             self.finished = finished
         if self.client_ids:
@@ -157,6 +172,17 @@ class Splice:
         if self.chat:
             return b"data: " + data[: at - 1] + b"}]}\n\n"  # vLLM's chunk without return_token_ids
         return b"data: " + data[:at] + b'"token_ids":null}]}\n\n'
+
+    def _keep(self, ids: list[int]) -> None:
+        """Keep the ids sent, up to streams.resume_max_tokens (with the prompt's): past it the
+        stream stops keeping them (only their count) and can no longer be continued."""
+        self.generated += len(ids)
+        if self.unresumable == "too-long":
+            return
+        self.sent.extend(ids)
+        if self.max_ids and self.generated + len(self.prompt_ids or ()) > self.max_ids:
+            self.unresumable = "too-long"
+            self.sent = []
 
     def _frame(self, frame: dict[str, Any]) -> bytes:
         part = self._part
@@ -178,13 +204,26 @@ class Splice:
         if isinstance(prompt, list) and self.prompt_ids is None:
             self.prompt_ids = prompt
         if isinstance(ids, list):
-            self.sent.extend(ids)
+            self._keep(ids)
         if choice.get("finish_reason") is not None:
             self.finished = choice["finish_reason"]
         if part.chat_as_completions:
-            choice = _as_chat(choice)
-        if self.resumes and self.chat and "role" in (choice.get("delta") or {}):
-            return b""  # a later chat part's role chunk: the client had its role
+            choice = _as_chat(choice, self.body.get("top_logprobs"))
+        if self.chat:
+            delta = choice.get("delta") or {}
+            if any(delta.get(key) for key in _REASONING):
+                self.unresumable = "reasoning-output"  # a reasoning parser's state: not continued
+            if "role" in delta:
+                if self.role_sent:  # a later part's role chunk: the client had its role
+                    if not delta.get("content") and choice.get("finish_reason") is None:
+                        return b""
+                    delta.pop("role")
+                self.role_sent = True
+        if self.stops:
+            self._text(choice)
+        elif not self.chat and isinstance(choice.get("logprobs"), dict):
+            self._offsets(choice["logprobs"], self.text_sent)
+            self.text_sent += len(choice.get("text") or "")
         if self.client_ids:
             choice["token_ids"] = ids
             if not part.seen_prompt and not self.chat:
@@ -198,9 +237,81 @@ class Splice:
             out["object"] = "chat.completion.chunk"
             if self.client_ids and self.resumes == 0 and "role" in (choice.get("delta") or {}):
                 out["prompt_token_ids"] = self.prompt_ids
-        if "usage" in frame and usage is None and self.chat:
+        if isinstance(usage, dict) and self.resumes:  # continuous_usage_stats: the client's figures
+            out["usage"] = self._figures(usage)
+        elif "usage" in frame and usage is None and self.chat:
             out.pop("usage", None)
         return _encode(out)
+
+    def _text(self, choice: dict[str, Any]) -> None:
+        """Stop strings: hold back what vLLM would, find a stop string that straddles a cut, and
+        take the stop string out of the end where the client did not ask for it."""
+        delta = choice.get("delta") if self.chat else None
+        key_owner: dict[str, Any] = delta if isinstance(delta, dict) else choice
+        key = "content" if self.chat else "text"
+        new = key_owner.get(key) or ""
+        finish = choice.get("finish_reason")
+        before = len(self.pending)
+        text = self.pending + new
+        if self._part.straddle_left > 0 and finish != "stop" and new:
+            hit = self._straddle(new)
+            if hit is not None:
+                stop, end = hit
+                text, finish = text[:end], "stop"
+                choice["finish_reason"], choice["stop_reason"] = "stop", stop
+                self.finished, self.ended_here = "stop", True
+            self._part.straddle_left -= len(new)
+        if finish is not None:
+            reason = choice.get("stop_reason")
+            stopped = finish == "stop" and isinstance(reason, str) and not self.include_stop
+            if stopped and text.endswith(reason):
+                text = text[: len(text) - len(reason)]
+            out, self.pending = text, ""
+        elif self.hold and len(text) > self.hold:
+            out, self.pending = text[: -self.hold], text[-self.hold :]
+        elif self.hold:
+            out, self.pending = "", text
+        else:
+            out = text
+        if new or out or before:
+            key_owner[key] = out
+        if not self.chat and isinstance(choice.get("logprobs"), dict):
+            self._offsets(choice["logprobs"], self.text_sent)
+        self.text_sent += len(out)
+        if self.hold or self.include_stop:
+            self.context = (self.context + out)[-max(len(s) for s in self.stops) :]
+
+    def _straddle(self, new: str) -> tuple[str, int] | None:
+        """A stop string that began before this part and ends in its first characters: (the stop,
+        where the client's text ends, counted in pending + new). vLLM's order: the first stop
+        string of the list that matches."""
+        body_min = self.body.get("min_tokens")
+        if isinstance(body_min, int) and self.generated <= body_min:
+            return None
+        window = self.context + self.pending + new
+        base = len(self.context)
+        seen = len(window) - len(new)
+        for stop in self.stops:
+            at = window.find(stop, max(0, seen - len(stop) + 1))
+            if at >= 0:
+                end = at + len(stop) if self.include_stop else at
+                return stop, max(0, end - base)
+        return None
+
+    @staticmethod
+    def _offsets(logprobs: dict[str, Any], start: int) -> None:
+        """Completions' text_offset counted from the text the client was sent (vLLM's rule), not
+        from what this part's engine sent."""
+        offsets = logprobs.get("text_offset")
+        if isinstance(offsets, list) and offsets and all(isinstance(o, int) for o in offsets):
+            first = offsets[0]
+            logprobs["text_offset"] = [start + (o - first) for o in offsets]
+
+    def _figures(self, usage: dict[str, Any]) -> dict[str, Any]:
+        prompt = self.prompt_tokens if self.prompt_tokens is not None else usage.get("prompt_tokens", 0)
+        completion = self.generated
+        total = prompt + completion
+        return {**usage, "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total}
 
     def _usage(self, frame: dict[str, Any], usage: dict[str, Any]) -> bytes:
         if self.prompt_tokens is None and isinstance(usage.get("prompt_tokens"), int):
@@ -208,15 +319,7 @@ class Splice:
         self.usage_sent = True
         if not self.include_usage:
             return b""
-        prompt = self.prompt_tokens if self.prompt_tokens is not None else usage.get("prompt_tokens", 0)
-        completion = len(self.sent)
-        fixed = {
-            **usage,
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
-        return _encode({**frame, **(self.meta or {}), "usage": fixed})
+        return _encode({**frame, **(self.meta or {}), "usage": self._figures(usage)})
 
     # ---- a cut, and the next part
 
@@ -232,7 +335,7 @@ class Splice:
         out = b""
         if self.include_usage and not self.usage_sent:
             prompt = self.prompt_tokens if self.prompt_tokens is not None else len(self.prompt_ids or [])
-            completion = len(self.sent)
+            completion = self.generated
             usage = {
                 "prompt_tokens": prompt,
                 "total_tokens": prompt + completion,
@@ -242,34 +345,41 @@ class Splice:
         self.done = True
         return out + _DONE
 
+    def refused(self) -> str | None:
+        """Why the rest cannot be asked (None: it can): what the stream showed, or the ids missing."""
+        if self.unresumable is not None:
+            return self.unresumable
+        if self.generated and self.prompt_ids is None:
+            return "no-token-ids"
+        return None
+
     def continuation(self) -> tuple[str, dict[str, Any]] | None:
         """The request for the rest of the generation: (path, body); None when it cannot be asked
-        (the prompt's ids never came, or nothing is left to generate)."""
+        (`refused()` says why, or nothing is left to generate)."""
         body = self.body
         limit_key = "max_completion_tokens" if self.chat and "max_completion_tokens" in body else "max_tokens"
         limit = body.get(limit_key)
-        left = None if limit is None else limit - len(self.sent)
-        if left is not None and left <= 0:
+        left = None if limit is None else limit - self.generated
+        if (left is not None and left <= 0) or self.refused() is not None:
             return None
-        if not self.sent:
+        if not self.generated:
             return (CHAT if self.chat else COMPLETIONS), dict(body)  # nothing went out: the request as it was
-        if self.prompt_ids is None:
-            return None
-        rest = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
+        assert self.prompt_ids is not None
+        rest = continued_fields(body, self.chat)
         rest["prompt"] = [*self.prompt_ids, *self.sent]
         rest.pop("max_completion_tokens", None)
         if left is not None:
             rest["max_tokens"] = left
         if isinstance(body.get("min_tokens"), int):
-            rest["min_tokens"] = max(0, body["min_tokens"] - len(self.sent))
+            rest["min_tokens"] = max(0, body["min_tokens"] - self.generated)
         rest["stream"] = True
         rest["return_token_ids"] = True
-        if self.include_usage:  # else none is asked: the client's usage is not wanted
-            rest["stream_options"] = {"include_usage": True}
+        options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        wanted = {k: True for k in ("include_usage", "continuous_usage_stats") if options.get(k)}
+        if wanted:  # else none is asked: the client's usage is not wanted
+            rest["stream_options"] = wanted
         else:
             rest.pop("stream_options", None)
-        if self.chat and body.get("logprobs") and isinstance(body.get("top_logprobs"), int):
-            rest["logprobs"] = body["top_logprobs"]
         return COMPLETIONS, rest
 
     def next_part(self, path: str) -> None:
@@ -279,17 +389,48 @@ class Splice:
         self.resumes += 1
         self.error, self.error_frame = False, b""
         self._parser = SSEParser()
-        self._part = Part(chat_as_completions=self.chat and path == COMPLETIONS, seen_prompt=True)
+        reach = max((len(s) for s in self.stops), default=1) - 1
+        self._part = Part(
+            chat_as_completions=self.chat and path == COMPLETIONS,
+            seen_prompt=True,
+            straddle_left=reach if self.generated else 0,
+        )
 
 
-def _as_chat(choice: dict[str, Any]) -> dict[str, Any]:
-    """A completions choice re-emitted as a chat delta."""
+def _as_chat(choice: dict[str, Any], top: Any) -> dict[str, Any]:
+    """A completions choice re-emitted as a chat delta (its logprobs in chat's shape)."""
     out: dict[str, Any] = {"index": choice.get("index", 0), "delta": {"content": choice.get("text", "")}}
-    out["logprobs"] = choice.get("logprobs")
+    out["logprobs"] = _chat_logprobs(choice.get("logprobs"), top if isinstance(top, int) else 0)
     out["finish_reason"] = choice.get("finish_reason")
     if out["finish_reason"] is not None:
         out["stop_reason"] = choice.get("stop_reason")
     return out
+
+
+def _chat_logprobs(logprobs: Any, top: int) -> dict[str, Any] | None:
+    """Completions' logprobs as chat's: one entry per token, its first `top` alternatives (vLLM's
+    chat takes the first N of the same ranked list completions keys by token text)."""
+    if not isinstance(logprobs, dict):
+        return None
+    tokens, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
+    alternatives = logprobs.get("top_logprobs") or []
+    content = []
+    for i, token in enumerate(tokens):
+        if not isinstance(token, str):
+            continue
+        ranked = alternatives[i] if i < len(alternatives) and isinstance(alternatives[i], dict) else {}
+        content.append(
+            {
+                "token": token,
+                "logprob": values[i] if i < len(values) and values[i] is not None else -9999.0,
+                "bytes": list(token.encode("utf-8", errors="replace")),
+                "top_logprobs": [
+                    {"token": t, "logprob": v, "bytes": list(t.encode("utf-8", errors="replace"))}
+                    for t, v in list(ranked.items())[:top]
+                ],
+            }
+        )
+    return {"content": content}
 
 
 def _encode(frame: dict[str, Any]) -> bytes:
@@ -298,46 +439,37 @@ def _encode(frame: dict[str, Any]) -> bytes:
 
 def refusal(body: dict[str, Any], path: str, mode: ResumeMode, asked: bool | None) -> str | None:
     """Why this request is not resumable (None: it is). `asked`: the request's header (True: on,
-    False: off, None: none)."""
+    False: off, None: none). The fields' rules: picker/streams/resume_fields.py."""
     if asked is False:
         return "refused-by-request"
     if mode is ResumeMode.OFF and not asked:
         return "off"
     if path not in (COMPLETIONS, CHAT):
         return "not-a-completion"
-    if body.get("stream") is not True:
-        return "not-streaming"
-    if body.get("n", 1) not in (1, None) or body.get("best_of") not in (None, 1):
-        return "several-choices"
-    if body.get("echo"):
-        return "echo"
-    if path == COMPLETIONS:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
-            if len(prompt) != 1:
-                return "several-prompts"
-    if any(body.get(key) for key in _STRUCTURED):
-        return "structured-output"
-    if body.get("tools") and body.get("tool_choice", "auto") != "none":
-        return "tool-calls"
-    if body.get("presence_penalty") or body.get("frequency_penalty"):
-        return "penalties"
-    if mode is not ResumeMode.ALWAYS and not greedy(body):
-        return "sampling"
-    return None
+    return field_refusal(body, path, greedy_only=mode is not ResumeMode.ALWAYS)
 
 
-def greedy(body: dict[str, Any]) -> bool:
-    """Greedy decoding: temperature 0 (vLLM's default is 1 unless the model's config says otherwise),
-    or top_k 1."""
-    temperature = body.get("temperature")
-    return (isinstance(temperature, int | float) and temperature == 0) or body.get("top_k") == 1
-
-
-def prepare(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], Splice]:
-    """The request as sent upstream (token ids asked for) and its splice."""
+def prepare(body: dict[str, Any], chat: bool, max_ids: int = 0) -> tuple[dict[str, Any], Splice]:
+    """The request as sent upstream (token ids asked for; with stop strings, nothing held back by
+    the engine: the splice holds it) and its splice. `max_ids`: streams.resume_max_tokens."""
     options = body.get("stream_options")
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    continuous = isinstance(options, dict) and bool(options.get("continuous_usage_stats"))
     client_ids = body.get("return_token_ids") is True
     sent = {**body, "return_token_ids": True}
-    return sent, Splice(chat=chat, body=sent, client_ids=client_ids, include_usage=include_usage)
+    found = stops(body)
+    include_stop = body.get("include_stop_str_in_output") is True
+    if found:
+        sent["include_stop_str_in_output"] = True
+    splice = Splice(
+        chat=chat,
+        body=sent,
+        client_ids=client_ids,
+        include_usage=include_usage,
+        stops=found,
+        hold=0 if include_stop or not found else max(len(s) for s in found) - 1,
+        include_stop=include_stop,
+        plain=not (found or continuous or body.get("logprobs") not in (None, False)),
+        max_ids=max_ids,
+    )
+    return sent, splice

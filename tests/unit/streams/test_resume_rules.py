@@ -108,7 +108,7 @@ def test_a_resumed_stream_moves_with_its_slot_even_where_the_load_looks_full() -
     others = sorted({"a:1", "b:1", "c:1"} - {first})
     pool.apply(ready=[first, others[0]], draining=[others[1]])
     clock[0] += 60.0  # every sample is stale now: `pick` finds no room anywhere
-    target = path.resume(record, first, "upstream-reset")
+    target = path.resume(record, first)
     in_flight = {e.address: e.in_flight for e in pool.endpoints()}
     assert target == others[0] and in_flight == {first: 0, others[0]: 1, others[1]: 0}
-    assert path.resume(record, target, "upstream-reset") is None  # the draining one never; none left
+    assert path.resume(record, target) is None  # the draining one never; none left

@@ -1,0 +1,90 @@
+"""Moves that reach every stream: `POST /admin/endpoints/<addr>/drain?move_streams=true` on one
+`picker proxy` moves the streams of every picker sharing the pool's books, not only its own.
+
+With N proxies behind a Service the POST reaches one of them, which alone holds its streams' bytes;
+so it moves its own (`move`, the proxy's `move_streams`) and, at the same time, asks each peer over
+the channel between pickers to move theirs (picker/peers/channel.py `peer_moves`; the peer answers
+in picker/peers/inbox.py through the same `move_streams`). Every answer is judged whole
+(picker/peers/events.py `answer_problem`): a malformed one is counted by reason
+(picker_peer_move_answers_rejected_total) and that peer reported as not reached, never raised. A peer that
+does not answer within `peers.move_timeout_s` (all are asked at once) is reported too: a dead peer
+cannot hold the admin POST longer than that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from picker.peers.books import Peering
+from picker.peers.channel import peer_moves
+from picker.peers.events import CANNOT, MOVED, answer_problem
+
+log = logging.getLogger(__name__)
+
+Ask = Callable[[str, str, str | None, str, float], Awaitable[Any]]  # peer, name, secret, address, timeout
+
+
+class PoolMoves:
+    """One picker's `?move_streams=true`, reaching every peer's streams (see the module docstring)."""
+
+    def __init__(
+        self,
+        peering: Peering,
+        secret: str | None,
+        move: Callable[[str], int],
+        timeout_s: float,
+        ask: Ask = peer_moves,
+    ) -> None:
+        self._peering, self._secret, self._move = peering, secret, move
+        self._timeout_s, self._ask = timeout_s, ask
+        self.rejected: Counter[str] = Counter()  # peers' answers refused whole, by reason
+
+    async def move(self, address: str) -> dict[str, Any]:
+        """Move every picker's streams on `address`: what the admin answer adds. `moved_streams` is
+        the total; `moved_streams_by_picker` each picker's count, by its peer name (this one's
+        included); `moved_streams_unreached` each peer whose streams were not moved, and why
+        (`no-answer`, `refused: ...`, `cannot: ...`, `malformed: ...`)."""
+        peers, name = self._peering.peers, self._peering.name
+        by_picker = {name: self._move(address)}  # this picker's own first: no network in the way
+        answers = await asyncio.gather(
+            *(self._ask(p, name, self._secret, address, self._timeout_s) for p in peers),
+            return_exceptions=True,  # peer_moves catches what a peer can cause: this is a backstop
+        )
+        unreached: dict[str, str] = {}
+        for peer, answer in zip(peers, answers, strict=True):
+            moved, why = self.judge(peer, answer)
+            if moved is None:
+                unreached[peer] = why
+            else:
+                by_picker[peer] = moved
+        total = sum(by_picker.values())
+        log.info(
+            "move_streams address=%s moved=%d by_picker=%s%s",
+            address,
+            total,
+            ",".join(f"{picker}:{n}" for picker, n in by_picker.items()),
+            "".join(f" unreached={peer}({why})" for peer, why in unreached.items()),
+        )
+        return {
+            "moved_streams": total,
+            "moved_streams_by_picker": by_picker,
+            "moved_streams_unreached": unreached,
+        }
+
+    def judge(self, peer: str, answer: Any) -> tuple[int | None, str]:
+        """A peer's answer: (how many it moved, "") or (None, why none were)."""
+        if answer is None or isinstance(answer, BaseException):
+            return None, "no-answer"
+        reason = answer_problem(answer)
+        if reason is not None:
+            self.rejected[reason] += 1
+            log.warning("peer %s answered a move ask malformed (%s); counted as not reached", peer, reason)
+            return None, f"malformed: {reason}"
+        kind, value = answer
+        if kind == MOVED:
+            return int(value), ""
+        return None, f"{'cannot' if kind == CANNOT else 'refused'}: {value}"

@@ -1,0 +1,327 @@
+"""Moves that reach every stream (issue 52, item 4): `?move_streams=true` on one picker asks every peer,
+over the authenticated channel between pickers, to move its streams off the address too. Both sides
+judge the message whole: a malformed ask or answer is counted and dropped (nothing moves, nothing
+raises), only a member that proves the credential may ask, and a peer that does not answer costs
+the asker at most `peers.move_timeout_s`."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgpack
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loadtest.procs import free_port
+from picker.admin.api import admin_app
+from picker.observability.metrics import Metrics
+from picker.peers.auth import CHALLENGE, new_nonce, proof
+from picker.peers.books import Peering
+from picker.peers.channel import EVENTS, MOVES, peer_moves
+from picker.peers.events import MOVE_ASK, answer_problem, ask_problem
+from picker.peers.moves import PoolMoves
+from picker.pool import Pool
+from tests.unit.peers.test_peer_links import E1, E2, Side
+
+SECRET = "s3cret"  # Side's
+
+GOOD_ASKS: list[Any] = [[MOVE_ASK, E1], [MOVE_ASK, "[fd00::1]:8000"]]
+BAD_ASKS: list[tuple[Any, str]] = [
+    (None, "not-an-ask"),
+    ([], "not-an-ask"),
+    (MOVE_ASK, "not-an-ask"),
+    ({"move-streams": E1}, "not-an-ask"),
+    (["drain", E1], "unknown-ask"),
+    ([[MOVE_ASK], E1], "unknown-ask"),
+    ([MOVE_ASK], "bad-ask-arity"),
+    ([MOVE_ASK, E1, True], "bad-ask-arity"),
+    ([MOVE_ASK, 7], "bad-ask-address"),
+    ([MOVE_ASK, ""], "bad-ask-address"),
+    ([MOVE_ASK, [E1]], "bad-ask-address"),
+    ([MOVE_ASK, "1" * 600], "bad-ask-address"),
+]
+GOOD_ANSWERS: list[Any] = [
+    ["moved", 0],
+    ["moved", 12],
+    ["cannot", "not-a-proxy"],
+    ["error", "unauthenticated"],
+]
+BAD_ANSWERS: list[tuple[Any, str]] = [
+    (None, "not-an-answer"),
+    (["moved"], "not-an-answer"),
+    (["moved", 1, 2], "not-an-answer"),
+    ({"moved": 1}, "not-an-answer"),
+    (["moved", -1], "bad-count"),
+    (["moved", True], "bad-count"),
+    (["moved", 1.5], "bad-count"),
+    (["moved", "7"], "bad-count"),
+    (["moved", 10**7], "bad-count"),
+    (["cannot", ""], "bad-reason"),
+    (["cannot", "x" * 65], "bad-reason"),
+    (["error", 3], "bad-reason"),
+    (["yes", 1], "unknown-answer"),
+]
+
+
+@pytest.mark.parametrize("ask", GOOD_ASKS)
+def test_a_well_formed_ask_passes(ask: Any) -> None:
+    assert ask_problem(ask) is None
+
+
+@pytest.mark.parametrize(("ask", "reason"), BAD_ASKS)
+def test_a_malformed_ask_is_named_by_reason(ask: Any, reason: str) -> None:
+    assert ask_problem(ask) == reason
+
+
+@pytest.mark.parametrize("answer", GOOD_ANSWERS)
+def test_a_well_formed_answer_passes(answer: Any) -> None:
+    assert answer_problem(answer) is None
+
+
+@pytest.mark.parametrize(("answer", "reason"), BAD_ANSWERS)
+def test_a_malformed_answer_is_named_by_reason(answer: Any, reason: str) -> None:
+    assert answer_problem(answer) == reason
+
+
+PLAIN = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8) | st.binary(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=PLAIN | st.lists(st.sampled_from([MOVE_ASK, "moved", "cannot", "error", E1]) | PLAIN))
+def test_no_value_from_a_peer_raises_on_either_side(value: Any) -> None:
+    """Whatever msgpack can carry: judged, never raised; an answer judged bad moves nothing."""
+    ask_problem(value)
+    mover = PoolMoves(Peering("127.0.0.1:1", (), Pool()), SECRET, lambda _: 0, 1.0)
+    moved, why = mover.judge("127.0.0.1:2", value)
+    assert (moved is None) == (why != "")
+    malformed = value is not None and answer_problem(value) is not None  # None: it gave no answer
+    assert malformed == (sum(mover.rejected.values()) == 1)
+
+
+@pytest.fixture
+async def sides() -> AsyncIterator[list[Side]]:
+    made = [Side(), Side()]
+    yield made
+    for side in made:
+        await side.close()
+
+
+async def two(sides: list[Side]) -> tuple[Side, Side, list[str]]:
+    """A takes asks from B (its peer); neither opens links of its own."""
+    a, b = sides
+    members = [await a.listen(), await b.listen()]
+    a.accept(members)
+    b.accept(members)
+    return a, b, members
+
+
+async def raw_ask(port: int, hello: Any, answered: bool = True) -> Any:
+    """A client writing its own hello (after the challenge, whose nonce `hello` may use); the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    unpacker = msgpack.Unpacker(raw=False)
+    try:
+        unpacker.feed(await asyncio.wait_for(reader.read(4096), 5))
+        challenge = next(unpacker)
+        writer.write(msgpack.packb(hello(challenge[1]) if callable(hello) else hello))
+        await writer.drain()
+        unpacker.feed(await asyncio.wait_for(reader.read(4096), 5))
+        return next(unpacker)
+    finally:
+        writer.close()
+
+
+def port_of(side: Side) -> int:
+    return int(side.name.rsplit(":", 1)[1])
+
+
+async def test_a_members_ask_moves_the_streams_through_the_pickers_mover(sides: list[Side]) -> None:
+    a, b, _ = await two(sides)
+    assert a.service is not None
+    asked: list[str] = []
+    a.service.mover = lambda address: asked.append(address) or 3
+    assert await peer_moves(a.name, b.name, SECRET, "[FD00::1]:8000", 2.0) == ["moved", 3]
+    assert asked == ["[fd00::1]:8000"]  # the address as this picker's pool names it
+    assert a.service.refused == 0 and sum(a.service.rejected.values()) == 0
+
+
+async def test_a_picker_that_cannot_move_streams_says_so(sides: list[Side]) -> None:
+    """`picker serve` (no mover: Envoy cannot re-issue a request mid-response) answers `cannot`."""
+    a, b, _ = await two(sides)
+    assert await peer_moves(a.name, b.name, SECRET, E1, 2.0) == ["cannot", "not-a-proxy"]
+
+
+async def test_only_an_authenticated_member_may_ask(sides: list[Side]) -> None:
+    a, b, _ = await two(sides)
+    assert a.service is not None
+    asked: list[str] = []
+    a.service.mover = lambda address: asked.append(address) or 3
+    assert await peer_moves(a.name, b.name, "wrong-secret", E1, 2.0) == ["error", "unauthenticated"]
+    stranger = "10.66.6.6:9004"
+    assert await peer_moves(a.name, stranger, SECRET, E1, 2.0) == ["error", "not-a-member"]
+    replayed = proof(SECRET, new_nonce(), MOVES, b.name)  # another connection's nonce
+    assert await raw_ask(port_of(a), [MOVES, b.name, replayed, [MOVE_ASK, E1]]) == [
+        "error",
+        "unauthenticated",
+    ]
+    assert asked == [] and a.service.refused == 3
+
+
+@pytest.mark.parametrize(("ask", "reason"), [*BAD_ASKS, ([MOVE_ASK, "no-port"], "bad-ask-address")])
+async def test_a_malformed_ask_is_counted_and_refused_and_moves_nothing(
+    sides: list[Side], ask: Any, reason: str
+) -> None:
+    a, b, _ = await two(sides)
+    assert a.service is not None
+    asked: list[str] = []
+    a.service.mover = lambda address: asked.append(address) or 3
+    answer = await raw_ask(
+        port_of(a), lambda nonce: [MOVES, b.name, proof(SECRET, nonce, MOVES, b.name), ask]
+    )
+    assert answer == ["error", "bad-ask"]
+    assert asked == [] and a.service.rejected == {reason: 1}
+
+
+async def test_a_hello_of_the_wrong_shape_is_refused(sides: list[Side]) -> None:
+    """A moves hello without its ask, an events hello with one: neither is a hello."""
+    a, b, _ = await two(sides)
+    assert a.service is not None
+    asked: list[str] = []
+    a.service.mover = lambda address: asked.append(address) or 3
+    for kind, rest in ((MOVES, []), (EVENTS, [[MOVE_ASK, E1]])):
+        answer = await raw_ask(
+            port_of(a), lambda nonce, k=kind, r=rest: [k, b.name, proof(SECRET, nonce, k, b.name), *r]
+        )
+        assert answer == ["error", "not-a-hello"]
+    assert asked == [] and a.service.rejected == {"not-a-hello": 2}
+
+
+async def test_a_mover_that_fails_is_answered_not_raised(sides: list[Side]) -> None:
+    a, b, _ = await two(sides)
+    assert a.service is not None
+
+    def broken(address: str) -> int:
+        raise RuntimeError("boom")
+
+    a.service.mover = broken
+    assert await peer_moves(a.name, b.name, SECRET, E1, 2.0) == ["cannot", "failed"]
+    assert await peer_moves(a.name, b.name, SECRET, E2, 2.0) == ["cannot", "failed"]  # still listening
+
+
+class FakePeer:
+    """A peer on a loopback port that sends its challenge, reads the hello, then answers `answer`
+    (None: never answers)."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+        self.server: asyncio.Server | None = None
+        self.hellos: list[Any] = []
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(msgpack.packb([CHALLENGE, new_nonce()]))
+        unpacker = msgpack.Unpacker(raw=False)
+        try:
+            unpacker.feed(await reader.read(4096))
+            self.hellos.append(next(unpacker))
+            if self.answer is None:
+                await reader.read()  # until the asker gives up and closes
+            else:
+                writer.write(msgpack.packb(self.answer))
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_the_pool_move_counts_every_pickers_streams_and_names_who_was_not_reached(
+    sides: list[Side],
+) -> None:
+    """B moves its own 2 and asks A (3 moved), a silent peer, a closed port, a peer with a malformed
+    answer and one that cannot: 5 in all, each other peer named with why, in under the timeout."""
+    a, b, _ = await two(sides)
+    assert a.service is not None
+    a.service.mover = lambda address: 3
+    silent, garbled, cannot = FakePeer(None), FakePeer(["moved", "7"]), FakePeer(["cannot", "not-a-proxy"])
+    closed = f"127.0.0.1:{free_port()}"
+    try:
+        fakes = [await silent.start(), await garbled.start(), await cannot.start()]
+        members = [a.name, b.name, *fakes, closed]
+        own: list[str] = []
+        moves = PoolMoves(Peering(b.name, members, b.pool), SECRET, lambda x: own.append(x) or 2, 0.5)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        answer = await moves.move(E1)
+        took = loop.time() - started
+    finally:
+        for fake in (silent, garbled, cannot):
+            await fake.close()
+    assert answer == {
+        "moved_streams": 5,
+        "moved_streams_by_picker": {b.name: 2, a.name: 3},
+        "moved_streams_unreached": {
+            fakes[0]: "no-answer",
+            fakes[1]: "malformed: bad-count",
+            fakes[2]: "cannot: not-a-proxy",
+            closed: "no-answer",
+        },
+    }
+    assert own == [E1] and 0.45 <= took < 2.0  # the silent peer held it for its timeout, no longer
+    assert moves.rejected == {"bad-count": 1}
+    assert silent.hellos[0][0] == MOVES and silent.hellos[0][3] == [MOVE_ASK, E1]
+    metrics = Metrics()
+    metrics.register_rejections("peer_move_answers", lambda: moves.rejected)
+    assert 'picker_peer_move_answers_rejected_total{reason="bad-count"} 1.0' in metrics.exposition().decode()
+
+
+async def test_a_peer_that_accepts_but_never_challenges_cannot_hold_the_ask() -> None:
+    """A listener whose accept queue takes the connection and nothing more: the ask times out."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        peer = f"127.0.0.1:{listener.getsockname()[1]}"
+        moves = PoolMoves(Peering("127.0.0.1:1", ["127.0.0.1:1", peer], Pool()), SECRET, lambda _: 0, 0.2)
+        answer = await asyncio.wait_for(moves.move(E1), 5)
+    finally:
+        listener.close()
+    assert answer["moved_streams"] == 0 and answer["moved_streams_unreached"] == {peer: "no-answer"}
+
+
+async def test_the_admin_answer_carries_the_pool_move() -> None:
+    """POST .../drain?move_streams=true with peers: the answer is the pool's, not this picker's alone."""
+    pool = Pool()
+    pool.apply(ready=[E1, E2])
+    own: list[str] = []
+
+    async def pool_moves(address: str) -> dict[str, Any]:
+        return {
+            "moved_streams": 5,
+            "moved_streams_by_picker": {"p1": 2, "p2": 3},
+            "moved_streams_unreached": {},
+        }
+
+    app = admin_app(pool, Metrics(), move_streams=lambda x: own.append(x) or 2, pool_moves=pool_moves)
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        response = await client.post(f"/admin/endpoints/{E1}/drain?move_streams=true")
+        body = await response.json()
+    finally:
+        await client.close()
+    assert response.status == 200, body
+    assert body["moved_streams"] == 5 and body["moved_streams_by_picker"] == {"p1": 2, "p2": 3}
+    assert body["endpoint"]["state"] == "draining" and own == []  # the pool move moves this one's too
