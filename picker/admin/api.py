@@ -34,6 +34,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from picker.admin import status_page
+from picker.admin.browser import refusal as browser_refusal
 from picker.admin.capacity_guard import CapacityGuard
 from picker.admin.status_page import Overview
 from picker.config.model import canonical_address
@@ -186,6 +187,13 @@ class _Admin:
         `trust_loopback`) and it calls from loopback. With a token set, loopback alone is no proof:
         behind a sidecar (Istio forwards from 127.0.0.6) every caller looks local."""
         token = self.token
+        browser = browser_refusal(request.headers, token_set=token is not None)
+        if browser is not None:  # a web page's request, not the operator's (picker/admin/browser.py)
+            self.metrics.count_admin_refused(browser)
+            return _error(
+                403,
+                f"a web page may not change the picker's state ({browser}): use the status page or a client",
+            )
         if token is not None:
             scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):

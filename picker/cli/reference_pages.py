@@ -196,8 +196,24 @@ def contract_page() -> str:
     return "\n".join(lines) + "\n"
 
 
+def resume_fields_page() -> str:
+    """What a resume does with each request field (picker/streams/resume_fields.py)."""
+    from picker.streams.resume_fields import table
+
+    head = (
+        "# Resume: request fields\n\n"
+        "Generated from `picker/streams/resume_fields.py`. What `picker proxy` does with each field of a\n"
+        "vLLM 0.32 completions or chat request when it continues a cut stream on another replica\n"
+        "(`streams.resume`, [the guide](../guides/resume.md)). A refused request streams as without\n"
+        "resume; its reason is counted in `picker_stream_resumes_total{reason}` and, when it asked with\n"
+        "`x-picker-resume: on`, sent back in `x-picker-resume-refused`.\n\n"
+    )
+    return head + table()
+
+
 PAGES: dict[str, Callable[[], str]] = {
     "cli.md": cli_page,
+    "resume-fields.md": resume_fields_page,
     "configuration.md": configuration_page,
     "metrics.md": metrics_page,
     "contract.md": contract_page,

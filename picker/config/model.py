@@ -453,10 +453,10 @@ class StreamsConfig(_Group):
     )
     resume_max: int = Field(2, ge=1, le=10, description="resumes of one stream, at most")
     resume_max_tokens: int = Field(
-        65536,
+        32768,
         ge=0,
         description="prompt and output token ids a resumable stream keeps, at most (0: no cap); past it "
-        "the stream is no longer resumed (reason too-long): about 8 bytes a token",
+        "the stream is no longer resumed (reason too-long). About 70 bytes a token: 2.3 MB at the cap",
     )
     # a drain need not wait for its longest answer: this long after a replica's drain began, its
     # resumable streams continue on other replicas (picker proxy; none: they run to their end)

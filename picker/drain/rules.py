@@ -252,6 +252,16 @@ _CATALOGUE = (
         "get/list/watch/create/update on that ConfigMap, or admin drains are not shared.",
     ),
     Rule(
+        "ADMIN-001",
+        I,
+        "admin port without a token",
+        "Without an admin token (PICKER_ADMIN__TOKEN from a Secret, or --admin-token) the picker takes "
+        "drains, undrains and rollout commands from any loopback caller, and `kubectl port-forward`, "
+        "which the status page's guide uses, arrives from loopback: whoever may port-forward to the "
+        "picker may drain a replica. A web page in the operator's browser cannot (the admin API refuses "
+        "cross-site requests), but a local process can. Set a token to require it of every caller.",
+    ),
+    Rule(
         "POOL-009",
         W,
         "several picker replicas that do not share their books",

@@ -204,6 +204,21 @@ def _check_picker_replicas(inputs: Inputs, report: Report) -> None:
                 )
 
 
+def _check_admin_token(inputs: Inputs, report: Report) -> None:
+    """A picker whose admin port takes changes from loopback callers without a token."""
+    for picker in inputs.pickers:
+        for container in picker.picker_containers():
+            env = {item.get("name") for item in container.data.get("env") or [] if isinstance(item, dict)}
+            sourced = any(isinstance(source, dict) for source in container.data.get("envFrom") or [])
+            if not container.has_flag("--admin-token") and "PICKER_ADMIN__TOKEN" not in env and not sourced:
+                report.add(
+                    "ADMIN-001",
+                    picker.doc,
+                    container.path,
+                    f"container {container.name}: no --admin-token or PICKER_ADMIN__TOKEN",
+                )
+
+
 def _check_picker_sources(inputs: Inputs, report: Report) -> None:
     """The pods a picker reads (its --pool-name, or its --kube-service) are the pods of the pool that
     routes to it."""
@@ -331,4 +346,5 @@ def check(inputs: Inputs, report: Report, budget: Budget) -> None:
     check_disruption_budgets(inputs, report)
     check_pool_wiring(inputs, report, budget)
     _check_picker_replicas(inputs, report)
+    _check_admin_token(inputs, report)
     rbac_rules.check(inputs, report)

@@ -411,7 +411,14 @@ class Metrics:
         self._stream_resumes = Counter(
             "picker_stream_resumes",
             "Streams cut after their first token and continued on another replica (picker proxy, "
-            "streams.resume), by why; no-replica / not-resumable / failed: cut after all",
+            "streams.resume), by why; no-replica / not-resumable / failed / limit / too-long / "
+            "reasoning-output / nothing-left: cut after all; stall-kept: stalled, nowhere to move",
+            ["reason"],
+            registry=r,
+        )
+        self._admin_refused = Counter(
+            "picker_admin_browser_refused",
+            "State-changing admin requests refused as a web page's (picker/admin/browser.py), by why",
             ["reason"],
             registry=r,
         )
@@ -676,6 +683,9 @@ class Metrics:
 
     def count_resume(self, reason: str) -> None:
         self._stream_resumes.labels(bounded_label(reason)).inc()
+
+    def count_admin_refused(self, reason: str) -> None:
+        self._admin_refused.labels(bounded_label(reason)).inc()
 
     def count_fallback_served(self) -> None:
         self._fallback_served.inc()

@@ -171,6 +171,10 @@ def _peers_without_credential(m: Manifests) -> None:
     m.picker["env"] = [e for e in m.picker["env"] if e["name"] != "PICKER_PEERS__SECRET"]
 
 
+def _admin_without_token(m: Manifests) -> None:
+    m.picker["env"] = [e for e in m.picker["env"] if e["name"] != "PICKER_ADMIN__TOKEN"]
+
+
 def _eds_with_health_checks(m: Manifests) -> None:
     cluster = m.pool_cluster
     cluster["type"] = "EDS"
@@ -201,6 +205,7 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
      lambda m: m.set_prestop_arg("--propagation-allowance", "90")),
     ("PRESTOP-004", "metrics on another port",
      lambda m: m.set_prestop_arg("--metrics-url", "http://127.0.0.1:8080/metrics")),
+    ("ADMIN-001", "admin port without a token", _admin_without_token),
     ("PICKER-001", "one picker", lambda m: _set(m.picker_deployment["spec"], "replicas", 1)),
     ("PICKER-002", "readiness on the overall service",
      lambda m: _set(m.picker["readinessProbe"]["grpc"], "service", "")),

@@ -193,7 +193,7 @@ async function act(path, question) {
   if (!token || !window.confirm(question)) return;
   const message = document.getElementById("message");
   try {
-    const answer = await fetch(path, { method: "POST", headers: { Authorization: `Bearer ${token}` } });
+    const answer = await fetch(path, { method: "POST", headers: { Authorization: `Bearer ${token}`, "X-Picker-Admin": "status-page" } });
     const body = await answer.json().catch(() => ({}));
     message.textContent = answer.ok ? `done: ${path}` : `refused (${answer.status}): ${(body.error && body.error.message) || ""}`;
   } catch (error) {
