@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (one header set a row)
 """A web page cannot change a picker's state (issue 53, item 1): picker/admin/browser.py.
 
 A page open in the operator's browser while `kubectl port-forward` exposes the admin port on
@@ -15,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from picker.admin.api import admin_app
 from picker.admin.browser import refusal
+from picker.config.model import RolloutConfig
 from picker.observability.metrics import Metrics
 from picker.pool import EndpointState, Pool
-from picker.config.model import RolloutConfig
 from picker.rollout import Canary, CanaryPlan
 from picker.rollout.runner import RolloutRunner
 from picker.sources.drain_store import LocalDrains
