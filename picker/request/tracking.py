@@ -284,8 +284,10 @@ class ResponseSide:
         if last_chunk_at is not None and (started is None or last_chunk_at >= started):
             return False
         endpoint = self._pool.get(record.endpoint or "")
-        load = endpoint.load if endpoint is not None else None
-        return load is not None and load.waiting > 0
+        if endpoint is None or endpoint.state is EndpointState.GONE or endpoint.load is None:
+            return False
+        load = endpoint.load  # a fresh scrape only: a dead replica's last gauges say nothing
+        return load.waiting > 0 and self._clock() - load.at < self._stall_after_s
 
     def finish(self, record: RequestRecord, reason: EndReason) -> None:
         """End a request: release its endpoint slot and count why. Safe to call more than once."""

@@ -117,3 +117,13 @@ def test_a_part_without_a_token_on_a_replica_that_queues_is_waiting_not_stalled(
     assert path.sweep_stalls() == 0 and moved == []
     endpoint.load = LoadSample(4.0, 0.0, 0.5, 5.9, 0, 0)  # nothing waits there: it is stalled
     assert path.sweep_stalls() == 1
+
+
+def test_a_stale_queue_gauge_does_not_hide_a_stall() -> None:
+    clock, pool, _, path, _ = setup(["a:1", "b:1"])
+    record = streaming(path, chunks=0)
+    endpoint = pool.get(record.picked[0])
+    assert endpoint is not None
+    endpoint.load = LoadSample(4.0, 3.0, 0.5, 0.0, 0, 0)  # its last scrape, long before: a dead engine's
+    clock.now = 6.0
+    assert path.sweep_stalls() == 1
