@@ -75,6 +75,7 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_flow
 	$(BIN)/python -m loadtest.bench_streams
 	$(BIN)/python -m loadtest.bench_cost
+	$(BIN)/python -m loadtest.bench_ledger
 	$(BIN)/python -m loadtest.bench_grpc_servers
 	$(BIN)/python -m loadtest.bench_grpc_reset
 	$(BIN)/python -m loadtest.bench_ngf
