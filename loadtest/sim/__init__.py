@@ -6,9 +6,11 @@ process (any asyncio loop):
     async with run_sim(SimConfig(shutdown=ShutdownConfig(timeout_s=5)), ports=[0, 0]) as replicas:
         replicas[0].url, replicas[0].state.engine, replicas[0].begin_shutdown()
 
-Modules: config (SimConfig), openai_format (wire format), timing (latency model), engine (slots, queue,
-KV), faults, metrics, requestlog, state (one replica's shared state), handlers (completion requests),
-endings (how their responses end), admin (the other routes), replica (lifecycle, shutdown), cli.
+Modules: config (SimConfig), openai_format (wire format), sampling (stop strings, stop token ids,
+min_tokens, logprobs on the greedy tokens of prefix), sampled_stream (the chunks of streams that use
+them or return_token_ids), timing (latency model), engine (slots, queue, KV), faults, metrics,
+requestlog, state (one replica's shared state), handlers (completion requests), endings (how their
+responses end), admin (the other routes), replica (lifecycle, shutdown), cli.
 
 Concurrency model: one event loop, no threads, no locks; every request is its aiohttp handler task; the
 replica wakes requests through `InFlight`, it never cancels tasks it did not create.

@@ -58,6 +58,7 @@ class InFlight:
         "prompt_tokens",
         "record",
         "running",
+        "skip_cache_read",
         "token_ids",
     )
 
@@ -79,6 +80,7 @@ class InFlight:
         self.lora = lora
         self.lora_loaded = False  # its adapter was not active when it started: it paid the load
         self.cached_tokens = 0  # prompt tokens its prefill found cached
+        self.skip_cache_read = False  # its prompt is stored but not looked up (vLLM: prompt_logprobs)
         self.generated = 0
         self.running = False
         self.interrupt: Interrupt | None = None
@@ -133,7 +135,8 @@ class Engine:
         """Look up and store the prompt's blocks; return when its prefill is done (loop time)."""
         prefix = self.prefix
         if prefix is not None and flight.token_ids:
-            flight.cached_tokens = prefix.lookup(flight.token_ids, flight.cache_salt)
+            if not flight.skip_cache_read:
+                flight.cached_tokens = prefix.lookup(flight.token_ids, flight.cache_salt)
             stored = prefix.store(flight.token_ids, flight.cache_salt)
             if self.publisher is not None:
                 self.publisher.stored(stored)

@@ -33,10 +33,10 @@ from loadtest.sim.openai_format import (
     check_length,
     parse_request,
 )
-from loadtest.sim.prefix import next_token
 from loadtest.sim.requestlog import Outcome, RequestRecord
+from loadtest.sim.sampled_stream import SampledEncoder
 from loadtest.sim.state import ReplicaState, log
-from loadtest.sim.timing import parse_overrides, plan_tokens
+from loadtest.sim.timing import TokenPlan, parse_overrides, plan_tokens
 
 STATE_KEY = web.AppKey("sim_state", ReplicaState)
 REQUEST_ID_HEADER = "x-request-id"
@@ -84,6 +84,8 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
         raise
     parsed = call.parsed
     flight = InFlight(loop, record, parsed.prompt_tokens, parsed.token_ids, parsed.cache_salt, parsed.lora)
+    # vLLM skips reading the prefix cache for a request that asks prompt_logprobs
+    flight.skip_cache_read = parsed.sampling is not None and parsed.sampling.prompt_logprobs is not None
     state.enter(flight)
     try:
         return await _run(request, state, call, flight)
@@ -162,8 +164,9 @@ async def _validate(
     if fault is not None and fault.status is not None:
         raise _Refused(_status_error(fault.status), Outcome.FAULT_STATUS, "fault")
     key = record.request_id if REQUEST_ID_HEADER in request.headers else state.next_key()
+    min_tokens = parsed.sampling.min_tokens if parsed.sampling is not None else 0
     plan = plan_tokens(
-        config.latency, key, parsed.prompt_tokens, parsed.max_tokens, parsed.ignore_eos, overrides
+        config.latency, key, parsed.prompt_tokens, parsed.max_tokens, parsed.ignore_eos, overrides, min_tokens
     )
     slowdown = state.engine.slowdown
     if slowdown != 1.0:  # a slower replica: every duration of the plan, stretched
@@ -174,17 +177,13 @@ async def _validate(
     return Call(parsed, plan, fault, arrival, prefix + secrets.token_hex(16), int(time.time()))
 
 
-def _id_frame(
-    encoder: StreamEncoder, context: list[int], count: int, finish_reason: str | None, first: bool
-) -> bytes:
-    """The next `count` greedy tokens (appended to `context`) as a chunk carrying their ids; the
-    first completions chunk carries the prompt's ids too."""
-    prompt = list(context) if first and encoder.endpoint is Endpoint.COMPLETIONS else None
-    ids: list[int] = []
-    for _ in range(count):
-        ids.append(next_token(context))
-        context.append(ids[-1])
-    return encoder.ids(ids, finish_reason, prompt)
+def _sampled_frame(encoder: SampledEncoder, plan: TokenPlan, count: int, last: bool) -> tuple[bytes, int]:
+    """The chunk of the next `count` tokens and how many it carries: fewer when a stop ends the
+    output sooner. A stop string or stop token makes the output's finish_reason "stop"."""
+    frame, step = encoder.next(count, plan.finish_reason if last else None)
+    if step.finish_reason is not None:
+        plan.finish_reason = step.finish_reason
+    return frame, len(step.ids)
 
 
 def _status_error(status: int) -> ApiError:
@@ -212,7 +211,10 @@ async def _run(request: web.Request, state: ReplicaState, call: Call, flight: In
     if call.parsed.stream:
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
-        encoder = StreamEncoder(call.parsed.endpoint, call.response_id, call.created, call.parsed.model)
+        if call.parsed.sampled_stream:
+            encoder = SampledEncoder(call.parsed, call.response_id, call.created)
+        else:
+            encoder = StreamEncoder(call.parsed.endpoint, call.response_id, call.created, call.parsed.model)
         flight.record.status = 200
     stop = await _generate(state, flight, call, response, encoder)
     if stop is Stop.COMPLETED:
@@ -256,7 +258,8 @@ async def _generate(
     total, per_chunk = plan.output_tokens, state.config.latency.tokens_per_chunk
     write = response.write if response is not None else None
     sent, previous, previous_due = 0, t_first, t_first
-    context = list(flight.token_ids) if call.parsed.return_token_ids else None
+    sampled = encoder if isinstance(encoder, SampledEncoder) else None
+    chat = call.parsed.endpoint is Endpoint.CHAT
     while sent < total:
         if fault_at is not None and sent >= fault_at:
             return Stop.FAULT
@@ -274,6 +277,18 @@ async def _generate(
             await flight.wait(due)
             if flight.interrupt is not None:
                 return Stop.INTERRUPTED
+        frame = None
+        if write is not None and encoder is not None:
+            if sampled is not None:  # tokens and text of its own, stops, logprobs...
+                frame, count = _sampled_frame(sampled, plan, count, sent + count == total)
+                if sampled.sampler.finished:
+                    total = sent + count
+            elif sent + count == total:
+                frame = encoder.last(count, plan.finish_reason)
+            else:
+                frame = encoder.tokens(count)
+            if sent == 0 and chat:
+                frame = encoder.role() + frame
         now = loop.time()
         stats.lateness.observe(now - due)
         if sent == 0:
@@ -283,17 +298,7 @@ async def _generate(
         else:
             stats.itl.observe((now - previous) / count, count)
         previous = now
-        if write is not None and encoder is not None:
-            if context is not None:  # return_token_ids: greedy ids, the text theirs
-                finish = plan.finish_reason if sent + count == total else None
-                frame = _id_frame(encoder, context, count, finish, sent == 0)
-            elif sent + count == total:
-                frame = encoder.last(count, plan.finish_reason)
-            else:
-                frame = encoder.tokens(count)
-            if sent == 0 and call.parsed.endpoint is Endpoint.CHAT:
-                role = encoder.role() if context is None else encoder.role_with_ids(list(flight.token_ids))
-                frame = role + frame
+        if frame is not None and write is not None:
             await write(frame)
         sent += count
         engine.add_tokens(flight, count)

@@ -4,7 +4,9 @@ Shapes follow vLLM 0.32: completion chunks are dumped with every field (`exclude
 `"usage":null` and the token-id fields appear), chat chunks only with the fields vLLM sets, usage chunks
 with empty `choices`, compact JSON everywhere except the in-stream error event (vLLM writes that one with
 `json.dumps`, i.e. with spaces). Per-token frames are pre-encoded once per request: the hot path writes a
-cached `bytes` object and never calls `json.dumps`.
+cached `bytes` object and never calls `json.dumps`. A stream that asks `return_token_ids` or a sampling
+field that changes its chunks (stop, stop_token_ids, logprobs, continuous usage stats: sampling.py) is
+encoded chunk by chunk instead (sampled_stream.py).
 
 Prompt tokens come from the simulator's tokenizer (loadtest/sim/prefix.py): a string is ceil(chars / 4)
 tokens (at least 1), a token-id list is itself, a chat request is its text parts that way plus 4 tokens
@@ -20,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtest.sim.config import CapacityConfig
-from loadtest.sim.prefix import chat_tokens, completion_tokens, token_text
+from loadtest.sim.prefix import chat_tokens, completion_tokens
+from loadtest.sim.sampling import SamplingError, SamplingParams, check_sampling, parse_sampling
 
 TOKEN_TEXT = " tok"  # the synthetic text of one generated token
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -85,6 +88,12 @@ class ParsedRequest:
     cache_salt: str | None = None  # vLLM's per-request prefix-cache isolation key
     lora: str | None = None  # the LoRA adapter the request names as its model
     return_token_ids: bool = False  # vLLM >= 0.10.2: prompt and generated token ids in the response
+    sampling: SamplingParams | None = None  # stop, stop_token_ids, min_tokens, logprobs... (None: defaults)
+
+    @property
+    def sampled_stream(self) -> bool:
+        """Its chunks depend on its tokens (loadtest/sim/sampled_stream.py), not cached frames."""
+        return self.return_token_ids or (self.sampling is not None and self.sampling.shapes_stream)
 
 
 def _checked_salt(data: dict[str, Any]) -> str | None:
@@ -155,6 +164,10 @@ def parse_request(
         return_token_ids = False
     if not isinstance(return_token_ids, bool):
         raise invalid_body("return_token_ids: Input should be a valid boolean", "return_token_ids")
+    try:
+        sampling = parse_sampling(endpoint is Endpoint.CHAT, data, stream, force_usage)
+    except SamplingError as exc:
+        raise _sampling_error(exc) from None
     if model is not None and model != served_model and model not in adapters:
         names = ", ".join((served_model, *adapters))
         raise ApiError(
@@ -164,6 +177,11 @@ def parse_request(
             "model",
         )
     lora = model if model is not None and model in adapters else None
+    if sampling is not None:
+        try:
+            check_sampling(sampling, max_tokens)
+        except SamplingError as exc:
+            raise _sampling_error(exc) from None
     return ParsedRequest(
         endpoint=endpoint,
         model=lora or served_model,
@@ -176,7 +194,12 @@ def parse_request(
         cache_salt=salt,
         lora=lora,
         return_token_ids=return_token_ids,
+        sampling=sampling,
     )
+
+
+def _sampling_error(exc: SamplingError) -> ApiError:
+    return (bad_request if exc.engine else invalid_body)(exc.message, exc.param)
 
 
 def check_length(request: ParsedRequest, capacity: CapacityConfig) -> None:
@@ -270,28 +293,6 @@ class StreamEncoder:
         text = (TOKEN_TEXT * count).encode()
         return self._head + text + self._final_pre + finish_reason.encode() + self._final_post
 
-    def ids(self, ids: list[int], finish_reason: str | None, prompt_ids: list[int] | None = None) -> bytes:
-        """A content chunk with its token ids, as vLLM 0.32 writes it under `return_token_ids` (the
-        text is the tokens' own, prefix.token_text). Completions carry `prompt_token_ids` in the first
-        chunk's choice; chat carries them at the top level of its role chunk (`role_with_ids`)."""
-        text = json.dumps("".join(token_text(t) for t in ids))[1:-1].encode()
-        finish = b"null" if finish_reason is None else b'"' + finish_reason.encode() + b'"'
-        token_ids = b',"token_ids":' + _compact(ids) + b"}]}\n\n"
-        if self.endpoint is Endpoint.COMPLETIONS:
-            prompt = b"null" if prompt_ids is None else _compact(prompt_ids)
-            meta = b'","logprobs":null,"finish_reason":' + finish + b',"stop_reason":null,"prompt_token_ids":'
-            return self._head + text + meta + prompt + token_ids
-        stop = b',"stop_reason":null' if finish_reason is not None else b""
-        return self._head + text + b'"},"logprobs":null,"finish_reason":' + finish + stop + token_ids
-
-    def role_with_ids(self, prompt_ids: list[int]) -> bytes:
-        """Chat's first chunk under `return_token_ids`: the prompt's ids at the top level."""
-        ids = json.dumps(prompt_ids, separators=(",", ":"))
-        return (
-            f'data: {{{self._meta},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
-            f'"logprobs":null,"finish_reason":null}}],"prompt_token_ids":{ids},"prompt_text":null}}\n\n'
-        ).encode()
-
     def role(self) -> bytes:
         """Chat's first chunk, sent with the first token."""
         return (
@@ -306,10 +307,6 @@ class StreamEncoder:
             f'data: {{{self._meta},"choices":[],"usage":{{"prompt_tokens":{prompt_tokens},'
             f'"total_tokens":{total},"completion_tokens":{completion_tokens}{details}}}}}\n\n'
         ).encode()
-
-
-def _compact(ids: list[int]) -> bytes:
-    return json.dumps(ids, separators=(",", ":")).encode()
 
 
 def completion_body(

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _VOCAB = 50_000
+VOCAB_SIZE = 100 + _VOCAB  # ids 1-4 are the chat template's, text tokens are 100 and up
 IM_START, IM_END, NEWLINE, ASSISTANT = 1, 2, 3, 4
 _MASK = (1 << 63) - 1
 
@@ -31,16 +32,21 @@ def text_tokens(text: str) -> list[int]:
     return [100 + zlib.crc32(text[i : i + 4].encode()) % _VOCAB for i in range(0, len(text), 4)] or [100]
 
 
+def context_key(context: Sequence[int]) -> bytes:
+    """The part of a context the next token depends on: its last 8 tokens, 4 bytes each."""
+    return b"".join((t & 0xFFFFFFFF).to_bytes(4, "little") for t in context[-8:])
+
+
 def next_token(context: Sequence[int]) -> int:
     """Greedy decoding, simulated: the next token is a function of the last 8 tokens of the context
     (prompt and generated so far), so a generation continued from its prompt plus its first k tokens
     yields exactly the tokens the uncut one did, as vLLM's greedy decoding does."""
-    tail = context[-8:]
-    return 100 + zlib.crc32(b"".join((t & 0xFFFFFFFF).to_bytes(4, "little") for t in tail)) % _VOCAB
+    return 100 + zlib.crc32(context_key(context)) % _VOCAB
 
 
 def token_text(token: int) -> str:
-    """The text of one generated token, when its id is returned (`return_token_ids`)."""
+    """The text of one generated token on the sampled path (loadtest/sim/sampled_stream.py: requests
+    with `return_token_ids`, stop strings, logprobs...); plain streams send " tok" per token."""
     return f" t{token}"
 
 

@@ -116,6 +116,7 @@ def plan_tokens(
     max_tokens: int,
     ignore_eos: bool,
     overrides: Overrides,
+    min_tokens: int = 0,
 ) -> TokenPlan:
     rng = random.Random(f"{latency.seed}:{key}")
     if overrides.ttft_ms is not None:
@@ -131,8 +132,9 @@ def plan_tokens(
     # The early stop is drawn even when unused, so jitter draws do not depend on ignore_eos.
     stops_early = rng.random() < latency.eos_rate
     natural_length = rng.randint(1, max(1, max_tokens - 1))
-    if not ignore_eos and stops_early and max_tokens > 1:
-        output_tokens, finish_reason = natural_length, "stop"
+    if not ignore_eos and stops_early and max_tokens > 1 and min_tokens < max_tokens:
+        # no EOS among the first min_tokens tokens: vLLM's min-tokens logits processor masks it
+        output_tokens, finish_reason = max(natural_length, min_tokens + 1), "stop"
     return TokenPlan(
         ttft_s=ttft_ms / 1000,
         itl_s=itl_ms / 1000,

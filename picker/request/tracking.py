@@ -269,7 +269,9 @@ class ResponseSide:
                 known.state.value if known else "forgotten",
             )
             resumable = record.resumable and self.on_stall is not None
-            moving = resumable and self.movable(record) and self.on_stall(record)  # type: ignore[misc]
+            # a stream whose finish went out lacks only its end: the frontend writes it, no replica needed
+            movable = tracker.completed or self.movable(record)
+            moving = resumable and movable and self.on_stall(record)  # type: ignore[misc]
             if not moving and (known is None or known.state is EndpointState.GONE):
                 self.finish(record, EndReason.STALLED)  # its engine will never send again
             elif not moving and resumable:

@@ -95,7 +95,7 @@ class Splice:
     error_frame: bytes = b""  # the engine's error event (what the client sees if no resume follows)
     resumes: int = 0
     unresumable: str | None = None  # seen in the stream: why it cannot be continued (a refusal reason)
-    text_sent: int = 0  # characters of text the client has been sent (completions' text_offset)
+    next_offset: int = 0  # completions' logprobs: the text_offset of the next token (vLLM 0.32's count)
     pending: str = ""  # text held back (stop strings)
     context: str = ""  # the last characters sent, where a straddling stop string may begin
     _parser: SSEParser = field(default_factory=SSEParser)
@@ -222,8 +222,7 @@ class Splice:
         if self.stops:
             self._text(choice)
         elif not self.chat and isinstance(choice.get("logprobs"), dict):
-            self._offsets(choice["logprobs"], self.text_sent)
-            self.text_sent += len(choice.get("text") or "")
+            self._offsets(choice["logprobs"])
         if self.client_ids:
             choice["token_ids"] = ids
             if not part.seen_prompt and not self.chat:
@@ -276,8 +275,7 @@ class Splice:
         if new or out or before:
             key_owner[key] = out
         if not self.chat and isinstance(choice.get("logprobs"), dict):
-            self._offsets(choice["logprobs"], self.text_sent)
-        self.text_sent += len(out)
+            self._offsets(choice["logprobs"])
         if self.hold or self.include_stop:
             self.context = (self.context + out)[-max(len(s) for s in self.stops) :]
 
@@ -298,14 +296,18 @@ class Splice:
                 return stop, max(0, end - base)
         return None
 
-    @staticmethod
-    def _offsets(logprobs: dict[str, Any], start: int) -> None:
-        """Completions' text_offset counted from the text the client was sent (vLLM's rule), not
-        from what this part's engine sent."""
-        offsets = logprobs.get("text_offset")
-        if isinstance(offsets, list) and offsets and all(isinstance(o, int) for o in offsets):
-            first = offsets[0]
-            logprobs["text_offset"] = [start + (o - first) for o in offsets]
+    def _offsets(self, logprobs: dict[str, Any]) -> None:
+        """Completions' text_offset as an uncut run counts it: vLLM 0.32 advances it by the tokens
+        reported (not by the text sent, which lags them under a stop string's hold-back), so a
+        continuation's offsets, counted from its own start, go on from the last part's."""
+        offsets, tokens = logprobs.get("text_offset"), logprobs.get("tokens")
+        if not isinstance(offsets, list) or not offsets or not all(isinstance(o, int) for o in offsets):
+            return
+        first = offsets[0]
+        if first != self.next_offset:
+            logprobs["text_offset"] = offsets = [self.next_offset + (o - first) for o in offsets]
+        last = tokens[-1] if isinstance(tokens, list) and tokens and isinstance(tokens[-1], str) else ""
+        self.next_offset = offsets[-1] + len(last)
 
     def _figures(self, usage: dict[str, Any]) -> dict[str, Any]:
         prompt = self.prompt_tokens if self.prompt_tokens is not None else usage.get("prompt_tokens", 0)

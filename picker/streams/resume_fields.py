@@ -53,7 +53,7 @@ FIELDS: dict[str, Field] = {
     "repetition_penalty": Field(_E, "kept: it counts prompt and output tokens alike"),
     "logit_bias": Field(_E, "kept (token ids)"),
     "allowed_token_ids": Field(_E, "kept"),
-    "logprobs": Field(_E, "one entry per token in the endpoint's shape (completions `logprobs: N`; chat `{content: [...]}`), text_offset counted from what the client was sent"),
+    "logprobs": Field(_E, "one entry per token in the endpoint's shape (completions `logprobs: N`; chat `{content: [...]}`), text_offset going on from the last part's as an uncut run counts it"),
     "top_logprobs": Field(_E, "chat: the continuation asks completions `logprobs: N` and re-emits chat's N entries"),
     "return_token_ids": Field(_E, "kept in what the client sees when it asked for them"),
     "return_tokens_as_token_ids": Field(_E, "kept"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import select
 import signal
@@ -14,6 +15,7 @@ from typing import Any
 
 from loadtest import http_client
 from loadtest.sim import LatencyConfig, SimConfig
+from loadtest.sim.prefix import next_token, token_text
 
 # Fast timing so streams of tens of tokens take tens of milliseconds.
 FAST_LATENCY = LatencyConfig(ttft_ms=5.0, itl_ms=5.0)
@@ -22,6 +24,24 @@ FAST_LATENCY = LatencyConfig(ttft_ms=5.0, itl_ms=5.0)
 def fast_config(**changes: Any) -> SimConfig:
     """SimConfig with fast timing; keyword arguments replace whole fields (latency=..., capacity=...)."""
     return dataclasses.replace(SimConfig(latency=FAST_LATENCY), **changes)
+
+
+def sse_frames(text: str) -> list[dict[str, Any]]:
+    """The JSON events of an SSE body (not [DONE])."""
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def greedy_tokens(prompt_ids: list[int], count: int) -> list[int]:
+    """The simulator's tokens after `prompt_ids` when nothing masks one (prefix.next_token)."""
+    context = list(prompt_ids)
+    for _ in range(count):
+        context.append(next_token(context))
+    return context[len(prompt_ids) :]
+
+
+def texts(tokens: list[int]) -> str:
+    """The text of generated tokens: " t<id>" each (prefix.token_text)."""
+    return "".join(token_text(t) for t in tokens)
 
 
 async def sim_requests(base_url: str, request_id: str | None = None) -> list[dict[str, Any]]:

@@ -127,3 +127,15 @@ def test_a_stale_queue_gauge_does_not_hide_a_stall() -> None:
     endpoint.load = LoadSample(4.0, 3.0, 0.5, 0.0, 0, 0)  # its last scrape, long before: a dead engine's
     clock.now = 6.0
     assert path.sweep_stalls() == 1
+
+
+def test_a_stream_that_lacks_only_its_end_is_handed_to_its_frontend_with_nowhere_to_go() -> None:
+    """Its finish_reason went out, then silence: the frontend writes the end itself (resume's
+    `finish_locally`), whether or not another replica has room."""
+    clock, _, metrics, path, moved = setup(["a:1"])
+    record = streaming(path)
+    frame = {"id": "a", "object": "text_completion", "created": 1, "model": "m",
+             "choices": [{"index": 0, "text": " t", "logprobs": None, "finish_reason": "length"}]}  # fmt: skip
+    path.body_chunk(record, b"data: " + json.dumps(frame).encode() + b"\n\n")
+    clock.now = 6.0
+    assert path.sweep_stalls() == 1 and moved == [record] and resumes(metrics, "stall-kept") == 0
