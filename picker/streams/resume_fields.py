@@ -89,7 +89,7 @@ FIELDS: dict[str, Field] = {
     "guided_regex": Field(_R, "structured output", "structured-output"),
     "guided_choice": Field(_R, "structured output", "structured-output"),
     "guided_grammar": Field(_R, "structured output", "structured-output"),
-    "guided_decoding_backend": Field(_R, "structured output", "structured-output"),
+    "guided_decoding_backend": Field(_E, "names the backend of a constraint set elsewhere: kept"),
     "tools": Field(_R, "a tool call's parser state cannot be restored (continued when tool_choice is none)", "tool-calls"),
     "tool_choice": Field(_E, "none: continued as text"),
     "parallel_tool_calls": Field(_E, "only meaningful with tools"),
@@ -139,7 +139,7 @@ def refusal(body: dict[str, Any], path: str, greedy_only: bool) -> str | None:
         if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
             if len(prompt) != 1:
                 return "several-prompts"
-    if any(body.get(key) for key in _STRUCTURED):
+    if any(_structured(key, body.get(key)) for key in _STRUCTURED):
         return "structured-output"
     if body.get("tools") and body.get("tool_choice", "auto") != "none":
         return "tool-calls"
@@ -155,6 +155,15 @@ def refusal(body: dict[str, Any], path: str, greedy_only: bool) -> str | None:
     if greedy_only and not greedy(body):
         return "sampling"
     return None
+
+
+def _structured(key: str, value: Any) -> bool:
+    """A structured-output constraint is set (an empty JSON schema is one: any JSON value)."""
+    if value is None or value is False:
+        return False
+    if key == "response_format":
+        return not (isinstance(value, dict) and value.get("type") == "text")
+    return key != "guided_decoding_backend"  # only the backend for a constraint set elsewhere
 
 
 def _multimodal(messages: Any) -> bool:
