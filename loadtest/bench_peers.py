@@ -1,9 +1,13 @@
 """The channel between pickers, two transports side by side: CPU per message on each side, and the
 one-way latency, for a grpc.aio stream (what every other picker channel uses) and plain asyncio TCP
-with msgpack framing (what picker/peers/channel.py uses). Each side is its own process, as two pickers are.
+with msgpack framing (what picker/peers/channel.py uses), the latter also with each message sealed
+as the channel seals it since issue 53 (picker/peers/session.py: a frame with a keyed-BLAKE2b tag
+over its sequence number, opened and checked on the other side). Each side is its own process, as
+two pickers are.
 
-Run: `python -m loadtest.bench_peers [--messages 20000]` (about 15 s). The message is a `pick`
-event, the most frequent one; messages go one at a time (each loop turn sends what it has).
+Run: `python -m loadtest.bench_peers [--messages 20000] [--transports tcp,sealed]` (about 20 s). The
+message is a `pick` event, the most frequent one; messages go one at a time (each loop turn sends
+what it has).
 """
 
 from __future__ import annotations
@@ -20,9 +24,20 @@ import msgpack
 import uvloop
 
 from loadtest.procs import free_port
+from picker.peers.auth import EVENTS, Handshake
+from picker.peers.session import Session
 
 EVENT = ["pick", "10.1.0.1:9004~0123456789abcdef", "10.0.0.1:8000"]
 METHOD = "/bench.Peers/Events"
+LABELS = {"grpc": "grpc.aio stream", "tcp": "asyncio TCP + msgpack", "sealed": "  ... sealed frames"}
+
+
+def _session(role: str) -> Session:
+    """Both processes derive the same session from a fixed handshake (a benchmark has no stranger)."""
+    handshake = Handshake(EVENTS, "10.1.0.2:9004", "10.1.0.1:9004", "a" * 32, "b" * 32)
+    if role == "send":
+        return Session.connector(handshake, "bench-credential")
+    return Session.listener(handshake, "bench-credential")
 
 
 def _cpu() -> float:
@@ -60,9 +75,10 @@ async def receive_grpc(port: int, count: int) -> list[float]:
     return lags
 
 
-async def receive_tcp(port: int, count: int) -> list[float]:
+async def receive_tcp(port: int, count: int, sealed: bool = False) -> list[float]:
     lags: list[float] = []
     done = asyncio.Event()
+    session = _session("receive")
 
     class Inbound(asyncio.Protocol):
         def __init__(self) -> None:
@@ -70,7 +86,8 @@ async def receive_tcp(port: int, count: int) -> list[float]:
 
         def data_received(self, data: bytes) -> None:
             self.unpacker.feed(data)
-            for _, sent_at in self.unpacker:
+            for frame in self.unpacker:
+                _, sent_at = session.open(frame) if sealed else frame
                 lags.append(time.time() - sent_at)
                 if len(lags) >= count:
                     done.set()
@@ -106,10 +123,12 @@ async def send_grpc(port: int, count: int, gap_s: float) -> None:
             pass  # the receiver stops once it has every message
 
 
-async def send_tcp(port: int, count: int, gap_s: float) -> None:
+async def send_tcp(port: int, count: int, gap_s: float, sealed: bool = False) -> None:
     transport, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, "127.0.0.1", port)
+    session = _session("send")
     for _ in range(count):
-        transport.write(msgpack.packb([EVENT, time.time()]))
+        message = [EVENT, time.time()]
+        transport.write(session.seal(message) if sealed else msgpack.packb(message))
         await asyncio.sleep(gap_s)  # the pacing of the load, not a synchronisation
     transport.close()
 
@@ -120,11 +139,16 @@ async def send_tcp(port: int, count: int, gap_s: float) -> None:
 def child(role: str, transport: str, port: int, count: int, gap_s: float) -> None:
     """One side, in its own process: prints its CPU seconds (and, receiving, the lags)."""
     started = _cpu()
+    sealed = transport == "sealed"
     if role == "receive":
-        lags = uvloop.run((receive_grpc if transport == "grpc" else receive_tcp)(port, count))
+        receiving = receive_grpc(port, count) if transport == "grpc" else receive_tcp(port, count, sealed)
+        lags = uvloop.run(receiving)
         print("lags", " ".join(f"{lag:.6f}" for lag in lags), flush=True)
     else:
-        uvloop.run((send_grpc if transport == "grpc" else send_tcp)(port, count, gap_s))
+        sending = (
+            send_grpc(port, count, gap_s) if transport == "grpc" else send_tcp(port, count, gap_s, sealed)
+        )
+        uvloop.run(sending)
     print("cpu", _cpu() - started, flush=True)
 
 
@@ -167,13 +191,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--gap-ms", type=float, default=0.2, help="between two messages")
+    parser.add_argument("--transports", default="grpc,tcp,sealed", help="which rows, comma-separated")
     args = parser.parse_args()
     print(
         f"CPU: {args.messages} pick events, one per message, {args.gap_ms} ms apart (start-up included); "
         "latency: 500 more, 5 ms apart (an idle channel)"
     )
     print(" | ".join(("transport".ljust(22), "send us/msg", "receive us/msg", "one-way p50 ms", "  p99")))
-    for transport, label in (("grpc", "grpc.aio stream"), ("tcp", "asyncio TCP + msgpack")):
+    for transport in args.transports.split(","):
+        label = LABELS[transport]
         send_us, receive_us, _, _ = measure(transport, args.messages, args.gap_ms / 1e3)
         _, _, p50, p99 = measure(transport, 500, 0.005)
         print(f"{label:<22} | {send_us:>11.1f} | {receive_us:>14.1f} | {p50:>14.3f} | {p99:>5.2f}")

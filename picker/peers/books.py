@@ -351,8 +351,13 @@ class Peering:
 
     def _resync(self, owner: str, entries: list[list[str]]) -> None:
         """An owner's books, whole: what this copy holds beyond them has ended there (its end was
-        lost); what it lacks is booked (unless its end was heard here first)."""
-        wanted = {request_id: address for request_id, address in entries if request_id not in self._ended}
+        lost); what it lacks is booked (unless its end was heard here first). Only the owner's own
+        requests: an entry naming another picker (this one, or a third) is no part of its books."""
+        wanted = {
+            request_id: address
+            for request_id, address in entries
+            if request_id not in self._ended and owner_of(request_id) == owner
+        }
         book = self._books.setdefault(owner, {})
         for request_id in [r for r in book if r not in wanted]:
             self._add(book.pop(request_id), -1)

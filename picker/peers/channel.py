@@ -1,28 +1,27 @@
 """The channel between pickers: the transport of picker/peers/books.py's events, over TCP with msgpack.
-This module sends (and finds peers); picker/peers/inbox.py receives.
+This module sends (and finds peers); picker/peers/inbox.py receives; picker/peers/asks.py asks a
+peer a question on a connection of its own (its drain records, or to move its streams).
 
 Each picker listens on `peers.port` (plaintext, like the health port) and keeps one connection open
-to every other member. A connection starts with the receiver's challenge and the sender's hello,
-`[kind, sender, proof]` (picker/peers/auth.py: an HMAC with the pickers' own credential, never sent;
-the receiver also checks that the sender is one of its peers); then, on an `events` connection, each
-message is the list of events one loop turn produced for that peer (msgpack's stream framing: no
-length prefix). A broken connection is reopened with backoff; on each (re)connect the picker first sends a
-`pick` for each request it has in flight, so a peer that restarted, or orphaned this picker's books
-when the connection broke, counts them again. A `drains` hello is answered with this picker's drain
-records and closed (`GET /admin/drains?scope=pool`); a `moves` hello carries a fourth field, the ask
-to move the receiver's streams off an address (picker/peers/events.py), and is answered with how many
-moved, then closed (`?move_streams=true`, picker/peers/moves.py).
+to every other member. A connection starts with the mutual handshake (picker/peers/auth.py: the
+receiver's challenge, this picker's hello, the receiver's welcome, each side proving the pickers' own
+credential, never sent); nothing follows until the welcome is proven. Then every message is a sealed
+frame (picker/peers/session.py: a MAC under the session's key and its sequence number): on an
+`events` connection, the list of events one loop turn produced for that peer. A broken connection is
+reopened with backoff; on each (re)connect the picker first sends a `pick` for each request it has in
+flight, so a peer that restarted, or orphaned this picker's books when the connection broke, counts
+them again. What the peer sends is read as it comes, however the reads split it.
 Why not gRPC, as everything else here: measured (loadtest/bench_peers.py), a small message costs
 36 us of CPU to send and 45 to receive over a grpc.aio stream, 7 and 6 this way, and a request
-makes several.
+makes several (the frames' MACs add about 1 us each side: the same benchmark).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, cast
@@ -30,31 +29,15 @@ from typing import Any, cast
 import msgpack
 
 from picker.config.model import canonical_address, format_address, parse_address
-from picker.peers.auth import challenge_of, proof
+from picker.peers.auth import EVENTS, REFUSAL, Handshake, challenge_of, new_nonce, proven, welcome_of
 from picker.peers.books import Peering
-from picker.peers.events import MOVE_ASK
 from picker.peers.outbox import BOOKKEEPING, SYNC_EVERY_S, Event
+from picker.peers.session import HELLO_MAX, HELLO_TIMEOUT_S, MAX_FRAME, FrameError, Session
 from picker.request.pipeline import RequestPath
 
 log = logging.getLogger(__name__)
 
-EVENTS, DRAINS, MOVES = "events", "drains", "moves"  # what a connection is for (its hello's first field)
 _BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
-MAX_BUFFER = 16 * 1024 * 1024  # a peer's message larger than this closes its connection
-HELLO_TIMEOUT_S = 5.0
-
-
-async def _next(reader: asyncio.StreamReader, unpacker: msgpack.Unpacker) -> Any:
-    """The next whole msgpack object on the connection, or None when it closed."""
-    while True:
-        try:
-            return unpacker.unpack()
-        except msgpack.OutOfData:
-            pass
-        data = await reader.read(65536)
-        if not data:
-            return None
-        unpacker.feed(data)
 
 
 async def wait_linked(peering: Peering, timeout_s: float, step_s: float = 0.02) -> bool:
@@ -90,6 +73,7 @@ class PeerLinks:
         service: str | None = None,
         every_s: float = 5.0,
         resolver: Callable[[str], Awaitable[list[str]]] = resolve,
+        refused: Counter[str] | None = None,
     ) -> None:
         self._peering = peering
         self._path = path
@@ -105,6 +89,8 @@ class PeerLinks:
         self.connected = peering.connected  # the metrics read it there
         self.sent = 0
         self._resolve_failed = False
+        # links closed for what the peer sent (a welcome not proven, a frame that failed), by reason
+        self.refused: Counter[str] = refused if refused is not None else Counter()
 
     def _wake(self, peer: str, within_s: float) -> None:
         """Something for `peer` must leave within `within_s`: at once when 0 (the books: a peer reads
@@ -186,12 +172,14 @@ class PeerLinks:
         while True:
             link: _Outbound | None = None
             try:
-                outbound = partial(_Outbound, partial(self._send_to, peer))
+                name, secret = self._peering.name, self._secret
+                outbound = partial(
+                    _Outbound, partial(self._send_to, peer), EVENTS, name, peer, secret, self.refused
+                )
                 _, link = await loop.create_connection(outbound, host, port)
-                nonce = await asyncio.wait_for(link.challenge, HELLO_TIMEOUT_S)
-                # hello, then this picker's books; what was queued while down stays queued only
-                # if it is a report (the books supersede its picks and ends)
-                link.send([EVENTS, self._peering.name, self._proof(nonce, EVENTS)])
+                await asyncio.wait_for(link.ready, HELLO_TIMEOUT_S)  # both proven, the session open
+                # then this picker's books; what was queued while down stays queued only if it is
+                # a report (the books supersede its picks and ends)
                 queued = [e for e in self._peering.outbox.take(peer) if e[0] not in BOOKKEEPING]
                 link.send([*self._in_flight(), *queued])
                 self._open_links[peer] = link
@@ -209,9 +197,6 @@ class PeerLinks:
                     link.close()
             await asyncio.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])  # a backoff, not a sync
             attempt += 1
-
-    def _proof(self, nonce: str, kind: str) -> str:
-        return "" if self._secret is None else proof(self._secret, nonce, kind, self._peering.name)
 
     def _send(self) -> None:
         """One message per connected peer with everything queued for it."""
@@ -236,14 +221,29 @@ class PeerLinks:
 
 
 class _Outbound(asyncio.Protocol):
-    """This picker's connection to one peer: written to synchronously, read for the peer's challenge
-    (the first message) and then only for its end (a refusal)."""
+    """This picker's connection to one peer: the handshake (the peer's challenge, this picker's hello,
+    the peer's welcome, proven) read as it comes, then written to with sealed frames and read only
+    for what the peer says: a refusal before the welcome; after it, nothing on an events link (a
+    frame is opened, so a forged one still ends the link, and dropped)."""
 
-    def __init__(self, on_resume: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        on_resume: Callable[[], None],
+        kind: str,
+        sender: str,
+        receiver: str,
+        secret: str | None,
+        refused: Counter[str] | None = None,
+    ) -> None:
         loop = asyncio.get_running_loop()
         self.lost: asyncio.Future[None] = loop.create_future()
-        self.challenge: asyncio.Future[str] = loop.create_future()
-        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=4096)
+        self.ready: asyncio.Future[None] = loop.create_future()  # the peer's welcome, proven
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_FRAME)
+        self._fed = 0  # bytes read before the welcome
+        self._kind, self._sender, self._receiver, self._secret = kind, sender, receiver, secret
+        self._refused = refused if refused is not None else Counter()
+        self._handshake: Handshake | None = None
+        self.session: Session | None = None
         self.paused = False
         self._on_resume = on_resume
         self._transport: asyncio.Transport | None = None
@@ -252,20 +252,51 @@ class _Outbound(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
 
     def send(self, message: Any) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(msgpack.packb(message))
+        if self.session is not None and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(self.session.seal(message))
 
     def data_received(self, data: bytes) -> None:
-        if not self.challenge.done():
-            with contextlib.suppress(Exception):
-                self._unpacker.feed(data)
-                nonce = challenge_of(next(self._unpacker))
-                if nonce is not None:
-                    self.challenge.set_result(nonce)
+        if self.session is None:
+            self._fed += len(data)
+            if self._fed > HELLO_MAX:
+                self._fail("too-large")
+                return
+        try:
+            self._unpacker.feed(data)
+            for message in self._unpacker:
+                if self._transport is None or self._transport.is_closing():
                     return
+                self._take(message)
+        except FrameError as exc:
+            self._fail(exc.reason)
+        except (msgpack.UnpackException, ValueError, TypeError):
+            self._fail("unreadable")
+
+    def _take(self, message: Any) -> None:
+        assert self._transport is not None
+        if self._handshake is None:
+            nonce = challenge_of(message)
+            if nonce is None:
+                raise FrameError("no-challenge")
+            self._handshake = Handshake(self._kind, self._sender, self._receiver, nonce, new_nonce())
+            self._transport.write(msgpack.packb(self._handshake.hello(self._secret)))
+        elif self.session is None:
+            if isinstance(message, list) and len(message) == 2 and message[0] == REFUSAL:
+                log.warning("peer %s refused this picker: %.80s", self._receiver, message[1])
+                self._transport.close()
+            elif proven(self._handshake.welcome_proof(self._secret), welcome_of(message)):
+                self.session = Session.connector(self._handshake, self._secret)
+                if not self.ready.done():
+                    self.ready.set_result(None)
+            else:
+                raise FrameError("unproven-peer")  # it does not hold the pickers' credential
         else:
-            with contextlib.suppress(Exception):
-                log.warning("peer refused this picker: %s", msgpack.unpackb(data, raw=False))
+            self.session.open(message)  # nothing is expected here: checked, then dropped
+
+    def _fail(self, reason: str) -> None:
+        if not self._refused[reason]:
+            log.warning("peer %s: %s; the link is closed (and reopened)", self._receiver, reason)
+        self._refused[reason] += 1
         if self._transport is not None:
             self._transport.close()
 
@@ -283,52 +314,5 @@ class _Outbound(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost.done():
             self.lost.set_result(None)
-        if not self.challenge.done():
-            self.challenge.set_exception(ConnectionError("closed before its challenge"))
-
-
-async def _ask(peer: str, kind: str, name: str, secret: str | None, timeout_s: float, *ask: Any) -> Any:
-    """One question on a connection of its own: the hello (`ask` after its proof), then the answer
-    (None when the peer closed without one). Raises OSError, TimeoutError, msgpack.UnpackException or
-    ValueError when the peer cannot be asked; nothing waits longer than `timeout_s`."""
-    host, port = parse_address(peer)
-    writer: asyncio.StreamWriter | None = None
-    try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host, port)
-            unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_BUFFER)
-            nonce = challenge_of(await _next(reader, unpacker))
-            if nonce is None:
-                raise ValueError("no challenge")
-            presented = "" if secret is None else proof(secret, nonce, kind, name)
-            writer.write(msgpack.packb([kind, name, presented, *ask]))
-            await writer.drain()
-            return await _next(reader, unpacker)
-    finally:
-        if writer is not None:
-            writer.close()
-
-
-async def peer_drains(
-    peer: str, name: str, secret: str | None, timeout_s: float = 2.0
-) -> list[dict[str, Any]]:
-    """A peer's drain records (its admin API's `drains`), or [] when it does not answer."""
-    try:
-        drains = await _ask(peer, DRAINS, name, secret, timeout_s)
-    except (OSError, TimeoutError, msgpack.UnpackException, ValueError) as exc:
-        log.warning("drains from peer %s: %s", peer, type(exc).__name__)
-        return []
-    if isinstance(drains, list) and drains and drains[0] == "error":
-        log.warning("drains from peer %s: %s", peer, drains[1] if len(drains) > 1 else "refused")
-        return []
-    return drains if isinstance(drains, list) else []
-
-
-async def peer_moves(peer: str, name: str, secret: str | None, address: str, timeout_s: float) -> Any:
-    """Ask a peer to move its streams off `address` now: its answer as it came (judged whole by
-    picker/peers/events.py's `answer_problem`), or None when it gave none within `timeout_s`."""
-    try:
-        return await _ask(peer, MOVES, name, secret, timeout_s, [MOVE_ASK, address])
-    except (OSError, TimeoutError, msgpack.UnpackException, ValueError) as exc:
-        log.warning("moving streams through peer %s: %s", peer, type(exc).__name__)
-        return None
+        if not self.ready.done():
+            self.ready.set_exception(ConnectionError("closed before its welcome"))

@@ -8,7 +8,8 @@ label: picker_peer_events_rejected_total).
 
 The same for the move ask (`?move_streams=true` through one picker moves every picker's streams):
 `ask_problem` judges the ask a peer receives, `answer_problem` the answer the asking picker reads
-(picker/peers/channel.py carries both, picker/peers/moves.py gathers the answers).
+(picker/peers/asks.py carries both, picker/peers/moves.py gathers the answers); and for a peer's
+answer to the drains query, `drains_problem` (picker/peers/asks.py).
 """
 
 from __future__ import annotations
@@ -161,3 +162,61 @@ def answer_problem(answer: Any) -> str | None:
     if kind in (CANNOT, REFUSED):
         return None if isinstance(value, str) and 0 < len(value) <= MAX_WHY else "bad-reason"
     return "unknown-answer"
+
+
+# A peer's drain records, its answer to the drains query (`GET /admin/drains?scope=pool` merges every
+# picker's, picker/pool/drain.py `merge_summaries`): a list of `DrainRecord.summary` maps. Judged whole:
+# one that does not pass is dropped and counted, and that peer's records are left out of the view.
+MAX_DRAINS = 10_000  # records in one answer (open drains and the recently closed ones)
+MAX_EXTRA = 8  # fields a newer picker may add to a record: plain values, carried as they are
+_WORD = 64
+
+
+def _word(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= _WORD
+
+
+def _ends(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and len(value) <= MAX_FLAGS
+        and all(_word(k) and _count(v) for k, v in value.items())
+    )
+
+
+DRAIN_FIELDS: dict[str, Check] = {
+    "address": _text,
+    "cause": _word,
+    "source": lambda v: isinstance(v, str) and len(v) <= MAX_TEXT,
+    "started_wall": _time,
+    "open": _bool,
+    "duration_s": _time,
+    "in_flight_at_start": _count,
+    "failed_before_start": _count,
+    "ended": _ends,
+    "moved_away": _count,
+    "moved_in": _count,
+    "picks_after_start": _count,
+    "time_to_zero_s": lambda v: v is None or _time(v),
+    "exit": lambda v: v is None or _word(v),
+}
+
+
+def _drain_record(record: dict[Any, Any]) -> bool:
+    if not all(name in record and check(record[name]) for name, check in DRAIN_FIELDS.items()):
+        return False
+    extra = [k for k in record if k not in DRAIN_FIELDS]
+    return len(extra) <= MAX_EXTRA and all(_word(k) and _plain(record[k]) for k in extra)
+
+
+def drains_problem(answer: Any) -> str | None:
+    """None when `answer` is a well-formed list of drain records; else why not (a metric label)."""
+    if not isinstance(answer, list):
+        return "not-a-list"
+    if len(answer) > MAX_DRAINS:
+        return "too-many"
+    if not all(isinstance(record, dict) for record in answer):
+        return "not-a-record"
+    if not all(_drain_record(record) for record in answer):
+        return "bad-field"
+    return None

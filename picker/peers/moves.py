@@ -3,10 +3,11 @@
 
 With N proxies behind a Service the POST reaches one of them, which alone holds its streams' bytes;
 so it moves its own (`move`, the proxy's `move_streams`) and, at the same time, asks each peer over
-the channel between pickers to move theirs (picker/peers/channel.py `peer_moves`; the peer answers
+the channel between pickers to move theirs (picker/peers/asks.py `peer_moves`; the peer answers
 in picker/peers/inbox.py through the same `move_streams`). Every answer is judged whole
-(picker/peers/events.py `answer_problem`): a malformed one is counted by reason
-(picker_peer_move_answers_rejected_total) and that peer reported as not reached, never raised. A peer that
+(picker/peers/events.py `answer_problem`): a malformed one, or one from a peer that could not prove
+the credential or whose frame failed, is counted by reason (picker_peer_move_answers_rejected_total)
+and that peer reported as not reached, never raised. A peer that
 does not answer within `peers.move_timeout_s` (all are asked at once) is reported too: a dead peer
 cannot hold the admin POST longer than that.
 """
@@ -19,13 +20,14 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from picker.peers.asks import peer_moves
 from picker.peers.books import Peering
-from picker.peers.channel import peer_moves
 from picker.peers.events import CANNOT, MOVED, answer_problem
 
 log = logging.getLogger(__name__)
 
-Ask = Callable[[str, str, str | None, str, float], Awaitable[Any]]  # peer, name, secret, address, timeout
+# peer, name, secret, address, timeout, and where to count an answer refused before it is judged
+Ask = Callable[[str, str, str | None, str, float, Counter[str]], Awaitable[Any]]
 
 
 class PoolMoves:
@@ -51,7 +53,7 @@ class PoolMoves:
         peers, name = self._peering.peers, self._peering.name
         by_picker = {name: self._move(address)}  # this picker's own first: no network in the way
         answers = await asyncio.gather(
-            *(self._ask(p, name, self._secret, address, self._timeout_s) for p in peers),
+            *(self._ask(p, name, self._secret, address, self._timeout_s, self.rejected) for p in peers),
             return_exceptions=True,  # peer_moves catches what a peer can cause: this is a backstop
         )
         unreached: dict[str, str] = {}

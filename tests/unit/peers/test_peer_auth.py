@@ -1,11 +1,11 @@
 """Who may talk on the peer channel (issue 40, item 1): a client must prove the pickers' credential over
 the receiver's challenge (an HMAC; the secret never crosses the wire) and name one of its peers.
 Before, with the shipped manifests (no admin token), anyone reaching the peer port could say hello and
-send forged picks: 10,000 of them raised one endpoint's load by 10,000."""
+send forged picks: 10,000 of them raised one endpoint's load by 10,000. (Issue 53 made the handshake
+mutual and bound: tests/unit/peers/test_peer_session.py.)"""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,8 +13,8 @@ import msgpack
 import pytest
 
 from loadtest.procs import async_wait_until
-from picker.peers.auth import proof
-from picker.peers.channel import DRAINS, EVENTS
+from picker.peers.auth import EVENTS, new_nonce
+from tests.unit.peers.peer_client import Client
 from tests.unit.peers.test_peer_links import E1, REQUEST, Side, peer_counts
 
 SECRET = "s3cret"  # Side's
@@ -28,76 +28,58 @@ async def sides() -> AsyncIterator[list[Side]]:
         await side.close()
 
 
-async def hello(
-    port: int, name: str, make_proof: Any, then: list[Any] | None = None, answered: bool = True
-) -> Any:
-    """Connect, read the challenge, send a hello (and events); the picker's answer (a refusal) when
-    `answered`, else None once the bytes are written (an accepted connection gets no answer)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    unpacker = msgpack.Unpacker(raw=False)
+async def two(sides: list[Side]) -> tuple[Side, Side, int]:
+    """A takes links from B; A's port."""
+    a, b = sides
+    members = [await a.listen(), await b.listen()]
+    a.join(members)
+    return a, b, int(a.name.rsplit(":", 1)[1])
+
+
+async def answer_to(port: int, hello: Any, then: list[Any] | None = None) -> Any:
+    """A hello written by hand (a function of the challenge), events after it; the picker's answer."""
+    client = await Client.connect(port)
     try:
-        unpacker.feed(await asyncio.wait_for(reader.read(4096), 5))
-        challenge = next(unpacker)
-        assert challenge[0] == "challenge" and len(challenge[1]) == 32
-        writer.write(msgpack.packb([EVENTS, name, make_proof(challenge[1])]))
+        client.write(msgpack.packb(hello(client.challenge)))
         if then is not None:
-            writer.write(msgpack.packb(then))
-        await writer.drain()
-        if not answered:
-            return None
-        unpacker.feed(await asyncio.wait_for(reader.read(4096), 5))
-        return next(unpacker)
+            client.write(msgpack.packb(then))
+        return await client.read()
     finally:
-        if answered:
-            writer.close()
-        else:
-            OPEN.append(writer)  # kept open until the test ends: its events are read when pulled
-
-
-OPEN: list[asyncio.StreamWriter] = []
+        client.close()
 
 
 async def test_a_client_without_the_credential_is_refused_and_changes_nothing(sides: list[Side]) -> None:
-    a, b = sides
-    members = [await a.listen(), await b.listen()]
-    a.join(members)
-    port = int(a.name.rsplit(":", 1)[1])
+    a, b, port = await two(sides)
     forged = [["pick", f"{b.name}~forged{i}", E1] for i in range(100)]
-    answer = await hello(port, b.name, lambda nonce: "0" * 64, forged)  # b's name, no secret
-    assert answer == ["error", "unauthenticated"]
-    answer = await hello(port, b.name, lambda nonce: SECRET, forged)  # the secret itself is no proof
-    assert answer == ["error", "unauthenticated"]
-    assert peer_counts(a) == 0 and a.service is not None and a.service.rejected["unauthenticated"] == 2
+    for presented in ("0" * 64, SECRET):  # b's name, no secret; the secret itself is no proof
+        answer = await answer_to(
+            port, lambda _, p=presented: [EVENTS, b.name, a.name, new_nonce(), p], forged
+        )
+        assert answer == ["error", "unauthenticated"]
+    client = await Client.connect(port)
+    client.hello(EVENTS, b.name, a.name, "another-secret")  # a credential, not the pickers'
+    assert await client.read() == ["error", "unauthenticated"]
+    client.close()
+    assert peer_counts(a) == 0 and a.service is not None and a.service.rejected["unauthenticated"] == 3
 
 
 async def test_a_replayed_hello_is_refused(sides: list[Side]) -> None:
-    a, b = sides
-    members = [await a.listen(), await b.listen()]
-    a.join(members)
-    port = int(a.name.rsplit(":", 1)[1])
-    seen: list[str] = []
-
-    def once(nonce: str) -> str:
-        seen.append(proof(SECRET, nonce, EVENTS, b.name))
-        return seen[0]  # the first connection's proof, replayed on the second
-
-    await hello(port, b.name, once, [["pick", f"{b.name}~real", E1]], answered=False)
-    await async_wait_until(lambda: peer_counts(a) == 1, 5, what="the proven hello's pick to count")
-    replayed = await hello(port, b.name, once, [["pick", f"{b.name}~replayed", E1]])
-    assert replayed == ["error", "unauthenticated"] and peer_counts(a) == 1
-    for writer in OPEN:
-        writer.close()
-    OPEN.clear()
+    a, b, port = await two(sides)
+    first = await Client.connect(port)
+    handshake = first.hello(EVENTS, b.name, a.name, SECRET)
+    hello = handshake.hello(SECRET)
+    await first.read()  # its welcome
+    replayed = await answer_to(port, lambda _: hello)  # the same hello on another connection
+    assert replayed == ["error", "unauthenticated"]
+    first.close()
 
 
 async def test_only_the_configured_peers_are_accepted(sides: list[Side]) -> None:
-    a, b = sides
-    members = [await a.listen(), await b.listen()]
-    a.join(members)
-    port = int(a.name.rsplit(":", 1)[1])
-    stranger = "10.66.6.6:9004"
-    answer = await hello(port, stranger, lambda nonce: proof(SECRET, nonce, EVENTS, stranger))
-    assert answer == ["error", "not-a-member"]
+    a, _, port = await two(sides)
+    client = await Client.connect(port)
+    client.hello(EVENTS, "10.66.6.6:9004", a.name, SECRET)
+    assert await client.read() == ["error", "not-a-member"]
+    client.close()
 
 
 async def test_the_pickers_own_links_authenticate_and_carry_the_books(sides: list[Side]) -> None:
@@ -108,4 +90,3 @@ async def test_the_pickers_own_links_authenticate_and_carry_the_books(sides: lis
     a.path.admit(REQUEST)
     await async_wait_until(lambda: peer_counts(b) == 1, 5, what="B to count A's request")
     assert b.service is not None and b.service.refused == 0
-    assert proof(SECRET, "n" * 32, DRAINS, a.name) != proof(SECRET, "n" * 32, EVENTS, a.name)

@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import select
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from loadtest.procs import async_wait_until
 from picker.observability.metrics import Metrics
+from picker.peers.asks import peer_drains
 from picker.peers.books import Peering
-from picker.peers.channel import PeerLinks, peer_drains, wait_linked
+from picker.peers.channel import PeerLinks, wait_linked
 from picker.peers.inbox import PeerInbox
 from picker.pool import Pool
 from picker.request.inference import InferenceRequest
@@ -22,6 +24,17 @@ from picker.streams import EndReason
 
 E1, E2 = "10.0.0.1:8000", "10.0.0.2:8000"
 REQUEST = InferenceRequest(method="POST", path="/v1/completions", model="m", stream=True)
+
+
+def drain_summaries() -> list[dict[str, Any]]:
+    """One drain record of E1, as a picker answers the drains query (`Pool.drain_summaries`)."""
+    pool = Pool()
+    pool.apply(ready=[E1, E2])
+    pool.apply(ready=[E2], draining=[E1])
+    return pool.drain_summaries()
+
+
+DRAIN_RECORDS = drain_summaries()
 
 
 class Side:
@@ -38,7 +51,7 @@ class Side:
     async def listen(self, read_every_s: float = 0.01) -> str:
         self.probe = Peering("127.0.0.1:1", (), self.pool)  # renamed once the port is known
         self.path = RequestPath(self.pool, Metrics(), fallback_count=0, schedule=lambda d, f: lambda: None)
-        self.service = PeerInbox(self.probe, self.path, self.token, lambda: [{"address": E1}], read_every_s)
+        self.service = PeerInbox(self.probe, self.path, self.token, lambda: DRAIN_RECORDS, read_every_s)
         port = await self.service.listen("127.0.0.1", 0)
         self.tasks.append(asyncio.create_task(self.service.run()))
         self.name = f"127.0.0.1:{port}"
@@ -93,7 +106,7 @@ async def test_a_pick_and_its_end_cross_the_channel(sides: list[Side]) -> None:
     await async_wait_until(lambda: peer_counts(b) == 1, 5, what="B to count A's request")
     a.path.finish(record, EndReason.COMPLETED)
     await async_wait_until(lambda: peer_counts(b) == 0, 5, what="B to drop it")
-    assert await peer_drains(a.name, b.name, "s3cret") == [{"address": E1}]
+    assert await peer_drains(a.name, b.name, "s3cret") == DRAIN_RECORDS
     assert await peer_drains(a.name, b.name, "wrong") == []  # refused: not its drains
 
 

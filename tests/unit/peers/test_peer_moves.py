@@ -20,12 +20,13 @@ from hypothesis import strategies as st
 from loadtest.procs import free_port
 from picker.admin.api import admin_app
 from picker.observability.metrics import Metrics
-from picker.peers.auth import CHALLENGE, new_nonce, proof
+from picker.peers.asks import peer_moves
+from picker.peers.auth import EVENTS, MOVES, Handshake
 from picker.peers.books import Peering
-from picker.peers.channel import EVENTS, MOVES, peer_moves
 from picker.peers.events import MOVE_ASK, answer_problem, ask_problem
 from picker.peers.moves import PoolMoves
 from picker.pool import Pool
+from tests.unit.peers.peer_client import Client, FakePeer
 from tests.unit.peers.test_peer_links import E1, E2, Side
 
 SECRET = "s3cret"  # Side's
@@ -124,19 +125,25 @@ async def two(sides: list[Side]) -> tuple[Side, Side, list[str]]:
     return a, b, members
 
 
-async def raw_ask(port: int, hello: Any, answered: bool = True) -> Any:
-    """A client writing its own hello (after the challenge, whose nonce `hello` may use); the answer."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    unpacker = msgpack.Unpacker(raw=False)
+async def raw_hello(port: int, hello: Any) -> Any:
+    """A client writing its own hello (a function of the challenge); the picker's answer."""
+    client = await Client.connect(port)
     try:
-        unpacker.feed(await asyncio.wait_for(reader.read(4096), 5))
-        challenge = next(unpacker)
-        writer.write(msgpack.packb(hello(challenge[1]) if callable(hello) else hello))
-        await writer.drain()
-        unpacker.feed(await asyncio.wait_for(reader.read(4096), 5))
-        return next(unpacker)
+        client.write(msgpack.packb(hello(client.challenge)))
+        return await client.read()
     finally:
-        writer.close()
+        client.close()
+
+
+async def raw_ask(side: Side, sender: str, ask: Any) -> Any:
+    """A member's handshake by hand, then `ask` as its first frame; the picker's answer, opened."""
+    client = await Client.connect(port_of(side))
+    try:
+        await client.handshake_as(MOVES, sender, side.name, SECRET)
+        client.send(ask)
+        return await client.answer()
+    finally:
+        client.close()
 
 
 def port_of(side: Side) -> int:
@@ -167,11 +174,8 @@ async def test_only_an_authenticated_member_may_ask(sides: list[Side]) -> None:
     assert await peer_moves(a.name, b.name, "wrong-secret", E1, 2.0) == ["error", "unauthenticated"]
     stranger = "10.66.6.6:9004"
     assert await peer_moves(a.name, stranger, SECRET, E1, 2.0) == ["error", "not-a-member"]
-    replayed = proof(SECRET, new_nonce(), MOVES, b.name)  # another connection's nonce
-    assert await raw_ask(port_of(a), [MOVES, b.name, replayed, [MOVE_ASK, E1]]) == [
-        "error",
-        "unauthenticated",
-    ]
+    replayed = Handshake(MOVES, b.name, a.name, "0" * 32, "1" * 32).hello(SECRET)  # another nonce's
+    assert await raw_hello(port_of(a), lambda nonce: replayed) == ["error", "unauthenticated"]
     assert asked == [] and a.service.refused == 3
 
 
@@ -183,25 +187,28 @@ async def test_a_malformed_ask_is_counted_and_refused_and_moves_nothing(
     assert a.service is not None
     asked: list[str] = []
     a.service.mover = lambda address: asked.append(address) or 3
-    answer = await raw_ask(
-        port_of(a), lambda nonce: [MOVES, b.name, proof(SECRET, nonce, MOVES, b.name), ask]
-    )
+    answer = await raw_ask(a, b.name, ask)
     assert answer == ["error", "bad-ask"]
     assert asked == [] and a.service.rejected == {reason: 1}
 
 
 async def test_a_hello_of_the_wrong_shape_is_refused(sides: list[Side]) -> None:
-    """A moves hello without its ask, an events hello with one: neither is a hello."""
+    """The ask is the session's first frame: a hello carrying it is none; nor is the hello of a
+    picker before the mutual handshake (`[kind, sender, proof, ask]`)."""
     a, b, _ = await two(sides)
     assert a.service is not None
     asked: list[str] = []
     a.service.mover = lambda address: asked.append(address) or 3
-    for kind, rest in ((MOVES, []), (EVENTS, [[MOVE_ASK, E1]])):
-        answer = await raw_ask(
-            port_of(a), lambda nonce, k=kind, r=rest: [k, b.name, proof(SECRET, nonce, k, b.name), *r]
-        )
-        assert answer == ["error", "not-a-hello"]
-    assert asked == [] and a.service.rejected == {"not-a-hello": 2}
+
+    def with_ask(nonce: str) -> list[Any]:
+        return [*Handshake(MOVES, b.name, a.name, nonce, "1" * 32).hello(SECRET), [MOVE_ASK, E1]]
+
+    assert await raw_hello(port_of(a), with_ask) == ["error", "not-a-hello"]
+    old = await raw_hello(port_of(a), lambda nonce: [MOVES, b.name, "0" * 64, [MOVE_ASK, E1]])
+    assert old == ["error", "old-protocol"]
+    events = await raw_hello(port_of(a), lambda nonce: [EVENTS, b.name, "0" * 64])
+    assert events == ["error", "old-protocol"]
+    assert asked == [] and a.service.rejected == {"not-a-hello": 1, "old-protocol": 2}
 
 
 async def test_a_mover_that_fails_is_answered_not_raised(sides: list[Side]) -> None:
@@ -214,39 +221,6 @@ async def test_a_mover_that_fails_is_answered_not_raised(sides: list[Side]) -> N
     a.service.mover = broken
     assert await peer_moves(a.name, b.name, SECRET, E1, 2.0) == ["cannot", "failed"]
     assert await peer_moves(a.name, b.name, SECRET, E2, 2.0) == ["cannot", "failed"]  # still listening
-
-
-class FakePeer:
-    """A peer on a loopback port that sends its challenge, reads the hello, then answers `answer`
-    (None: never answers)."""
-
-    def __init__(self, answer: Any) -> None:
-        self.answer = answer
-        self.server: asyncio.Server | None = None
-        self.hellos: list[Any] = []
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        writer.write(msgpack.packb([CHALLENGE, new_nonce()]))
-        unpacker = msgpack.Unpacker(raw=False)
-        try:
-            unpacker.feed(await reader.read(4096))
-            self.hellos.append(next(unpacker))
-            if self.answer is None:
-                await reader.read()  # until the asker gives up and closes
-            else:
-                writer.write(msgpack.packb(self.answer))
-                await writer.drain()
-        finally:
-            writer.close()
-
-    async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
 
 
 async def test_the_pool_move_counts_every_pickers_streams_and_names_who_was_not_reached(
@@ -283,7 +257,7 @@ async def test_the_pool_move_counts_every_pickers_streams_and_names_who_was_not_
     }
     assert own == [E1] and 0.45 <= took < 2.0  # the silent peer held it for its timeout, no longer
     assert moves.rejected == {"bad-count": 1}
-    assert silent.hellos[0][0] == MOVES and silent.hellos[0][3] == [MOVE_ASK, E1]
+    assert silent.hellos[0][0] == MOVES and garbled.asks == [[MOVE_ASK, E1]]
     metrics = Metrics()
     metrics.register_rejections("peer_move_answers", lambda: moves.rejected)
     assert 'picker_peer_move_answers_rejected_total{reason="bad-count"} 1.0' in metrics.exposition().decode()
