@@ -14,10 +14,13 @@
 - GET  /admin/rollout                    the canary: phase, weight, steps, gate readings, rollback
 - POST /admin/rollout/<verb>             promote | abort | resume | pause (same auth as drains)
 
+A drain records who made it (`?cause=operator`, the default, or `prestop`: `picker drain-wait`), shown
+as `drained_by`; an undrain lifts every cause's (or `?cause=`'s only) and says which (`lifted`).
+
 The port binds the configured address (0.0.0.0 in a pod, so Prometheus can scrape it), so the two
 POSTs are refused unless the peer is loopback or presents the configured bearer token (compared in
-constant time). Every answer, errors included, is JSON: bad address 400, unknown endpoint 404,
-state conflict 409, not allowed 401/403.
+constant time). The GETs follow picker/admin/read_auth.py. Every answer, errors included, is JSON:
+bad address 400, unknown endpoint 404, state conflict 409, not allowed 401/403, no review 503.
 """
 
 from __future__ import annotations
@@ -36,12 +39,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from picker.admin import status_page
 from picker.admin.browser import refusal as browser_refusal
 from picker.admin.capacity_guard import CapacityGuard
+from picker.admin.read_auth import ReadGuard
 from picker.admin.status_page import Overview
 from picker.config.model import canonical_address
 from picker.observability.metrics import Metrics
 from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
 from picker.rollout.runner import COMMANDS, RolloutRunner
 from picker.scheduling.load import estimated_load
+from picker.sources.access import Reviewer
+from picker.sources.drain_causes import Cause, named, shown
 from picker.sources.drain_store import DrainRecordUnavailable, DrainRefused, DrainStore, LocalDrains
 from picker.streams.ends import DataPlanes
 
@@ -65,8 +71,9 @@ def _is_loopback(peer: str | None) -> bool:
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def describe(pool: Pool, endpoint: Endpoint) -> dict[str, Any]:
-    """One endpoint as the admin API shows it (times: wall clock, seconds since the epoch)."""
+def describe(pool: Pool, endpoint: Endpoint, drained_by: list[Cause] | None = None) -> dict[str, Any]:
+    """One endpoint as the admin API shows it (times: wall clock, seconds since the epoch);
+    `drained_by`: who holds its admin drain (the drain store's record)."""
     now = pool.now()
     return {
         "address": endpoint.address,
@@ -79,6 +86,7 @@ def describe(pool: Pool, endpoint: Endpoint) -> dict[str, Any]:
         "since": round(pool.wall_time(endpoint.since), 3),
         "for_s": round(now - endpoint.since, 3),
         "admin_drained": pool.admin_drained(endpoint.address),
+        "drained_by": [c.as_dict() for c in drained_by or ()],
         "drain": None if endpoint.drain is None else endpoint.drain.summary(now),
         # scheduling.by_model: what its /v1/models says it serves (None: not read)
         "served": None
@@ -104,7 +112,8 @@ def admin_app(
     overview: Overview | None = None,
     trust_loopback: bool = False,
     metrics_token: str | None = None,
-    metrics_reviewer: Callable[[str], Awaitable[bool]] | None = None,
+    metrics_reviewer: Reviewer | None = None,
+    read_auth: str = "metrics",
     move_streams: Callable[[str], int] | None = None,
     pool_moves: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
 ) -> web.Application:
@@ -117,7 +126,8 @@ def admin_app(
     `data_planes`: how each data-plane connection reports responses' ends (`/admin/endpoints`).
     `overview`: what the request path adds to the status page (its queue, live requests, peers).
     `trust_loopback`: with a token set, loopback callers need none (admin.trust_loopback).
-    `metrics_token`, `metrics_reviewer`: who may read /metrics (admin.metrics_token, a TokenReview).
+    `metrics_token`, `metrics_reviewer`: who may read /metrics (admin.metrics_token; a TokenReview
+    and a SubjectAccessReview); `read_auth`: `metrics`, the admin reads under the same rule, or `open`.
     `move_streams`: moves an endpoint's running streams elsewhere (picker proxy's resume).
     `pool_moves`: with peers, moves them on every picker sharing the books (picker/peers/moves.py).
     """
@@ -126,21 +136,27 @@ def admin_app(
     )
     admin.guard, admin.rollout, admin.data_planes = guard, rollout, data_planes
     admin.overview, admin.trust_loopback = overview, trust_loopback
-    admin.metrics_token, admin.metrics_reviewer = metrics_token, metrics_reviewer
+    admin.reads = ReadGuard(metrics_token, metrics_reviewer, admin_token=token, trust_loopback=trust_loopback)
+    metrics.register_rejections("drain_record", lambda: admin.store.rejected)
+    read = admin.reads.wrap if read_auth == "metrics" else _open
     admin.move_streams, admin.pool_moves = move_streams, pool_moves
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/metrics", admin.metrics_page)
-    app.router.add_get("/admin/endpoints", admin.endpoints)
-    app.router.add_get("/admin/drains", admin.drains)
-    app.router.add_get("/admin/endpoints/{address}", admin.one_endpoint)
+    app.router.add_get("/admin/endpoints", read(admin.endpoints))
+    app.router.add_get("/admin/drains", read(admin.drains))
+    app.router.add_get("/admin/endpoints/{address}", read(admin.one_endpoint))
     app.router.add_post("/admin/endpoints/{address}/drain", admin.change("drain"))
     app.router.add_post("/admin/endpoints/{address}/undrain", admin.change("undrain"))
-    app.router.add_get("/admin/rollout", admin.rollout_status)
-    app.router.add_get("/admin/status", admin.status)
+    app.router.add_get("/admin/rollout", read(admin.rollout_status))
+    app.router.add_get("/admin/status", read(admin.status))
     app.router.add_get("/status", status_page.page)
     app.router.add_get("/status.js", status_page.script)
     app.router.add_post("/admin/rollout/{verb}", admin.rollout_command)
     return app
+
+
+def _open(handler: Handler) -> Handler:
+    return handler
 
 
 @web.middleware
@@ -176,8 +192,7 @@ class _Admin:
         self.data_planes: DataPlanes | None = None
         self.overview: Overview | None = None
         self.trust_loopback = False
-        self.metrics_token: str | None = None
-        self.metrics_reviewer: Callable[[str], Awaitable[bool]] | None = None
+        self.reads = ReadGuard(None, None, admin_token=token, trust_loopback=False)
         self.move_streams: Callable[[str], int] | None = None
         self.pool_moves: Callable[[str], Awaitable[dict[str, Any]]] | None = None
         self._drains_turn = asyncio.Lock()
@@ -214,30 +229,19 @@ class _Admin:
             raise web.HTTPBadRequest(text=str(exc)) from None
 
     async def metrics_page(self, request: web.Request) -> web.Response:
-        if self.metrics_token is not None or self.metrics_reviewer is not None:
-            if not await self._may_read_metrics(request):
-                return _error(401, "/metrics needs a bearer token", {"WWW-Authenticate": "Bearer"})
+        refused = await self.reads.refusal(request, admin_may=False)
+        if refused is not None:
+            return refused
         return web.Response(body=self.metrics.exposition(), headers={"content-type": CONTENT_TYPE_LATEST})
-
-    async def _may_read_metrics(self, request: web.Request) -> bool:
-        """The static metrics token (constant-time compare), else a token the API server vouches for."""
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        presented = presented.strip()
-        if scheme.lower() != "bearer" or not presented or len(presented) > 16384:
-            return False
-        token = self.metrics_token
-        if token is not None and hmac.compare_digest(presented.encode(), token.encode()):
-            return True
-        reviewer = self.metrics_reviewer
-        return reviewer is not None and await reviewer(presented)
 
     async def endpoints(self, _: web.Request) -> web.Response:
         pool = self.pool
         now = pool.now()
+        held = self.store.drained_by()
         return web.json_response(
             {
                 "source": pool.source,
-                "endpoints": [describe(pool, e) for e in pool.endpoints()],
+                "endpoints": [describe(pool, e, held.get(e.address)) for e in pool.endpoints()],
                 "recent_drains": [r.summary(now) for r in pool.recent_drains()],
                 # connection -> how its responses' ends reach the picker ("engine": none do)
                 "data_planes": {} if self.data_planes is None else self.data_planes.summary(),
@@ -247,18 +251,22 @@ class _Admin:
     async def drains(self, request: web.Request) -> web.Response:
         """Every drain still open (newest first), then the recently closed ones: the scorecard's input.
 
-        `?scope=pool`, with peers: the records of every picker, merged (`pool_drains`)."""
+        `?scope=pool`, with peers: the records of every picker, merged (`pool_drains`). An open one
+        held by the drain store says who holds it (`drained_by`)."""
         own = self.pool.drain_summaries()
         if request.query.get("scope") == "pool" and self.pool_drains is not None:
-            return web.json_response({"drains": await self.pool_drains(own), "scope": "pool"})
-        return web.json_response({"drains": own})
+            merged = await self.pool_drains(own)
+            return web.json_response({"drains": shown(merged, self.store.drained_by()), "scope": "pool"})
+        return web.json_response({"drains": shown(own, self.store.drained_by())})
 
     async def one_endpoint(self, request: web.Request) -> web.Response:
         address = self.address_of(request)
         endpoint = self.pool.get(address)
         if endpoint is None:
             return _error(404, f"no endpoint {address}")
-        return web.json_response({"endpoint": describe(self.pool, endpoint)})
+        return web.json_response(
+            {"endpoint": describe(self.pool, endpoint, self.store.drained_by().get(address))}
+        )
 
     def change(self, verb: str) -> Handler:
         async def handler(request: web.Request) -> web.Response:
@@ -267,6 +275,10 @@ class _Admin:
                 log.warning("admin %s refused peer=%s status=%d", verb, request.remote, refused.status)
                 return refused
             address = self.address_of(request)
+            try:
+                cause, only = named(verb, request.query.get("cause"))
+            except ValueError as exc:
+                return _error(400, str(exc))
             move = _flag(request, "move_streams") if verb == "drain" else False
             if move is None or (move and self.move_streams is None):
                 why = "only picker proxy can move streams (Envoy cannot re-issue a request mid-response)"
@@ -280,11 +292,13 @@ class _Admin:
                     if blocked is not None:
                         return blocked
                     check = None if _forced(request) else self.guard.check(address)
+                lifted: tuple[Cause, ...] | None = None
                 try:
                     if verb == "drain":
-                        endpoint = await self.store.drain(address, check=check)
+                        endpoint = await self.store.drain(address, cause=cause, check=check)
                     else:
-                        endpoint = await self.store.undrain(address)
+                        undone = await self.store.undrain(address, only=only)
+                        endpoint, lifted = undone.endpoint, undone.causes
                 except DrainRefused as exc:  # another picker's drain reached the record first
                     log.warning("admin drain refused by the capacity guard address=%s %s", address, exc)
                     return _refused(exc.reason, exc.figures)
@@ -296,9 +310,10 @@ class _Admin:
                     return _error(503, str(exc), {"Retry-After": "1"})
             reached = await self.propagate() if self.propagate is not None else {}
             log.info(
-                "admin %s address=%s peer=%s state=%s shared=%s%s",
+                "admin %s address=%s cause=%s peer=%s state=%s shared=%s%s",
                 verb,
                 address,
+                cause if lifted is None else ",".join(str(c) for c in lifted) or "-",
                 request.remote,
                 endpoint.state.value,
                 str(self.store.shared).lower(),
@@ -308,7 +323,10 @@ class _Admin:
                 reached.update(await self.pool_moves(address))
             elif move and self.move_streams is not None:
                 reached["moved_streams"] = self.move_streams(address)
-            return web.json_response({"endpoint": describe(self.pool, endpoint), **reached})
+            if lifted is not None:
+                reached["lifted"] = [c.as_dict() for c in lifted]
+            held = self.store.drained_by().get(address)
+            return web.json_response({"endpoint": describe(self.pool, endpoint, held), **reached})
 
         return handler
 

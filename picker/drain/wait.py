@@ -448,7 +448,9 @@ def run(
 
 def ask_move(settings: Settings) -> dict[str, Any]:
     """POST --move-streams-url once (the picker moves this replica's streams elsewhere); what it
-    answered, or why it could not be asked. Never raises: the hook waits for idle either way."""
+    answered, or why it could not be asked. Never raises: the hook waits for idle either way. The
+    drain it makes is the preStop hook's (`cause=prestop`, unless the URL names one): a rollout's
+    `resume` never lifts it."""
     import urllib.request
 
     headers = {"User-Agent": "drain-wait"}
@@ -456,12 +458,24 @@ def ask_move(settings: Settings) -> dict[str, Any]:
         if settings.admin_token_file:
             with open(settings.admin_token_file, encoding="utf-8") as handle:
                 headers["Authorization"] = "Bearer " + handle.read().strip()
-        request = urllib.request.Request(settings.move_streams_url or "", method="POST", headers=headers)
+        url = prestop_url(settings.move_streams_url or "")
+        request = urllib.request.Request(url, method="POST", headers=headers)
         with urllib.request.urlopen(request, timeout=max(settings.request_timeout_s, 0.1)) as response:
             answer = json.loads(response.read(64 * 1024) or b"{}")
             return {"status": response.status, "moved": answer.get("moved_streams")}
     except Exception as exc:  # a refusal (HTTPError), no picker, a bad token file: said, not raised
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def prestop_url(url: str) -> str:
+    """The drain URL with `cause=prestop` added to its query, unless it names a cause already."""
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    if any(name == "cause" for name, _ in query):
+        return url
+    return urllib.parse.urlunsplit(
+        parts._replace(query=urllib.parse.urlencode([*query, ("cause", "prestop")]))
+    )
 
 
 class _Parser(argparse.ArgumentParser):

@@ -12,6 +12,7 @@ of them, give or take one. Pure: the caller passes the clock.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from typing import Any, Protocol, TypeVar
 
 from picker.config.model import RolloutConfig
 from picker.rollout.gates import Limits, Reading, Sample, Window, judge, step_may_end
+from picker.rollout.waiting import Step, reason
+
+log = logging.getLogger(__name__)
 
 CANDIDATE, STABLE = "candidate", "stable"
 PHASES = ("progressing", "paused", "promoted", "rolled-back")
@@ -36,6 +40,12 @@ class CanaryPlan:
     step_min_requests: int
     window_s: float
     limits: Limits
+
+    @property
+    def rollout_id(self) -> str:
+        """The same on every picker and across restarts (`<label>=<candidate>`): the cause its
+        rollback's drains carry in the shared drain record, so its `resume` lifts those only."""
+        return f"{self.label}={self.candidate}"
 
     @classmethod
     def of(cls, config: RolloutConfig) -> CanaryPlan:
@@ -80,6 +90,7 @@ class Canary:
         self.events = 0  # decisions taken so far (the history keeps the last 64)
         self.rollbacks = 0
         self.totals = {CANDIDATE: 0, STABLE: 0}  # requests routed to each group, ever
+        self._stuck_said: tuple[int, float] | None = None  # the step whose stuck wait was logged
         self._event(now, "started", weight=self.weight)
 
     # -- routing -----------------------------------------------------------------------------
@@ -123,6 +134,7 @@ class Canary:
         failed = [r for r in self.readings if r.verdict == "fail"]
         if failed:
             return self._roll_back(now, candidates, f"gate {failed[0].gate} failed")
+        self._say_if_stuck(now)
         if (
             now - self.step_started_at >= self.plan.step_interval_s
             and sum(self.routed.values()) >= self.plan.step_min_requests
@@ -176,10 +188,54 @@ class Canary:
             "routed_this_step": dict(self.routed),
             "groups": {"label": plan.label, STABLE: plan.stable, CANDIDATE: plan.candidate},
             "window_s": plan.window_s,
-            "gates": [r.as_dict() for r in self.readings],
+            "gates": self.gates(now),
             "rollback": self.rollback,
             "history": list(self.history),
         }
+
+    def gates(self, now: float) -> list[dict[str, Any]]:
+        """Each gate's reading; a waiting one says why (picker/rollout/waiting.py)."""
+        step = self.waiting_step(now)
+        out = []
+        for reading in self.readings:
+            shown = reading.as_dict()
+            why = reason(reading, step) if self.phase == "progressing" else None
+            if why is not None:
+                shown["why"] = why
+            out.append(shown)
+        return out
+
+    def waiting_step(self, now: float) -> Step:
+        plan = self.plan
+        ended = sum(len(window) for window in self.windows.values())
+        return Step(
+            weight=self.weight,
+            window_s=plan.window_s,
+            min_samples=plan.limits.min_samples,
+            rate_per_s=ended / span if (span := min(plan.window_s, now - self.step_started_at)) > 0 else 0.0,
+            step_left_s=plan.step_interval_s - (now - self.step_started_at),
+        )
+
+    def _say_if_stuck(self, now: float) -> None:
+        """Once per step, when a gate waits for samples its window cannot hold at this weight and
+        rate (after a full window of traffic: before it, the rate is not known)."""
+        if (
+            self._stuck_said == (self.step, self.step_started_at)
+            or now - self.step_started_at < self.plan.window_s
+        ):
+            return
+        step = self.waiting_step(now)
+        for reading in self.readings:
+            why = reason(reading, step)
+            if why is not None and not why["can_gather"]:
+                self._stuck_said = (self.step, self.step_started_at)
+                log.warning(
+                    "canary step %d cannot gather its samples: gate %s: %s",
+                    self.step,
+                    reading.gate,
+                    why["text"],
+                )
+                return
 
     # -- inside ------------------------------------------------------------------------------
     def _roll_back(self, now: float, candidates: Iterable[str], why: str) -> Actions:

@@ -56,6 +56,10 @@ def describe(status: dict[str, Any]) -> str:
             f"  {gate['gate']:<22} {gate['verdict']:<5} candidate {gate['candidate']}  stable "
             f"{gate['stable']}  limit {gate['limit']}  samples {gate['samples']}"
         )
+        why = gate.get("why")
+        if isinstance(why, dict):  # a waiting gate: what it waits for, and whether it can come
+            stuck = "" if why.get("can_gather") else "  (this step cannot gather it)"
+            lines.append(f"  {'':<22} waits: {why.get('text', '')}{stuck}")
     judges = [f"  {g['gate']}: {g['judges_from']}" for g in status.get("gates", []) if g.get("judges_from")]
     if judges:
         lines += ["what each gate judges from:", *judges]

@@ -2,6 +2,11 @@
 (through the same drain store as the admin API, so every picker replica applies them), a log line
 per decision, and the commands `picker rollout promote | abort | resume | pause` send.
 
+A rollback's drains carry the cause `rollback` with the rollout's id (`<label>=<candidate>`) in the
+shared record; `resume` lifts every drain of that cause and nothing else, whichever picker made
+them and whether or not this one has restarted since: an operator's drain or a preStop hook's of the
+same address stays (picker/sources/drain_causes.py).
+
 The rule lives in picker/rollout; this module only clocks it and carries out what it returns.
 """
 
@@ -19,6 +24,7 @@ from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
 from picker.request.pipeline import RequestPath
 from picker.rollout import CANDIDATE, Actions, Canary, CanaryPlan
 from picker.rollout.gates import EVIDENCE, HINT, UNOBSERVABLE
+from picker.sources.drain_causes import Cause, rollback
 from picker.sources.drain_store import DrainRecordUnavailable, DrainStore
 
 log = logging.getLogger(__name__)
@@ -47,11 +53,11 @@ class RolloutRunner:
         self.move_streams: Callable[[str], int] | None = None
         self._logged = canary.events
         self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
-        self._pods: dict[str, str | None] = {}  # the pod each rollback drain was for, by address
+        self.cause: Cause = rollback(canary.plan.rollout_id)  # what its rollback's drains record
 
     def candidates(self) -> list[str]:
         """The candidate group's endpoints a rollback would drain: not gone, and not draining
-        already (an operator's or its source's drain stays theirs: `resume` must not lift it)."""
+        already (an operator's or its source's drain stays theirs)."""
         canary = self.canary
         return [
             e.address
@@ -84,48 +90,56 @@ class RolloutRunner:
     async def command(self, verb: str) -> dict[str, Any]:
         """One operator command; the status after it."""
         canary, now = self.canary, self.clock()
+        lift = False
         match verb:
             case "promote":
                 actions = canary.promote(now)
             case "abort":
                 actions = canary.abort(now, self.candidates())
-            case "resume":
-                actions = canary.resume(now)
+            case "resume":  # lifts its rollback's drains, even those this picker never knew of
+                actions, lift = canary.resume(now), True
             case "pause":
                 canary.pause(now)
                 actions = Actions()
             case _:
                 raise ValueError(f"unknown rollout command {verb!r}: {', '.join(COMMANDS)}")
-        await self.apply(actions)
+        await self.apply(actions, lift=lift)
         return self.status()
 
     def status(self) -> dict[str, Any]:
-        """The canary's status; `clock_to_wall_s` turns its times (`at_s`) into wall-clock seconds."""
-        return {"clock_to_wall_s": round(time.time() - self.clock(), 3), **self.canary.status(self.clock())}
+        """The canary's status; `clock_to_wall_s` turns its times (`at_s`) into wall-clock seconds;
+        `rollback_drains`: the addresses its rollback's drains hold now (as this picker reads them)."""
+        held = {} if self.store is None else self.store.drained_by()
+        return {
+            "clock_to_wall_s": round(time.time() - self.clock(), 3),
+            "id": self.cause.rollout,
+            "rollback_drains": sorted(a for a, causes in held.items() if self.cause in causes),
+            **self.canary.status(self.clock()),
+        }
 
-    async def apply(self, actions: Actions) -> None:
+    async def apply(self, actions: Actions, *, lift: bool = False) -> None:
+        """Drain what the canary asks (each candidate's pod, caused by this rollout's rollback);
+        `lift`: lift every drain of that cause (a `resume`), not only those this picker made."""
         self._log_events()
         if self.store is None:
             return
-        drains = actions.drain if self.drain_on_rollback else []
-        for verb, addresses in (("drain", drains), ("undrain", actions.undrain)):
-            for address in addresses:
-                # a rollback drains the candidate's pod, not its IP: a later pod given that IP is
-                # not drained, and `resume` lifts that pod's drain only
-                endpoint = self.pool.get(address)
-                pod = self._pods.get(address) if verb == "undrain" else endpoint and endpoint.instance
-                try:
-                    if verb == "drain":
-                        await self.store.drain(address, pod=pod)
-                        self._pods[address] = pod
-                        if self.move_streams is not None:
-                            log.info("rollout moves %d stream(s) off %s", self.move_streams(address), address)
-                    else:
-                        await self.store.undrain(address, pod=pod)
-                        self._pods.pop(address, None)
-                    log.info("rollout %s address=%s pod=%s", verb, address, pod or "-")
-                except (EndpointConflict, UnknownEndpoint, DrainRecordUnavailable) as exc:
-                    log.warning("rollout %s address=%s not done: %s", verb, address, exc)
+        for address in actions.drain if self.drain_on_rollback else []:
+            # a rollback drains the candidate's pod, not its IP: a later pod given that IP is not drained
+            endpoint = self.pool.get(address)
+            pod = endpoint.instance if endpoint is not None else None
+            try:
+                await self.store.drain(address, cause=self.cause, pod=pod)
+                log.info("rollout drain address=%s pod=%s cause=%s", address, pod or "-", self.cause)
+                if self.move_streams is not None:
+                    log.info("rollout moves %d stream(s) off %s", self.move_streams(address), address)
+            except (EndpointConflict, UnknownEndpoint, DrainRecordUnavailable) as exc:
+                log.warning("rollout drain address=%s not done: %s", address, exc)
+        if lift or actions.undrain:
+            try:
+                lifted = await self.store.lift(self.cause)
+                log.info("rollout undrain cause=%s addresses=%s", self.cause, ",".join(lifted) or "-")
+            except (EndpointConflict, DrainRecordUnavailable) as exc:
+                log.warning("rollout undrain cause=%s not done: %s", self.cause, exc)
 
     def _log_events(self) -> None:
         """One log line per decision the canary took since the last look (steps, rollback, ...)."""

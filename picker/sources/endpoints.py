@@ -18,9 +18,12 @@ from typing import Any
 from picker.config.model import ConfigError, PickerConfig
 from picker.observability.metrics import Metrics
 from picker.pool import Pool
+from picker.pool.deletion_cost import PodRef
+from picker.pool.pods import PodStore
 from picker.pool.slices import TargetPort
 from picker.request.objectives import Objectives
 from picker.sources import kube, kube_pool, static_file
+from picker.sources.deletion_cost import DeletionCostWriter, Parts, PodPatcher, verified
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,11 @@ class EndpointSources:
         self.watcher: kube.SliceWatcher | None = None
         self.file: static_file.EndpointsFile | None = None
         self.pool_source: kube_pool.PoolSource | None = None
+        self.selector_source: kube_pool.SelectorSource | None = None
+        # kube.deletion_cost: the client that writes the annotation, opened (and its permission
+        # asked) in start(); `patch_allowed` False: the API server could not be asked then
+        self.pod_patcher: PodPatcher | None = None
+        self.patch_allowed = False
         # InferenceObjective name -> priority (the pool source with kube.objectives on); else None.
         self.objectives: Objectives | None = (
             Objectives(config.kube.pool_name)
@@ -67,6 +75,8 @@ class EndpointSources:
     async def start(self) -> None:
         """First load, then the background task. ConfigError when the source cannot even start."""
         pool_config, kube_config = self._config.pool, self._config.kube
+        if kube_config.deletion_cost:  # first: a refusal stops the start before anything runs
+            await self._open_pod_patcher()
         if pool_config.endpoints_file is not None:
             self.file = static_file.EndpointsFile(
                 pool_config.endpoints_file,
@@ -121,6 +131,40 @@ class EndpointSources:
                 kube_config.endpoint_selector, kube_config.endpoint_target_ports
             )
 
+    async def _open_pod_patcher(self) -> None:
+        """kube.deletion_cost: the patch client, and whether it may patch pods; DeletionCostRefused
+        (a ConfigError: the picker does not start) when the API server says it may not."""
+        from picker.sources.deletion_cost_api import LightkubePodPatcher
+        from picker.sources.kube_api import load_kubeconfig
+
+        kube_config = self._config.kube
+        patcher = LightkubePodPatcher(
+            load_kubeconfig(kube_config.kubeconfig),
+            namespace=kube_config.namespace,
+            request_timeout_s=kube_config.request_timeout_s,
+        )
+        try:
+            self.patch_allowed = await verified(patcher)
+        except BaseException:
+            await patcher.aclose()
+            raise
+        self.pod_patcher = patcher
+
+    def run_deletion_cost(self, core: Parts, spawn: Callable[[Coroutine[Any, Any, None], str], None]) -> None:
+        """kube.deletion_cost: the writer of the pool pods' annotation, run by `spawn` (nothing when off)."""
+        if self.pod_patcher is not None:
+            spawn(DeletionCostWriter.of(core).run(), "deletion-cost")
+
+    def pod_refs(self) -> list[PodRef]:
+        """The pool's pods as the Kubernetes source lists them (kube.deletion_cost ranks them)."""
+        if self.watcher is not None:
+            return self.watcher.store.pod_refs()
+        pods = self.pool_source.pods if self.pool_source is not None else None
+        if self.selector_source is not None:
+            pods = self.selector_source.pods
+        store = pods.store if pods is not None else None
+        return store.pod_refs() if isinstance(store, PodStore) else []
+
     def on_problem(self, listener: Callable[[str | None], None]) -> None:
         """`listener(problem)` on every change of `problem` (a string: not ready; None: ready again)."""
         self._problem_listeners.append(listener)
@@ -168,7 +212,7 @@ class EndpointSources:
             read_timeout_s=kube_config.inactivity_deadline_s + kube_config.request_timeout_s,
         )
         self._api = api
-        source = kube_pool.SelectorSource(
+        self.selector_source = source = kube_pool.SelectorSource(
             api,
             self._pool,
             selector,
@@ -215,6 +259,9 @@ class EndpointSources:
         if self._api is not None:
             await self._api.aclose()
             self._api = None
+        if self.pod_patcher is not None:
+            await self.pod_patcher.aclose()
+            self.pod_patcher = None
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         self._task = asyncio.get_running_loop().create_task(work, name=f"endpoint-source-{self.name}")

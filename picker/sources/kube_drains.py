@@ -5,10 +5,16 @@ pods (only get/list/watch/create/update on one ConfigMap of its own), a drain of
 pod is gone or not yet seen stays a record anyone can read (`kubectl get cm -o yaml`), and one object
 holds the whole set, so a read-modify-write with its resourceVersion is one optimistic transaction.
 
-The record: ConfigMap `kube.drains_configmap`, key `drained`, a JSON list whose items are "ip:port"
-(an operator's drain: whatever runs at that address) or {"address": "ip:port", "pod": "<uid>"} (a
-rollback's drain: that pod's only; a later pod given the same IP is not drained, and the entry is
-cleared once a replica sees the pod gone or another pod at the address). A drain or undrain through
+The record: ConfigMap `kube.drains_configmap`, key `drained`, a JSON list of drains. An item is
+"ip:port" (an operator's drain of whatever runs at that address) or an object:
+    {"address": "ip:port", "pod": "<uid>"?, "cause": ...?, "rollout": ...?}
+`pod`: that pod's drain only (a rollback's: a later pod given the same IP is not drained, and the
+item is cleared once a replica sees the pod gone or another pod at the address). `cause`,
+`rollout`: who made it (picker/sources/drain_causes.py; no cause: the operator's, as every item
+written before causes were). One address may hold several drains (an operator's and a rollback's):
+it is drained while any holds. An item that does not validate whole is not applied, counted
+(`picker_drain_record_rejected_total`) and kept as it is when a picker rewrites the record (a newer
+picker's, perhaps). A drain or undrain through
 any replica's admin API writes it (create when missing; on a 409 conflict, read and try again); every
 replica lists and watches that one object with the same list/watch loop as its endpoint source
 (picker/sources/kube.py) and holds each recorded drain in an admin drain whenever its source lists
@@ -20,59 +26,33 @@ read, so the capacity guard's check judges and writes as one step across pickers
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from picker.config.model import canonical_address
 from picker.pool import Endpoint, EndpointConflict, EndpointState, Pool, UnknownEndpoint
-from picker.sources.drain_store import Check, DrainRecordUnavailable
+from picker.sources.drain_causes import OPERATOR, Cause, CauseKind, Rejections
+from picker.sources.drain_record import DATA_KEY, Drain, Record, parse_record, render_record
+from picker.sources.drain_store import Check, DrainRecordUnavailable, Lifted
 from picker.sources.kube import Collection, ListWatch, SourceError, WatchSettings
+
+__all__ = [
+    "DATA_KEY",
+    "ConfigMapDrains",
+    "DrainRecordApi",
+    "Record",
+    "WriteConflict",
+    "parse_record",
+    "render_record",
+]
 
 log = logging.getLogger(__name__)
 
-DATA_KEY = "drained"
 _WRITE_ATTEMPTS = 5
 
 
 class WriteConflict(Exception):
     """The ConfigMap changed since it was read (HTTP 409): read again."""
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """What the ConfigMap records: drains by address (an operator's) and by pod (a rollback's)."""
-
-    addresses: frozenset[str] = frozenset()
-    pinned: frozenset[tuple[str, str]] = frozenset()  # (address, pod uid)
-
-    def __len__(self) -> int:
-        return len(self.addresses) + len(self.pinned)
-
-    @property
-    def drained(self) -> frozenset[str]:
-        """Every address the record drains, whichever instance."""
-        return self.addresses | {address for address, _ in self.pinned}
-
-    def holds(self, address: str, instance: str | None) -> bool:
-        """Whether the record drains what runs at `address` now (`instance`: its pod, if known)."""
-        return address in self.addresses or (instance is not None and (address, instance) in self.pinned)
-
-    def adding(self, address: str, pod: str | None) -> Record:
-        if pod is None:
-            return Record(self.addresses | {address}, self.pinned)
-        return Record(self.addresses, self.pinned | {(address, pod)})
-
-    def removing(self, address: str, pod: str | None) -> Record:
-        """Without the pod's drain (`pod`), or without every drain at the address (None)."""
-        if pod is not None:
-            return Record(self.addresses, self.pinned - {(address, pod)})
-        return Record(self.addresses - {address}, frozenset(p for p in self.pinned if p[0] != address))
-
-    def dropping(self, stale: Iterable[tuple[str, str]]) -> Record:
-        return Record(self.addresses, self.pinned - set(stale))
 
 
 class DrainRecordApi(Protocol):
@@ -89,47 +69,12 @@ class DrainRecordApi(Protocol):
         ...
 
 
-def parse_record(obj: Mapping[str, Any] | None) -> tuple[Record, list[str]]:
-    """The drains a ConfigMap records, and what in it was ignored (problems, for one log line)."""
-    if obj is None:
-        return Record(), []
-    raw = (obj.get("data") or {}).get(DATA_KEY)
-    if raw is None:
-        return Record(), []
-    try:
-        listed = json.loads(raw)
-    except ValueError:
-        return Record(), [f"data.{DATA_KEY} is not JSON"]
-    if not isinstance(listed, list):
-        return Record(), [f"data.{DATA_KEY} is not a JSON list"]
-    addresses: set[str] = set()
-    pinned: set[tuple[str, str]] = set()
-    problems = []
-    for item in listed:
-        try:
-            if isinstance(item, dict):
-                pod = item.get("pod")
-                if set(item) != {"address", "pod"} or not isinstance(pod, str) or not pod:
-                    raise ValueError(f"{item!r} is not {{address, pod}}")
-                pinned.add((canonical_address(str(item["address"])), pod))
-            else:
-                addresses.add(canonical_address(str(item)))
-        except ValueError as exc:
-            problems.append(f"data.{DATA_KEY}: {exc}")
-    return Record(frozenset(addresses), frozenset(pinned)), problems
-
-
-def render_record(record: Record) -> str:
-    items: list[Any] = sorted(record.addresses)
-    items += [{"address": address, "pod": pod} for address, pod in sorted(record.pinned)]
-    return json.dumps(items)
-
-
 class DrainRecord:
     """The loop's store (kube.Store): the drains the watched ConfigMap records."""
 
     def __init__(self) -> None:
         self.current = Record()
+        self.rejected = Rejections()
 
     @property
     def drained(self) -> frozenset[str]:
@@ -140,11 +85,11 @@ class DrainRecord:
 
     def replace(self, objects: Iterable[Mapping[str, Any]]) -> list[str]:
         found = list(objects)
-        self.current, problems = parse_record(found[0] if found else None)
+        self.current, problems = parse_record(found[0] if found else None, self.rejected)
         return problems
 
     def apply(self, event_type: str, obj: Mapping[str, Any]) -> list[str]:
-        self.current, problems = parse_record(None if event_type == "DELETED" else obj)
+        self.current, problems = parse_record(None if event_type == "DELETED" else obj, self.rejected)
         return problems
 
 
@@ -173,34 +118,79 @@ class ConfigMapDrains:
         )
         self._applying = False
         self._clearing: asyncio.Task[None] | None = None
-        self._stale: set[tuple[str, str]] = set()
+        self._stale: set[Drain] = set()
         pool.on_change(self.apply)
         pool.on_forget(self._forgotten)
 
-    async def drain(self, address: str, *, pod: str | None = None, check: Check | None = None) -> Endpoint:
+    @property
+    def rejected(self) -> Mapping[str, int]:
+        return self.record.rejected.counts
+
+    def drained_by(self) -> dict[str, list[Cause]]:
+        """Who drains each address this replica's pool holds drained by the record."""
+        shown: dict[str, list[Cause]] = {}
+        for endpoint in self._pool.endpoints():
+            causes = self.record.current.causes(endpoint.address, endpoint.instance)
+            if causes:
+                shown[endpoint.address] = causes
+        return shown
+
+    async def drain(
+        self, address: str, *, cause: Cause = OPERATOR, pod: str | None = None, check: Check | None = None
+    ) -> Endpoint:
         endpoint = self._pool.get(address)
         if endpoint is None:
             raise UnknownEndpoint(address)
         if endpoint.state is EndpointState.GONE:
             raise EndpointConflict(f"{address} is gone: its source no longer lists it")
-        await self._update(lambda record: record.adding(address, pod), check=check)
-        self.record.current = self.record.current.adding(address, pod)  # at once here; the watch confirms
+        made = Drain(address, cause, pod)
+        await self._update(lambda record: record.adding(made), check=check)
+        self.record.current = self.record.current.adding(made)  # at once here; the watch confirms
         self.apply()
         return endpoint
 
-    async def undrain(self, address: str, *, pod: str | None = None) -> Endpoint:
+    async def undrain(self, address: str, *, only: CauseKind | None = None, pod: str | None = None) -> Lifted:
         endpoint = self._pool.get(address)
         recorded = address in self.record.drained
         if endpoint is None and not recorded:
             raise UnknownEndpoint(address)
         if not recorded and not self._pool.admin_drained(address):
-            return self._pool.undrain(address)  # raises the pool's own conflict (not drained, or source)
-        await self._update(lambda record: record.removing(address, pod))
-        self.record.current = self.record.current.removing(address, pod)
+            return Lifted(
+                self._pool.undrain(address), ()
+            )  # raises the pool's conflict (not drained, or source)
+        lifted: list[Drain] = []
+
+        def change(record: Record) -> Record:
+            lifted[:] = record.matching(address, only, pod)
+            if not lifted and only is not None:
+                held = ", ".join(
+                    str(c) for c in sorted({d.cause for d in record.matching(address, None)}, key=str)
+                )
+                raise EndpointConflict(
+                    f"{address} holds no {only.value} drain (drained by: {held or 'nobody'})"
+                )
+            return record.dropping(lifted)
+
+        await self._update(change)
+        here = self.record.current  # at once here, as the record now reads; the watch confirms
+        self.record.current = here.dropping([*lifted, *here.matching(address, only, pod)])
         self.apply()
         if endpoint is None:
             raise UnknownEndpoint(address)  # the record is lifted; the pool has no such endpoint
-        return endpoint
+        return Lifted(endpoint, tuple(sorted({d.cause for d in lifted}, key=str)))
+
+    async def lift(self, cause: Cause) -> list[str]:
+        """Remove every drain of `cause` from the record, in one write; the addresses it held."""
+        lifted: list[str] = []
+
+        def change(record: Record) -> Record:
+            lifted[:] = sorted({d.address for d in record.drains if d.cause == cause})
+            return record.lifting(cause)
+
+        await self._update(change)
+        self.record.current = self.record.current.lifting(cause)
+        self.apply()
+        return lifted
 
     def apply(self) -> None:
         """Hold every recorded drain the source lists in an admin drain; lift the others. A pod's
@@ -214,9 +204,9 @@ class ConfigMapDrains:
                 address = endpoint.address
                 for pinned in record.pinned:
                     if (
-                        pinned[0] == address
+                        pinned.address == address
                         and endpoint.instance is not None
-                        and (endpoint.state is EndpointState.GONE or endpoint.instance != pinned[1])
+                        and (endpoint.state is EndpointState.GONE or endpoint.instance != pinned.pod)
                     ):
                         stale.add(pinned)
                 wanted = record.holds(address, endpoint.instance)
@@ -235,9 +225,9 @@ class ConfigMapDrains:
     def _forgotten(self, address: str) -> None:
         """The source stopped listing `address` and its last request ended: no pod runs there, so
         every pod's drain recorded at it is over."""
-        self._mark_stale({p for p in self.record.current.pinned if p[0] == address})
+        self._mark_stale({p for p in self.record.current.pinned if p.address == address})
 
-    def _mark_stale(self, stale: set[tuple[str, str]]) -> None:
+    def _mark_stale(self, stale: set[Drain]) -> None:
         self._stale |= stale
         if self._stale and self._clearing is None:
             self._clearing = _spawn(self._clear())
@@ -249,7 +239,11 @@ class ConfigMapDrains:
                 stale = frozenset(self._stale)
                 await self._update(lambda record, gone=stale: record.dropping(gone))
                 self._stale -= stale
-                log.info("drain record cleared %d drain(s) of pods gone: %s", len(stale), sorted(stale))
+                log.info(
+                    "drain record cleared %d drain(s) of pods gone: %s",
+                    len(stale),
+                    sorted(f"{d.address} pod={d.pod} cause={d.cause}" for d in stale),
+                )
         except DrainRecordUnavailable as exc:
             log.warning("drain record: drains of pods gone not cleared now (%s); tried again later", exc)
             self._stale.clear()  # found again at the next change

@@ -11,16 +11,10 @@ from lightkube.resources.core_v1 import ConfigMap
 
 from picker.config.model import KubeSourceConfig
 from picker.pool import Pool
+from picker.sources.drain_record import DATA_KEY, Record, parse_record, render_record
 from picker.sources.kube import ApiFailure, Collection, Disconnected, WatchSettings
 from picker.sources.kube_api import LightkubeCollection, load_kubeconfig, make_client
-from picker.sources.kube_drains import (
-    DATA_KEY,
-    ConfigMapDrains,
-    Record,
-    WriteConflict,
-    parse_record,
-    render_record,
-)
+from picker.sources.kube_drains import ConfigMapDrains, WriteConflict
 
 
 class LightkubeDrainRecordApi:

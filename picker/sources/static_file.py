@@ -4,6 +4,7 @@ Format (either form; an entry is "ip:port" or a mapping):
 
     - 10.0.0.1:8000
     - {address: 10.0.0.2:8000, draining: true}
+    - {address: 10.0.0.4:8000, draining: true, drained_by: [{cause: prestop}]}
     - {address: 10.0.0.3:8000, labels: {app.kubernetes.io/version: v2}}
 
 or `{endpoints: [...same entries...]}`. Write it atomically (a temp file renamed over it): a
@@ -73,7 +74,8 @@ def read_endpoints(text: str) -> tuple[dict[str, EndpointState], Labels]:
         if isinstance(entry, str):
             address, draining = entry, False
         elif isinstance(entry, dict):
-            unknown = set(entry) - {"address", "draining", "labels"}
+            # drained_by: who holds its drain, the drain store's to read (picker/sources/drain_store.py)
+            unknown = set(entry) - {"address", "draining", "labels", "drained_by"}
             if unknown:
                 raise EndpointsFileError(f"{where}: unknown keys {sorted(unknown)}")
             address, draining = entry.get("address"), entry.get("draining", False)

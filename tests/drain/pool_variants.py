@@ -58,6 +58,11 @@ def pickers_with_separate_books(m: Any) -> None:
     m.set_arg(m.picker, "--peers-service", None)
 
 
+def ranks_pods_without_patch(m: Any) -> None:
+    """--pod-deletion-cost on the base, whose Role reads pods but may not patch them."""
+    m.picker["args"].append("--pod-deletion-cost")
+
+
 POOL_VARIANTS = [
     ("POOL-005", "picker serves another pool", second_pool_through_the_picker),
     ("POOL-006", "picker's Service selects other pods", kube_service_with_another_selector),
@@ -65,4 +70,5 @@ POOL_VARIANTS = [
     ("POOL-008", "picker RBAC without inferencepools", role_without_inferencepools),
     ("POOL-008", "picker RBAC cannot update the drains ConfigMap", role_that_cannot_update_the_drain_record),
     ("POOL-009", "two pickers with separate books", pickers_with_separate_books),
+    ("POOL-010", "pod deletion cost without patch on pods", ranks_pods_without_patch),
 ]

@@ -206,6 +206,8 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
     ("PRESTOP-004", "metrics on another port",
      lambda m: m.set_prestop_arg("--metrics-url", "http://127.0.0.1:8080/metrics")),
     ("ADMIN-001", "admin port without a token", _admin_without_token),
+    ("ADMIN-002", "metrics auth without the review grants",
+     lambda m: m.picker["args"].append("--metrics-endpoint-auth=true")),
     ("PICKER-001", "one picker", lambda m: _set(m.picker_deployment["spec"], "replicas", 1)),
     ("PICKER-002", "readiness on the overall service",
      lambda m: _set(m.picker["readinessProbe"]["grpc"], "service", "")),

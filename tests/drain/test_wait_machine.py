@@ -293,3 +293,32 @@ def test_main_exits_zero_and_says_why_on_bad_arguments(capsys: pytest.CaptureFix
     record = json.loads(capsys.readouterr().err.strip())
     assert record["outcome"] == "bad-arguments"
     assert "--deadline" in record["error"]
+
+
+async def test_the_hooks_drain_is_a_prestop_drain() -> None:
+    """Issue 53, item 5: the drain drain-wait asks for (--move-streams-url) says it is the preStop
+    hook's (`cause=prestop`), so a rollout's `resume` never lifts it; a URL naming a cause keeps it."""
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from picker.admin.api import admin_app
+    from picker.drain.wait import ask_move, prestop_url
+    from picker.observability.metrics import Metrics
+    from picker.pool import EndpointState, Pool
+
+    assert prestop_url(
+        "http://p:9090/admin/endpoints/[::1]:8000/drain?move_streams=true&cause=operator"
+    ).endswith("move_streams=true&cause=operator")
+    pool = Pool()
+    pool.reconcile({"10.0.0.1:8000": EndpointState.READY, "10.0.0.2:8000": EndpointState.READY}, "kube")
+    client = TestClient(TestServer(admin_app(pool, Metrics(), move_streams=lambda _: 2), host="127.0.0.1"))
+    await client.start_server()
+    try:
+        url = str(client.make_url("/admin/endpoints/10.0.0.1:8000/drain?move_streams=true"))
+        answer = await asyncio.to_thread(ask_move, Settings(move_streams_url=url))
+        assert answer == {"status": 200, "moved": 2}
+        shown = await (await client.get("/admin/endpoints/10.0.0.1:8000")).json()
+        assert shown["endpoint"]["drained_by"] == [{"cause": "prestop"}]
+    finally:
+        await client.close()

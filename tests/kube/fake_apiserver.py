@@ -13,7 +13,10 @@ counter across all of them, as etcd has):
   cleanly after timeoutSeconds;
 - a resourceVersion older than the kept history is 410 Gone: HTTP 200 and an ERROR event whose Status
   has code 410 (the watch cache's way, `gone_as="event"`) or an HTTP 410 Status (`gone_as="http"`);
-- bearer-token auth (401 Status otherwise); other errors as Status objects.
+- bearer-token auth (401 Status otherwise); other errors as Status objects;
+- TokenReviews and SubjectAccessReviews (tests/kube/fake_auth.py: `grant`, `deny`, `hold_reviews`);
+- PATCH (JSON merge patch) of any object and SelfSubjectAccessReviews (tests/kube/fake_patch.py:
+  `rbac`, `grant_resource`, `patches`).
 
 Field selectors: `metadata.name=` and `metadata.namespace=` (what a client asks of a single object).
 Single objects (the drain-record ConfigMap's writers): GET, POST (409 when it exists) and PUT (409
@@ -40,6 +43,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.kube.fake_auth import ReviewsMixin
+from tests.kube.fake_patch import PatchMixin
 from tests.kube.kube_objects import (
     GROUP_PATH,
     RESOURCES,
@@ -90,7 +95,7 @@ class _Watch:
 _DROP = object()
 
 
-class FakeApiServer:
+class FakeApiServer(ReviewsMixin, PatchMixin):
     """Holds EndpointSlices, serves list/watch for them, and lets a test script every change."""
 
     def __init__(self, token: str = "fake-apiserver-token-0123456789", gone_as: str = "event") -> None:
@@ -109,7 +114,8 @@ class FakeApiServer:
         self._failures: list[tuple[int, str | None]] = []  # (status, only for this plural)
         self._released = asyncio.Event()
         self.requests: list[dict[str, Any]] = []
-        self.token_reviews = 0
+        self._init_reviews()
+        self._init_patch()
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -120,7 +126,8 @@ class FakeApiServer:
         for plural, (path, _, _) in RESOURCES.items():
             app.router.add_get(f"{path}/namespaces/{{namespace}}/{plural}", self._collection)
         self._add_write_routes(app)
-        app.router.add_post("/apis/authentication.k8s.io/v1/tokenreviews", self._token_review)
+        self._add_review_routes(app)
+        self._add_patch_routes(app)
         # handler_cancellation: a watch whose client hung up ends at once, as on a real API server.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
@@ -169,26 +176,6 @@ class FakeApiServer:
             await healed.wait()  # cancelled when the client hangs up (handler_cancellation)
             raise web.HTTPServiceUnavailable()  # healed while this request waited: it is lost
         return await handler(request)  # type: ignore[no-any-return]
-
-    async def _token_review(self, request: web.Request) -> web.Response:
-        """authentication.k8s.io/v1 TokenReview: authenticated when the token is one of this
-        server's clients' (add_token), the caller itself authorized; counted in `token_reviews`."""
-        if not self._authorized(request):
-            return _status_response(401, "Unauthorized", "Unauthorized")
-        failure = next((f for f in self._failures if f[1] in (None, "tokenreviews")), None)
-        if failure is not None:
-            self._failures.remove(failure)
-            return _status_response(failure[0], "InternalError", f"injected {failure[0]}")
-        body = await request.json()
-        token = ((body or {}).get("spec") or {}).get("token", "")
-        self.token_reviews += 1
-        known = token in self.tokens
-        status: dict[str, Any] = {"authenticated": known}
-        if known:
-            status["user"] = {
-                "username": f"system:serviceaccount:default:client-{sorted(self.tokens).index(token)}"
-            }
-        return web.json_response({**body, "status": status}, status=201)
 
     @property
     def url(self) -> str:

@@ -15,6 +15,7 @@ from loadtest import http_client
 from picker.app import PickerApp
 from picker.config.sources import load_config
 from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
+from picker.sources.drain_causes import OPERATOR, PRESTOP, CauseKind, rollback
 from picker.sources.drain_store import DrainRecordUnavailable
 from picker.sources.kube_api import load_kubeconfig
 from picker.sources.kube_drains import DATA_KEY, ConfigMapDrains
@@ -248,3 +249,71 @@ async def test_the_guard_judges_against_the_record_it_replaces_across_pickers(
     refused = [r for r in results if isinstance(r, DrainRefused)]
     assert len(refused) == 1, results
     assert len(recorded(fake)) == 1
+
+
+async def test_old_records_read_as_the_operators_and_a_malformed_item_is_counted_not_applied(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    """Issue 53, item 5: items older than causes (an address; an {address, pod}) are the
+    operator's; an item that does not validate whole (an unknown cause, a rollback without its
+    rollout, a bad address) is not applied, counted once, and kept when a picker rewrites the record."""
+    C = "10.0.0.3:8000"
+    bad = [
+        {"address": A, "cause": "autoscaler"},
+        {"address": B, "cause": "rollback"},
+        {"address": C, "cause": "prestop", "rollout": "x"},
+        {"address": "nonsense"},
+        ["not", "an", "item"],
+    ]
+    items = [A, {"address": B, "pod": "uid-b"}, *bad]
+    fake.put("configmaps", NAME, {"data": {DATA_KEY: json.dumps(items)}}, labels={})
+    replica = replicas([A, B, C])
+    listed(replica, {A: "uid-a", B: "uid-b", C: "uid-c"})  # its source knows pods before the record
+    await replica.start()
+    await until(lambda: replica.state(B) is EndpointState.DRAINING)
+    assert replica.state(A) is EndpointState.DRAINING and replica.state(C) is EndpointState.READY
+    assert replica.drains.drained_by() == {A: [OPERATOR], B: [OPERATOR]}
+    expected = {"unknown-cause": 1, "bad-rollout": 2, "bad-address": 1, "bad-item": 1}
+    assert dict(replica.drains.rejected) == expected
+    await replica.drains.drain(C, cause=PRESTOP)  # a rewrite: what it cannot read stays as it was
+    assert recorded(fake) == [
+        A,
+        {"address": B, "pod": "uid-b"},
+        {"address": C, "cause": "prestop"},
+        *[json.loads(json.dumps(item, sort_keys=True)) for item in bad],
+    ]
+    await until(lambda: replica.state(C) is EndpointState.DRAINING)
+    assert dict(replica.drains.rejected) == expected  # read again: not counted again
+    lifted = await replica.drains.undrain(B)  # the operator's: by address, whatever pod runs there
+    assert lifted.causes == (OPERATOR,) and replica.state(B) is EndpointState.READY
+
+
+async def test_drains_of_several_causes_hold_one_address_until_the_last_is_lifted(
+    fake: FakeApiServer, replicas: Callable[..., Replica]
+) -> None:
+    first, second = await replicas().start(), await replicas().start()
+    for replica in (first, second):
+        listed(replica, {A: "uid-a", B: "uid-b"})
+    mine = rollback("app.kubernetes.io/version=v2")
+    await first.drains.drain(A, cause=mine, pod="uid-a")
+    await first.drains.drain(B, cause=mine, pod="uid-b")
+    await second.drains.drain(A, cause=PRESTOP)
+    await second.drains.drain(A)
+    assert sorted(recorded(fake), key=json.dumps) == sorted(
+        [
+            A,
+            {"address": A, "cause": "prestop"},
+            {"address": A, "cause": "rollback", "rollout": "app.kubernetes.io/version=v2", "pod": "uid-a"},
+            {"address": B, "cause": "rollback", "rollout": "app.kubernetes.io/version=v2", "pod": "uid-b"},
+        ],
+        key=json.dumps,
+    )
+    await until(lambda: len(first.drains.drained_by().get(A, [])) == 3)
+    assert await second.drains.lift(mine) == [A, B]  # every drain of that cause, in one write
+    await until(lambda: first.state(B) is EndpointState.READY)
+    assert first.state(A) is EndpointState.DRAINING
+    with pytest.raises(EndpointConflict, match="holds no rollback drain"):
+        await first.drains.undrain(A, only=CauseKind.ROLLBACK)
+    assert (await first.drains.undrain(A, only=CauseKind.PRESTOP)).causes == (PRESTOP,)
+    assert first.state(A) is EndpointState.DRAINING  # the operator's holds
+    assert recorded(fake) == [A]

@@ -162,3 +162,59 @@ async def test_a_rollback_moves_the_candidates_streams_when_asked(
     aborted = (await (await client.post("/admin/rollout/abort", headers=auth)).json())["rollout"]
     assert aborted["phase"] == "rolled-back"
     assert moved == [CANDIDATE] and pool.get(CANDIDATE).state is EndpointState.DRAINING  # type: ignore[union-attr]
+
+
+async def test_without_drain_on_rollback_resume_lifts_no_operators_drain(pool: Pool) -> None:
+    """Issue 53, item 5: with drain_on_rollback false the rollback drained nothing, yet `resume`
+    undrained the candidate's addresses, lifting the operator's drain made since."""
+    runner = RolloutRunner(
+        Canary(CanaryPlan.of(RolloutConfig(candidate="v2")), pool.now()), pool, 1.0, drain_on_rollback=False
+    )
+    runner.store = LocalDrains(pool)
+    await runner.command("abort")
+    assert pool.get(CANDIDATE).state is EndpointState.READY  # type: ignore[union-attr]
+    await runner.store.drain(CANDIDATE)  # the operator's
+    await runner.command("resume")
+    assert pool.get(CANDIDATE).state is EndpointState.DRAINING  # type: ignore[union-attr]
+
+
+async def test_an_operators_drain_of_a_rolled_back_replica_outlasts_the_resume(
+    served: tuple[TestClient, RolloutRunner], pool: Pool
+) -> None:
+    client, runner = served
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    rolled = (await (await client.post("/admin/rollout/abort", headers=auth)).json())["rollout"]
+    assert rolled["id"] == "app.kubernetes.io/version=v2" and rolled["rollback_drains"] == [CANDIDATE]
+    drained = await client.post(f"/admin/endpoints/{CANDIDATE}/drain?force=true", headers=auth)
+    rollback = {"cause": "rollback", "rollout": "app.kubernetes.io/version=v2"}
+    assert (await drained.json())["endpoint"]["drained_by"] == [{"cause": "operator"}, rollback]
+    await client.post("/admin/rollout/resume", headers=auth)
+    assert pool.get(CANDIDATE).state is EndpointState.DRAINING  # type: ignore[union-attr]
+    view = await (await client.get(f"/admin/endpoints/{CANDIDATE}")).json()
+    assert view["endpoint"]["drained_by"] == [{"cause": "operator"}]
+    assert runner.status()["rollback_drains"] == []
+
+
+async def test_who_may_be_named_as_a_drains_cause_and_what_an_undrain_lifts(
+    served: tuple[TestClient, RolloutRunner], pool: Pool
+) -> None:
+    client, _ = served
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    second = "10.0.0.2:8000"
+    for bad in ("rollback", "everyone"):  # a rollback's drains are its rollout's
+        answer = await client.post(f"/admin/endpoints/{second}/drain?cause={bad}", headers=auth)
+        assert answer.status == 400 and "cause" in (await answer.json())["error"]["message"]
+    assert (await client.post(f"/admin/endpoints/{second}/undrain?cause=nobody", headers=auth)).status == 400
+    await client.post("/admin/rollout/abort", headers=auth)  # the candidate: the rollback's
+    await client.post(f"/admin/endpoints/{CANDIDATE}/drain?cause=prestop&force=true", headers=auth)
+    wrong = await client.post(f"/admin/endpoints/{CANDIDATE}/undrain?cause=operator", headers=auth)
+    assert wrong.status == 409 and "holds no operator drain" in (await wrong.json())["error"]["message"]
+    only = await (
+        await client.post(f"/admin/endpoints/{CANDIDATE}/undrain?cause=rollback", headers=auth)
+    ).json()
+    assert only["lifted"] == [{"cause": "rollback", "rollout": "app.kubernetes.io/version=v2"}]
+    assert only["endpoint"]["state"] == "draining" and only["endpoint"]["drained_by"] == [
+        {"cause": "prestop"}
+    ]
+    every = await (await client.post(f"/admin/endpoints/{CANDIDATE}/undrain", headers=auth)).json()
+    assert every["lifted"] == [{"cause": "prestop"}] and every["endpoint"]["state"] == "ready"

@@ -18,6 +18,7 @@ from loadtest.procs import Proc, free_port, wait_until
 from loadtest.stack import Stack, StackOptions, serve_argv
 from loadtest.traffic import completion_body
 from picker.pool import DrainCause, Endpoint, EndpointConflict, EndpointState, Pool, UnknownEndpoint
+from picker.sources.drain_causes import OPERATOR, PRESTOP, rollback
 from picker.sources.drain_store import EndpointsFileDrains
 from picker.sources.static_file import EndpointsFile, parse_endpoints
 
@@ -42,6 +43,12 @@ def shared(tmp_path: Path) -> Path:
     path = tmp_path / "endpoints.yaml"
     path.write_text(f"- {A}\n- {{address: {B}}}\n- '{C}'\n")
     return path
+
+
+def caught_up(file: EndpointsFile) -> None:
+    """The replica's next polls: a new file that got a former one's inode reads as changed in place,
+    and is read at the next check, once it has not changed since."""
+    file.check() or file.check()
 
 
 def states(pool: Pool) -> dict[str, EndpointState]:
@@ -126,6 +133,46 @@ def test_mapping_form_and_mode_are_kept(shared: Path) -> None:
     run(drains.drain(A))
     assert yaml.safe_load(shared.read_text()) == {"endpoints": [{"address": A, "draining": True}, B]}
     assert shared.stat().st_mode & 0o777 == 0o644
+
+
+def test_the_file_records_each_drains_cause_and_a_rollouts_lift_takes_its_own(shared: Path) -> None:
+    """Issue 53, item 5: `drained_by` beside `draining: true` (none for the operator's alone, so
+    the entry reads as before); a rollout lifts its rollback's drains only; a malformed item is
+    counted and not applied (the drain stays the operator's)."""
+    mine = rollback("app.kubernetes.io/version=v2")
+    _, _, drains = replica(shared)
+    second, second_file, second_drains = replica(shared)
+    run(drains.drain(A, cause=mine))
+    run(drains.drain(B, cause=mine))
+    run(drains.drain(A))  # the operator's, on top
+    run(drains.drain(C, cause=PRESTOP))
+    assert yaml.safe_load(shared.read_text()) == [
+        {"address": A, "draining": True, "drained_by": [{"cause": "operator"}, mine.as_dict()]},
+        {"address": B, "draining": True, "drained_by": [mine.as_dict()]},
+        {"address": C, "draining": True, "drained_by": [{"cause": "prestop"}]},
+    ]
+    caught_up(second_file)
+    assert second_drains.drained_by() == {A: [OPERATOR, mine], B: [mine], C: [PRESTOP]}
+    assert asyncio.run(second_drains.lift(mine)) == [A, B]  # through the other replica
+    assert yaml.safe_load(shared.read_text()) == [
+        {"address": A, "draining": True},
+        B,
+        {"address": C, "draining": True, "drained_by": [{"cause": "prestop"}]},
+    ]
+    caught_up(second_file)
+    assert states(second) == {A: DRAINING, B: READY, C: DRAINING}
+    lifted = asyncio.run(drains.undrain(C))
+    assert lifted.causes == (PRESTOP,)
+    assert yaml.safe_load(shared.read_text())[2] == C
+    shared.write_text(
+        f"- {{address: {A}, draining: true, drained_by: [{{cause: autoscaler}}, oops]}}\n- {B}\n"
+    )
+    assert drains.drained_by() == {A: [OPERATOR]}  # nothing it names is read: the operator's
+    assert dict(drains.rejected) == {"unknown-cause": 1, "bad-item": 1}
+    assert drains.drained_by() == {A: [OPERATOR]} and dict(drains.rejected) == {
+        "unknown-cause": 1,
+        "bad-item": 1,
+    }
 
 
 # Two picker processes on one endpoints file, through the real Envoy.

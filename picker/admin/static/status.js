@@ -105,7 +105,8 @@ function canaryPanel(rollout) {
       el("td", { "data-label": "candidate" }, gate.candidate ?? "—"),
       el("td", { "data-label": "stable" }, gate.stable ?? "—"),
       el("td", { "data-label": "limit" }, gate.limit ?? "—"),
-      el("td", { class: "muted wide" }, gate.note || gate.judges_from || ""),
+      el("td", { class: gate.why && !gate.why.can_gather ? "wide stuck" : "muted wide", "data-why": gate.why ? "1" : "" },
+        gate.why ? `waits: ${gate.why.text}${gate.why.can_gather ? "" : " (this step cannot gather it)"}` : gate.note || gate.judges_from || ""),
     ),
   );
   panel.append(
@@ -115,7 +116,7 @@ function canaryPanel(rollout) {
       el(
         "table",
         { id: "gates" },
-        el("thead", {}, el("tr", {}, ...["gate", "verdict", "samples", "candidate", "stable", "limit", "judges from"].map((h) => el("th", {}, h)))),
+        el("thead", {}, el("tr", {}, ...["gate", "verdict", "samples", "candidate", "stable", "limit", "why / judges from"].map((h) => el("th", {}, h)))),
         el("tbody", {}, ...rows),
       ),
     ),
@@ -170,7 +171,9 @@ function draw(state) {
 
 async function poll() {
   try {
-    const answer = await fetch("/admin/status", { cache: "no-store" });
+    // admin.read_auth: a reader needs what /metrics needs; the admin token entered below serves too
+    const headers = token ? { Authorization: `Bearer ${token}` } : {};
+    const answer = await fetch("/admin/status", { cache: "no-store", headers });
     if (answer.ok) {
       const text = await answer.text();
       lastOk = Date.now();

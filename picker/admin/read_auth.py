@@ -1,0 +1,117 @@
+"""Who may read the metrics port: `/metrics`, and with admin.read_auth `metrics` (the default) the
+admin API's reads (`/admin/status`, `/admin/endpoints[/<addr>]`, `/admin/drains`, `/admin/rollout`).
+
+Nothing is asked while neither admin.metrics_token nor admin.metrics_auth is set (the port as it
+always was). Once one is, a reader presents the static metrics token (compared in constant time) or
+a bearer token the API server authenticates (TokenReview) and allows to `get` the non-resource URL
+`/metrics` (SubjectAccessReview; picker/sources/token_review.py): 401 without one, 403 for an
+identity RBAC does not allow, 503 when the API server cannot be asked. An admin read is also open
+to a caller who may change state: the admin token, or loopback where that is enough (no admin
+token, or admin.trust_loopback), from a Host that is an IP literal or localhost, so a web page a
+DNS name rebound to 127.0.0.1 serves cannot read the port through a port-forward.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable
+from typing import assert_never
+
+from aiohttp import web
+
+from picker.sources.access import Access, Reviewer
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_LONGEST = 16384  # a bearer token longer than this is not one (a service account's is ~1 KB)
+
+
+class ReadGuard:
+    """The rule for reads, over the configured tokens and the reviewer."""
+
+    def __init__(
+        self,
+        metrics_token: str | None,
+        reviewer: Reviewer | None,
+        *,
+        admin_token: str | None,
+        trust_loopback: bool,
+    ) -> None:
+        self.metrics_token, self.reviewer = metrics_token, reviewer
+        self.admin_token, self.trust_loopback = admin_token, trust_loopback
+
+    def wrap(self, handler: Handler) -> Handler:
+        """One of the admin API's reads, under this rule."""
+
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            refused = await self.refusal(request, admin_may=True)
+            return refused if refused is not None else await handler(request)
+
+        return guarded
+
+    async def refusal(self, request: web.Request, *, admin_may: bool) -> web.Response | None:
+        """None when the caller may read; else the answer that says why not. `admin_may`: an admin
+        read, which a caller who may change state may make too."""
+        if self.metrics_token is None and self.reviewer is None:
+            return None
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        presented = presented.strip() if scheme.lower() == "bearer" and len(presented) <= _LONGEST else ""
+        if admin_may and self._may_change(request, presented):
+            return None
+        if _same(presented, self.metrics_token):
+            return None
+        reviewer = self.reviewer
+        access = await reviewer(presented) if reviewer is not None and presented else Access.UNAUTHENTICATED
+        match access:
+            case Access.ALLOWED:
+                return None
+            case Access.UNAUTHENTICATED:
+                return _error(401, f"{request.path} needs a bearer token", {"WWW-Authenticate": "Bearer"})
+            case Access.FORBIDDEN:
+                return _error(403, f"this identity may not read {request.path} (RBAC: get on /metrics)")
+            case Access.UNREVIEWED:
+                return _error(503, "the bearer token cannot be reviewed now", {"Retry-After": "1"})
+            case _:
+                assert_never(access)
+
+    def _may_change(self, request: web.Request, presented: str) -> bool:
+        if _same(presented, self.admin_token):
+            return True
+        trusted = self.admin_token is None or self.trust_loopback
+        return trusted and _loopback(request.remote) and _literal(request.headers.get("Host", ""))
+
+
+def _same(presented: str, token: str | None) -> bool:
+    return token is not None and bool(presented) and hmac.compare_digest(presented.encode(), token.encode())
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status, headers=headers)
+
+
+def _loopback(peer: str | None) -> bool:
+    try:
+        ip = ipaddress.ip_address(peer or "")
+    except ValueError:
+        return False
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _literal(host: str) -> bool:
+    """`host[:port]` names an IP address or localhost (nothing DNS can rebind); no Host: a client
+    that is not a browser."""
+    name = host.strip().lower()
+    if not name:
+        return True
+    if name.startswith("["):
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    if name in ("localhost", "localhost."):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,83 @@
+"""config/k8s/metrics-auth (issue 53, item 6): the overlay turns on --metrics-endpoint-auth and ships
+the RBAC it needs, and `picker check` reports a picker with the flag whose service account cannot
+create TokenReviews and SubjectAccessReviews cluster-wide (ADMIN-002)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate.utils as kubernetes_validate
+import pytest
+import yaml
+
+from picker.cli.main import _load, build_parser
+from tests.drain.test_check import K8S, Manifests, check, ids
+from tests.drain.test_manifests import KUBERNETES_VERSION
+
+OVERLAY = K8S / "metrics-auth"
+
+
+def rbac() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((OVERLAY / "rbac.yaml").read_text()) if d]
+
+
+def with_overlay() -> Manifests:
+    """The base with the overlay applied as kustomize would: its resources added, its patch made."""
+    m = Manifests()
+    m.files["metrics-auth-rbac.yaml"] = rbac()
+    (patch,) = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())["patches"]
+    assert patch["target"] == {"kind": "Deployment", "name": "vllm-llama-picker"}
+    for op in yaml.safe_load(patch["patch"]):
+        assert op["op"] == "add" and op["path"] == "/spec/template/spec/containers/0/args/-"
+        m.picker["args"].append(op["value"])
+    return m
+
+
+@pytest.mark.parametrize("doc", rbac(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_the_overlays_rbac_matches_the_kubernetes_schema(doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_overlay_passes_and_the_picker_reads_the_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = with_overlay()
+    assert ids(check(m.write(tmp_path))) == set()
+    args = [a.replace("$(POD_NAMESPACE)", "default") for a in m.picker["args"]]
+    for env in m.picker["env"]:  # what the kubelet sets from the Secrets it names
+        if "secretKeyRef" in env.get("valueFrom", {}):
+            monkeypatch.setenv(env["name"], "a-secret-value-the-kubelet-sets-0123")
+    config = _load(build_parser().parse_args(["serve", *args]))
+    assert config.admin.metrics_auth and config.admin.read_auth == "metrics"
+
+
+def test_the_reviews_need_a_cluster_role_bound_cluster_wide(tmp_path: Path) -> None:
+    m = with_overlay()
+    m.remove("ClusterRoleBinding", "vllm-llama-picker-metrics-auth")
+    findings = [f for f in check(m.write(tmp_path / "unbound")).findings if f.rule.id == "ADMIN-002"]
+    assert [f.message.split(" may not ")[1].split(",")[0] for f in findings] == [
+        "create tokenreviews (authentication.k8s.io)",
+        "create subjectaccessreviews (authorization.k8s.io)",
+    ]
+    assert "ClusterRoleBinding" in findings[0].message
+    # bound by a RoleBinding, the ClusterRole grants nothing cluster-scoped
+    m.files["picker.yaml"].append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "metrics-auth-in-one-namespace"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "vllm-llama-picker-metrics-auth",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "vllm-llama-picker"}],
+        }
+    )
+    assert "ADMIN-002" in ids(check(m.write(tmp_path / "namespaced")))
+    m.set_arg(m.picker, "--metrics-endpoint-auth", "false")
+    assert ids(check(m.write(tmp_path / "off"))) == set()  # no reviews, no grants needed
+    m.set_arg(m.picker, "--metrics-endpoint-auth", None)
+    m.picker["env"].append({"name": "PICKER_ADMIN__METRICS_AUTH", "value": "true"})
+    assert "ADMIN-002" in ids(check(m.write(tmp_path / "env")))
