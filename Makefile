@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint docs docs-build promtool chromium real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-canary rollout-real-vllm clean
+.PHONY: demo test test-fast lint docs docs-build promtool chromium real-vllm test-realvllm bench bench-soak bench-realvllm rollout rollout-canary rollout-real-vllm scale-down clean
 
 # xds-protos ships an old copy of the OpenTelemetry protos in the same files as opentelemetry-proto;
 # whichever pip installs last wins. The OTLP exporter (--tracing) needs opentelemetry-proto's, so it goes last.
@@ -83,6 +83,7 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_affinity
 	$(BIN)/python -m loadtest.bench_ha
 	$(BIN)/python -m loadtest.bench_peers
+	$(BIN)/python -m loadtest.bench_peer_flood
 	$(BIN)/python -m loadtest.bench_rollout --instructions
 	$(BIN)/python -m loadtest.bench_shapes
 	$(BIN)/python -m loadtest.bench_slo
@@ -116,6 +117,12 @@ rollout-real-vllm: $(STAMP) real-vllm
 # one (3x the TTFT) rolled back, through `picker proxy` over simulators (~40 s).
 rollout-canary: $(STAMP)
 	$(BIN)/python -m loadtest.rollout.canary --png docs/img/rollout-canary.png
+
+# Scale-downs that choose their victim (issue 55; docs, "Scale-downs"): a Deployment of 4 simulated replicas
+# under streaming load taken to 2, six times, the ReplicaSet controller played on the fake API server
+# choosing by its own rule and, side by side, by the picker's pod-deletion-cost (~2.5 min).
+scale-down: $(STAMP)
+	$(BIN)/python -m loadtest.scale_down
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

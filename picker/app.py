@@ -21,7 +21,8 @@ from picker.extproc.server import HealthState, ext_proc_server, health_server
 from picker.extproc.service import ExtProcService, ResponseEnd
 from picker.extproc.tls import CertificateError, ServingCertificate
 from picker.lifecycle.shutdown import Shutdown, ShutdownSummary
-from picker.wiring import build_core, run_until_signalled, spawn_owned
+from picker.lifecycle.signals import run_until_signalled
+from picker.wiring import build_core, spawn_owned
 
 if TYPE_CHECKING:
     from picker.peers.books import Peering
@@ -97,6 +98,7 @@ class PickerApp:
             from picker.sources.lease_api import open_election
 
             self.election = open_election(self.config, self._leader_changed)
+            self.core.leader = lambda: self.election is not None and self.election.elector.leading
             self.metrics.register_rejections("lease", lambda: self.election.rejected)  # type: ignore[union-attr]
             self.health.holds.add("standby")  # until the first campaign step says otherwise
             self.metrics.set_leader(False)

@@ -15,6 +15,8 @@ SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "endpoints_file": ("pool", "endpoints_file"),
     "endpoints_file_poll": ("pool", "endpoints_file_poll_s"),
     "drains_configmap": ("kube", "drains_configmap"),
+    "pod_deletion_cost": ("kube", "deletion_cost"),
+    "pod_deletion_cost_interval": ("kube", "deletion_cost_interval_s"),
     "kube_service": ("kube", "service"),
     "kube_namespace": ("kube", "namespace"),
     "kube_label_selector": ("kube", "label_selector"),
@@ -119,6 +121,18 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kube-service", help="endpoints from this Service's EndpointSlices")
     parser.add_argument(
         "--drains-configmap", help="share admin drains with the other picker replicas through this ConfigMap"
+    )
+    parser.add_argument(
+        "--pod-deletion-cost",
+        action="store_const",
+        const=True,
+        help="rank the pool's pods for scale-downs through controller.kubernetes.io/pod-deletion-cost "
+        "(RBAC: patch pods)",
+    )
+    parser.add_argument(
+        "--pod-deletion-cost-interval",
+        type=float,
+        help="with --pod-deletion-cost: a pod's annotation changes at most once per this (default 10 s)",
     )
     parser.add_argument("--kube-namespace", help="its namespace (default: the service account's)")
     parser.add_argument("--kube-label-selector", help="or: EndpointSlices matching this label selector")

@@ -6,6 +6,11 @@ unless --no-objectives, inferenceobjectives; --kube-service / --kube-label-selec
 --drains-configmap NAME (admin drains shared between replicas) reads and writes that one ConfigMap:
 get/list/watch/update (a rule's resourceNames, if any, must include NAME) and create (which
 resourceNames cannot grant: Kubernetes authorizes a create before the object has a name).
+--metrics-endpoint-auth (or PICKER_ADMIN__METRICS_AUTH) reviews every reader's token: create on
+tokenreviews (authentication.k8s.io) and subjectaccessreviews (authorization.k8s.io), which are
+cluster-scoped, so only a ClusterRole bound by a ClusterRoleBinding grants them (ADMIN-002).
+--pod-deletion-cost (or PICKER_KUBE__DELETION_COST) writes an annotation on the pool's pods: patch
+on pods (POOL-010).
 The grants are followed from the pod's service account through RoleBindings and ClusterRoleBindings
 in the inputs to their Roles and ClusterRoles; with no binding for that account in the inputs at all
 (RBAC kept elsewhere) nothing is reported.
@@ -13,9 +18,11 @@ in the inputs to their Roles and ClusterRoles; with no binding for that account 
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from picker.config.reference_flags import go_bool
 from picker.drain.k8s_rules import Inputs
 from picker.drain.manifests import Document, get
 from picker.drain.rules import Report
@@ -26,6 +33,7 @@ OBJECTIVE_READS = (("inference.networking.x-k8s.io", "inferenceobjectives"),)
 SLICE_READS = (("discovery.k8s.io", "endpointslices"),)
 VERBS = ("list", "watch")
 DRAIN_RECORD_VERBS = ("get", "list", "watch", "create", "update")
+READER_REVIEWS = (("authentication.k8s.io", "tokenreviews"), ("authorization.k8s.io", "subjectaccessreviews"))
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,8 @@ class _Need:
     verbs: tuple[str, ...]
     name: str | None = None  # one object: rules limited by resourceNames must name it
     why: str = "reads"
+    cluster: bool = False  # cluster-scoped: only a ClusterRoleBinding grants it
+    rule: str = "POOL-008"
 
 
 def _needs(container: Container) -> list[_Need]:
@@ -48,12 +58,40 @@ def _needs(container: Container) -> list[_Need]:
     if drains is not None:
         name = drains if isinstance(drains, str) and drains else None  # unknown: any name will do
         needs.append(_Need("", "configmaps", DRAIN_RECORD_VERBS, name, "shares admin drains through"))
+    if container.has_flag("--pod-deletion-cost") or _true(
+        container.env("PICKER_KUBE__DELETION_COST") or "false"
+    ):
+        why = "writes the pod-deletion-cost annotation of (--pod-deletion-cost)"
+        needs.append(_Need("", "pods", ("patch",), None, why, rule="POOL-010"))
+    if _reviews_readers(container):
+        why = "needs for --metrics-endpoint-auth"
+        needs += [
+            _Need(g, r, ("create",), None, why, cluster=True, rule="ADMIN-002") for g, r in READER_REVIEWS
+        ]
     return needs
 
 
-def _bound_roles(inputs: Inputs, account: str, namespace: str) -> list[Document] | None:
-    """The Roles / ClusterRoles bound to the service account; None when no binding names it."""
-    roles: list[Document] = []
+def _reviews_readers(container: Container) -> bool:
+    """--metrics-endpoint-auth (alone, or =true), or PICKER_ADMIN__METRICS_AUTH=true."""
+    for word in container.argv:
+        if word == "--metrics-endpoint-auth":
+            return True
+        if word.startswith("--metrics-endpoint-auth="):
+            return _true(word.partition("=")[2])
+    return _true(container.env("PICKER_ADMIN__METRICS_AUTH") or "false")
+
+
+def _true(text: str) -> bool:
+    try:
+        return go_bool(text)
+    except argparse.ArgumentTypeError:
+        return False  # the picker refuses to start on it: another finding's business
+
+
+def _bound_roles(inputs: Inputs, account: str, namespace: str) -> list[tuple[Document, bool]] | None:
+    """The Roles / ClusterRoles bound to the service account, each with whether it is bound
+    cluster-wide (a ClusterRoleBinding); None when no binding names it."""
+    roles: list[tuple[Document, bool]] = []
     bound = False
     for binding in [*inputs.of_kind("RoleBinding"), *inputs.of_kind("ClusterRoleBinding")]:
         subjects = get(binding.data, ("subjects",), []) or []
@@ -68,8 +106,9 @@ def _bound_roles(inputs: Inputs, account: str, namespace: str) -> list[Document]
         bound = True
         ref = get(binding.data, ("roleRef",), {}) or {}
         kind, name = ref.get("kind"), ref.get("name")
+        wide = binding.kind == "ClusterRoleBinding"
         roles += [
-            r
+            (r, wide)
             for r in inputs.of_kind(str(kind))
             if r.name == name and (kind == "ClusterRole" or r.namespace == binding.namespace)
         ]
@@ -103,18 +142,22 @@ def _check_picker(inputs: Inputs, picker: Workload, report: Report) -> None:
         return
     for container in picker.picker_containers():
         for need in _needs(container):
-            missing = [v for v in need.verbs if not any(_grants(r, need, v) for r in roles)]
+            granting = [r for r, wide in roles if wide or not need.cluster]
+            missing = [v for v in need.verbs if not any(_grants(r, need, v) for r in granting)]
             if missing:
-                where = ", ".join(r.label for r in roles) or "no Role found"
+                where = ", ".join(r.label for r, _ in roles) or "no Role found"
                 what = f"{need.resource} ({need.group or 'core'})"
                 if need.name is not None:
                     what = f"{need.resource} {need.name} ({need.group or 'core'})"
+                scope = (
+                    " (cluster-scoped: a ClusterRole bound by a ClusterRoleBinding)" if need.cluster else ""
+                )
                 report.add(
-                    "POOL-008",
+                    need.rule,
                     picker.doc,
                     (*container.path, "args"),
                     f"service account {account} ({where}) may not {'/'.join(missing)} "
-                    f"{what}, which {container.name or 'the picker'} {need.why}",
+                    f"{what}, which {container.name or 'the picker'} {need.why}{scope}",
                 )
 
 

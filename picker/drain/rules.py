@@ -262,6 +262,16 @@ _CATALOGUE = (
         "cross-site requests), but a local process can. Set a token to require it of every caller.",
     ),
     Rule(
+        "ADMIN-002",
+        E,
+        "picker's RBAC cannot review its readers",
+        "With --metrics-endpoint-auth (admin.metrics_auth) the picker asks the API server about every "
+        "new reader's token: a TokenReview (who is it) and a SubjectAccessReview (may it get /metrics). "
+        "Both are cluster-scoped creates, granted only by a ClusterRole bound with a "
+        "ClusterRoleBinding (config/k8s/metrics-auth); without them every scrape, and every admin read "
+        "under admin.read_auth `metrics`, is answered 503.",
+    ),
+    Rule(
         "POOL-009",
         W,
         "several picker replicas that do not share their books",
@@ -269,6 +279,15 @@ _CATALOGUE = (
         "--peers-service / --peers (one set of books) or --ha-enable-leader-election (one active) each "
         "replica sees the end of only some of its requests: in-flight counts, load spread and drain "
         'records hold for a fraction of the traffic (docs, "Two pickers").',
+    ),
+    Rule(
+        "POOL-010",
+        E,
+        "picker ranks pods for scale-downs without patch on pods",
+        "With --pod-deletion-cost (kube.deletion_cost) the picker writes each pool pod's "
+        "controller.kubernetes.io/pod-deletion-cost annotation, so the ReplicaSet controller deletes "
+        "the replica with the least work first; it refuses to start without patch on pods in its "
+        "namespace (config/k8s/deletion-cost adds the Role).",
     ),
     Rule(
         "ROUTE-001",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from picker.config.model import format_address
+from picker.pool.deletion_cost import ANNOTATION, PodRef, read_value
 from picker.pool.endpoint import EndpointState
 
 MAX_TARGET_PORTS = 8
@@ -232,6 +233,29 @@ class PodStore:
             for address in read_pod(obj, self.ports)[0]:
                 out[address] = uid if isinstance(uid, str) and uid else key
         return out
+
+    def pod_refs(self) -> list[PodRef]:
+        """The pods with endpoints (an IP, not finished), their pod-deletion-cost annotation and
+        whether they are being deleted (kube.deletion_cost ranks them)."""
+        refs: list[PodRef] = []
+        for key, obj in sorted(self._pods.items()):
+            addresses = tuple(sorted(read_pod(obj, self.ports)[0]))
+            if not addresses:
+                continue
+            meta = _mapping(obj.get("metadata"))
+            namespace, _, name = key.partition("/")
+            uid = meta.get("uid")
+            refs.append(
+                PodRef(
+                    namespace,
+                    name,
+                    addresses,
+                    uid if isinstance(uid, str) and uid else None,
+                    read_value(_mapping(meta.get("annotations")).get(ANNOTATION)),
+                    bool(meta.get("deletionTimestamp")),
+                )
+            )
+        return refs
 
     def _problems(self, objects: Iterable[Mapping[str, Any]]) -> list[str]:
         return [problem for obj in objects if (problem := read_pod(obj, self.ports)[1]) is not None]

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from picker.config.model import format_address
+from picker.pool.deletion_cost import PodRef
 from picker.pool.endpoint import EndpointState
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -69,6 +70,8 @@ class SliceView:
     key: str
     endpoints: dict[str, EndpointState]
     problems: tuple[str, ...] = ()
+    # the pod behind each endpoint (its targetRef), for kube.deletion_cost: (address, namespace, name)
+    owners: tuple[tuple[str, str, str], ...] = ()
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -152,6 +155,7 @@ def read_slice(obj: Mapping[str, Any], target: TargetPort) -> SliceView | None:
     listed = obj.get("endpoints")
     if listed is not None and not isinstance(listed, list):
         return SliceView(key, {}, (f"slice {key}: endpoints is not a list",))
+    owners: list[tuple[str, str, str]] = []
     for index, entry in enumerate(listed or ()):
         addresses = _mapping(entry).get("addresses")
         if not isinstance(addresses, list) or not addresses or not isinstance(addresses[0], str):
@@ -169,7 +173,19 @@ def read_slice(obj: Mapping[str, Any], target: TargetPort) -> SliceView | None:
         address = format_address(ip.compressed, port)
         state = state_of(_mapping(entry).get("conditions"))
         endpoints[address] = _cautious(endpoints.get(address), state)
-    return SliceView(key, endpoints, tuple(problems))
+        owner = _pod_of(_mapping(entry).get("targetRef"), key.split("/", 1)[0])
+        if owner is not None:
+            owners.append((address, *owner))
+    return SliceView(key, endpoints, tuple(problems), tuple(owners))
+
+
+def _pod_of(ref: Any, namespace: str) -> tuple[str, str] | None:
+    """(namespace, name) of the pod an endpoint's targetRef names; None for anything else."""
+    found = _mapping(ref)
+    name, where = found.get("name"), found.get("namespace")
+    if found.get("kind") != "Pod" or not isinstance(name, str) or not name:
+        return None
+    return (where if isinstance(where, str) and where else namespace), name
 
 
 def _cautious(current: EndpointState | None, new: EndpointState) -> EndpointState:
@@ -231,3 +247,21 @@ class SliceStore:
 
     def desired(self) -> dict[str, EndpointState]:
         return merge(self._slices.values())
+
+    def pod_refs(self) -> list[PodRef]:
+        """The pods behind the endpoints (targetRef), with their endpoints; a terminating endpoint's
+        pod is being deleted. Slices carry no annotations: `value` is unknown (None)."""
+        desired = self.desired()
+        pods: dict[tuple[str, str], list[str]] = {}
+        for view in self._slices.values():
+            for address, namespace, name in view.owners:
+                pods.setdefault((namespace, name), []).append(address)
+        return [
+            PodRef(
+                namespace,
+                name,
+                tuple(sorted(set(addresses))),
+                deleting=any(desired.get(a) is EndpointState.DRAINING for a in addresses),
+            )
+            for (namespace, name), addresses in sorted(pods.items())
+        ]
