@@ -222,7 +222,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--count", type=int, default=400, help="streams per measured loop, at most")
     parser.add_argument("--seconds", type=float, default=6.0, help="a measured loop's time, at most")
-    parser.add_argument("--tokens", type=int, default=17, help="tokens of the long streams")
+    parser.add_argument("--tokens", type=int, default=49, help="tokens of the long streams")
     parser.add_argument("--idle-seconds", type=float, default=2.0)
     parser.add_argument(
         "--record", metavar="WHAT", help="write the figures to loadtest/ledger.json, saying what"

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -27,7 +26,7 @@ from picker.pool import Pool
 from picker.pool.drain import merge_summaries
 from picker.pool.health import SuspectPolicy
 from picker.request.pipeline import RequestPath
-from picker.request.tracking import sweep_stalls
+from picker.request.stalls import sweep_stalls
 from picker.scheduling import LoadPolicy
 from picker.sources.drain_store import DrainStore, EndpointsFileDrains, LocalDrains
 from picker.sources.endpoints import EndpointSources
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from picker.admin.api import Propagate
-    from picker.lifecycle.shutdown import ShutdownSummary
+    from picker.peers.asks import PoolDrains
     from picker.peers.inbox import PeerInbox
     from picker.rollout.runner import RolloutRunner
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
@@ -86,9 +85,11 @@ class Core:
     model_cards: ModelCards | None = None  # scheduling.by_model: each endpoint's /v1/models
     tokenizer: EngineTokenizer | None = None  # ... and their /tokenize
     peer_inbox: PeerInbox | None = None  # peers.members: the channel between pickers, its receiving side
+    peer_drains: PoolDrains | None = None  # ... and the pool's drain records through it
     guard: CapacityGuard | None = None
     rollout: RolloutRunner | None = None  # rollout.candidate set: the canary's clock and drains
     reviewer: TokenReviewer | None = None  # admin.metrics_auth: who may read /metrics
+    leader: Callable[[], bool] | None = None  # leader.enabled (picker serve): whether it holds the Lease
 
     def start_background(self, spawn: Spawn) -> None:
         """The core's own loops (scraper, KV events, stall sweep), run by the frontend's `spawn`."""
@@ -113,12 +114,15 @@ class Core:
                 self.config.peers.credential(),
                 service=peers.service,
                 every_s=peers.resolve_interval_s,
+                # counted with the inbox's (picker_peer_connections_rejected_total)
+                refused=self.peer_inbox.connections_refused if self.peer_inbox is not None else None,
             )
             spawn(links.run(), "peer-links")
             if self.peer_inbox is not None:
                 spawn(self.peer_inbox.run(), "peer-reads")
         if self.rollout is not None:
             spawn(self.rollout.run(), "rollout")
+        self.sources.run_deletion_cost(self, spawn)  # kube.deletion_cost, when on
         spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
 
     def admin(
@@ -153,20 +157,21 @@ class Core:
             overview=lambda: overview(self.path),
             trust_loopback=self.config.admin.trust_loopback,
             metrics_token=metrics_token.get_secret_value() if metrics_token else None,
-            metrics_reviewer=self.metrics_reviewer(),
+            metrics_reviewer=reviewer.review if (reviewer := self.open_reviewer()) is not None else None,
+            read_auth=self.config.admin.read_auth,
             move_streams=move,
             pool_moves=None if moves is None else moves.move,
         )
 
-    def metrics_reviewer(self) -> Callable[[str], Awaitable[bool]] | None:
-        """admin.metrics_auth: /metrics readers' tokens reviewed by the API server (TokenReview)."""
+    def open_reviewer(self) -> TokenReviewer | None:
+        """admin.metrics_auth: readers' tokens reviewed by the API server (token, access reviews)."""
         if not self.config.admin.metrics_auth:
             return None
-        from picker.sources.kube_api import load_kubeconfig
         from picker.sources.token_review import TokenReviewer
 
-        self.reviewer = TokenReviewer(load_kubeconfig(self.config.kube.kubeconfig))
-        return self.reviewer.authenticated
+        self.reviewer = reviewer = TokenReviewer.of(self.config.kube.kubeconfig)
+        self.metrics.register_metrics_auth(lambda: reviewer.reviews)
+        return reviewer
 
     def open_drains(self, spawn: Spawn) -> DrainStore | None:
         """Where admin drains are recorded so every picker replica applies them (drain_store.py):
@@ -198,14 +203,21 @@ class Core:
         from picker.peers.inbox import PeerInbox
 
         peers = self.config.peers
+        from picker.peers.asks import PoolDrains
+
         inbox = PeerInbox(
             peering,
             self.path,
             self.config.peers.credential(),
             self.pool.drain_summaries,
             read_every_s=peers.read_every_s,
+            max_unauthenticated=peers.max_unauthenticated,
+            max_unauthenticated_per_source=peers.max_unauthenticated_per_source,
         )
         self.metrics.register_rejections("peer_events", lambda: inbox.rejected)
+        self.metrics.register_rejections("peer_connections", lambda: inbox.connections_refused)
+        drains = self.peer_drains = PoolDrains(peering, self.config.peers.credential())
+        self.metrics.register_rejections("peer_drain_answers", lambda: drains.rejected)
         port = await inbox.listen(self.config.server.bind_address, peers.port)
         self.peer_inbox = inbox
         self.path.catch_up = inbox.catch_up
@@ -213,17 +225,11 @@ class Core:
         return port
 
     async def pool_drains(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Every picker's drain records merged: what the pool's drains were (`picker scorecard`)."""
-        from picker.peers.channel import peer_drains
-
-        peering = self.path.peering
-        secret = self.config.peers.credential()
-        theirs = (
-            await asyncio.gather(*(peer_drains(p, peering.name, secret) for p in peering.peers))
-            if peering
-            else []
-        )
-        return merge_summaries([own, *theirs])
+        """Every picker's drain records merged: what the pool's drains were (`picker scorecard`); a
+        peer's malformed answer is left out and counted (picker/peers/asks.py)."""
+        if self.peer_drains is None:
+            return merge_summaries([own])
+        return await self.peer_drains(own)
 
     async def aclose(self) -> None:
         """Close what the core opened (after the frontend cancelled its background tasks)."""
@@ -369,32 +375,3 @@ def start_tracing(config: PickerConfig) -> Tracing | None:
     provider.add_span_processor(BatchSpanProcessor(exporter))
     log.info("tracing on exporter=%s", config.tracing.exporter)
     return Tracing(provider)
-
-
-class Serving(Protocol):
-    """What `run_until_signalled` needs of a frontend: start, then a phased shutdown."""
-
-    async def start(self) -> Any: ...
-
-    async def shutdown(self, force: asyncio.Event) -> ShutdownSummary: ...
-
-
-async def run_until_signalled(app: Serving, ready_line: Callable[[Any], str]) -> None:
-    """Start `app`, print `ready_line(ports)`, run until SIGTERM or SIGINT, then shut down in phases;
-    a second signal skips to the end of the shutdown. Both `picker serve` and `picker proxy` run here."""
-    stop, force = asyncio.Event(), asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            log.warning("second signal: skipping to the end of the shutdown")
-            force.set()
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-    ports = await app.start()
-    print(ready_line(ports), flush=True)
-    await stop.wait()
-    summary = await app.shutdown(force)
-    print(summary.line(), flush=True)

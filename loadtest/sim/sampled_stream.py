@@ -91,11 +91,12 @@ class SampledEncoder(StreamEncoder):
         ids = "null" if self._prompt_ids is None else _json(step.ids)
         if not self._chat:
             prompt = _json(self._prompt_ids) if self._first else "null"
-            usage = self._usage(self._completion_tokens) if params.continuous_usage else "null"
+            # vLLM 0.32 leaves `usage` out of a completions chunk unless continuous usage is asked
+            usage = f',"usage":{self._usage(self._completion_tokens)}' if params.continuous_usage else ""
             body = (
                 f'"choices":[{{"index":0,"text":{text},"logprobs":{logprobs},"finish_reason":{finish},'
-                f'"stop_reason":{_json(step.stop_reason)},"prompt_token_ids":{prompt},"token_ids":{ids}}}],'
-                f'"usage":{usage}'
+                f'"stop_reason":{_json(step.stop_reason)},"prompt_token_ids":{prompt},"token_ids":{ids}}}]'
+                f"{usage}"
             )
         else:
             stop = "" if step.finish_reason is None else f',"stop_reason":{_json(step.stop_reason)}'

@@ -127,6 +127,9 @@ def metrics_page() -> str:
     metrics.register_peers(Peering("127.0.0.1:9004", ("127.0.0.1:9005",), pool))
     metrics.set_leader(False)
     metrics.register_capacity(lambda: (0, 0.0))
+    metrics.register_deletion_cost(lambda: (False, {}, {}))
+    metrics.register_metrics_auth(lambda: {("tokenreview", "authenticated"): 0})
+    metrics.register_rejections("drain_record", lambda: {"unknown-cause": 0})
     from picker.config.model import RolloutConfig
     from picker.rollout import Canary, CanaryPlan
 
@@ -137,7 +140,8 @@ def metrics_page() -> str:
         GENERATED,
         "",
         "Every family on `:9090/metrics` (`picker/observability/metrics.py` defines them). Per-endpoint",
-        "label values are capped; the peer and leader families appear only with peers or leader election on.",
+        "label values are capped; the peer, leader and deletion-cost families appear only with peers, leader",
+        "election or kube.deletion_cost on.",
         "",
         "| metric | type | labels | what it counts |",
         "|---|---|---|---|",

@@ -165,12 +165,32 @@ class KubeSourceConfig(_Group):
         description="admin drains shared by every picker replica through this ConfigMap "
         "(RBAC get/list/watch/create/update on configmaps); default: each replica's own",
     )
+    # Scale-downs (picker/sources/deletion_cost.py): each pool pod's pod-deletion-cost annotation
+    # kept in step with the work on it, so the ReplicaSet controller deletes the cheapest first.
+    deletion_cost: bool = Field(
+        False,
+        description="rank the pool's pods for scale-downs: write controller.kubernetes.io/pod-deletion-cost "
+        "(RBAC patch on pods; how costs are made: scale_down)",
+    )
+    deletion_cost_interval_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="with deletion_cost: a pod's annotation changes at most once per this",
+    )
 
     @model_validator(mode="after")
     def _drains_need_kube(self) -> KubeSourceConfig:
         kube_source = self.enabled or self.pool_name is not None or self.endpoint_selector is not None
         if self.drains_configmap is not None and not kube_source:
             raise ValueError("kube.drains_configmap needs a Kubernetes endpoint source")
+        return self
+
+    @model_validator(mode="after")
+    def _deletion_cost_needs_kube(self) -> KubeSourceConfig:
+        kube_source = self.enabled or self.pool_name is not None or self.endpoint_selector is not None
+        if self.deletion_cost and not kube_source:
+            raise ValueError("kube.deletion_cost needs a Kubernetes endpoint source (the pods it ranks)")
         return self
 
     @model_validator(mode="after")
@@ -250,7 +270,17 @@ class AdminConfig(_Group):
         None, min_length=16, description="/metrics needs this bearer token (e.g. from a Secret)"
     )
     metrics_auth: bool = Field(
-        False, description="/metrics needs a bearer token the API server vouches for (TokenReview)"
+        False,
+        description="/metrics needs a bearer token the API server vouches for (TokenReview) and "
+        "allows to get /metrics (SubjectAccessReview)",
+    )
+    # The admin API's reads (GET /admin/status, /admin/endpoints[/<addr>], /admin/drains,
+    # /admin/rollout) show the pool, its drains and the canary. `metrics` (the default): they ask
+    # what /metrics asks (the metrics token, or a token reviewed as above), or the admin token, or
+    # come from where a change may (loopback, without an admin token or with trust_loopback); so
+    # they stay open while /metrics is. `open`: anyone who reaches the port reads them.
+    read_auth: Literal["metrics", "open"] = Field(
+        "metrics", description="who may read the admin API: as /metrics (or an admin caller), or anyone"
     )
     # The capacity guard (picker/scheduling/capacity.py): a drain whose endpoint's slots the
     # remaining ready endpoints cannot replace under the live demand waits or is refused (409).
@@ -584,8 +614,23 @@ class PeersConfig(_Group):
         le=30,
         description="drain ?move_streams=true: how long each peer gets to answer the ask to move its streams",
     )
-    # The pickers' own credential (picker/peers/auth.py: a challenge and an HMAC, never sent), from a
-    # Secret (PICKER_PEERS__SECRET, or --peer-secret-file); not the admin token.
+    # Connections on the peer port that have not said their hello are strangers': each may hold a
+    # few KiB for a few seconds (picker/peers/listener.py), and only so many at once. A member needs
+    # one for its link and one per question it asks (drains, moves) while it is being answered.
+    max_unauthenticated: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="connections on the peer port not past their hello, in all: more are refused (counted)",
+    )
+    max_unauthenticated_per_source: int = Field(
+        8,
+        ge=1,
+        le=100_000,
+        description="... and from one address: more are refused (counted)",
+    )
+    # The pickers' own credential (picker/peers/auth.py: a mutual handshake and HMACs, never sent), from
+    # a Secret (PICKER_PEERS__SECRET, or --peer-secret-file); not the admin token.
     secret: SecretStr | None = Field(
         None, min_length=16, description="the pickers' shared peer credential (16+ chars, from a Secret)"
     )
@@ -650,6 +695,28 @@ class LeaderConfig(_Group):
                 "stand down before a standby may take its lease)"
             )
         return self
+
+
+class ScaleDownConfig(_Group):
+    """How kube.deletion_cost ranks the pool's pods (picker/pool/deletion_cost.py, deletion_rank.py):
+    a pod costs its longest stream's time left (its drain) + work_weight x the sum of its streams'
+    times left + cache_s x its share of the largest cache; an order that changes only for a clear
+    difference (margin_s and margin_ratio), written as int32 values."""
+
+    unknown_tokens: int = Field(
+        512, ge=1, description="tokens a stream without max_tokens is expected to send in all"
+    )
+    time_per_token_s: float = Field(
+        0.03, gt=0, description="time per token where no stream of the replica or the pool measured it yet"
+    )
+    work_weight: float = Field(0.1, ge=0, description="weight of the summed time left beside the longest")
+    cache_s: float = Field(0.0, ge=0, description="seconds of cost the largest cache in the pool is worth")
+    margin_s: float = Field(
+        5.0, ge=0, description="a pod moves ahead of another only when cheaper by more than this ..."
+    )
+    margin_ratio: float = Field(0.1, ge=0, description="... and than this share of the other's cost")
+    step_s: float = Field(1.0, gt=0, le=60, description="how often the costs are computed")
+    max_writes: int = Field(20, ge=1, le=1000, description="annotation writes per step, at most")
 
 
 class TracingConfig(_Group):
@@ -744,6 +811,7 @@ class PickerConfig(BaseModel):
     leader: LeaderConfig = LeaderConfig()
     tracing: TracingConfig = TracingConfig()
     rollout: RolloutConfig = RolloutConfig()
+    scale_down: ScaleDownConfig = ScaleDownConfig()
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line")
 

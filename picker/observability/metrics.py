@@ -252,7 +252,66 @@ _REJECTED_DOCS = {
     "kv_events": "Engines' KV-event messages refused whole (not a batch, bad frames), by reason",
     "lease": "Reads of the leader Lease refused whole (malformed, out-of-range), by reason",
     "peer_move_answers": "Peers' answers to a move ask (?move_streams=true) refused whole, by reason",
+    "peer_connections": "Connections on the channel between pickers refused or closed for what they did, "
+    "by reason: too many not past their hello (from one address, or in all), a hello too large or late, "
+    "a failed accept (out of descriptors), a frame whose MAC failed, a peer that did not prove itself",
+    "peer_drain_answers": "Peers' answers to the drains query (/admin/drains?scope=pool) refused whole, "
+    "by reason",
+    "drain_record": "Items of the shared drain record not applied (malformed address, pod, cause or "
+    "rollout), each counted once, by reason",
 }
+
+
+class _ReviewsCollector(Collector):
+    """admin.metrics_auth: the reviews asked of the API server (picker/sources/token_review.py)."""
+
+    def __init__(self, read: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "picker_metrics_auth_reviews",
+            "Reviews of readers' bearer tokens asked of the API server (cached verdicts ask none), by "
+            "review (tokenreview, subjectaccessreview) and result",
+            labels=["review", "result"],
+        )
+        for (review, result), count in sorted(self._read().items()):
+            family.add_metric([review, result], count)
+        yield family
+
+
+class _DeletionCostCollector(Collector):
+    """kube.deletion_cost: the pod-deletion-cost annotations written (picker/sources/deletion_cost.py)."""
+
+    def __init__(self, read: Callable[[], tuple[bool, Mapping[str, int], Mapping[str, int]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        writing, writes, skipped = self._read()
+        yield GaugeMetricFamily(
+            "picker_deletion_cost_writer",
+            "1 while this picker writes the pool pods' pod-deletion-cost annotations (one writer per pool)",
+            value=1 if writing else 0,
+        )
+        written = CounterMetricFamily(
+            "picker_deletion_cost_writes",
+            "pod-deletion-cost annotation writes (PATCH of that annotation), by result: written, gone "
+            "(the pod went, or its name is another pod's now), failed",
+            labels=["result"],
+        )
+        for result in ("written", "gone", "failed"):
+            written.add_metric([result], writes.get(result, 0))
+        yield written
+        held = CounterMetricFamily(
+            "picker_deletion_cost_skipped",
+            "Annotation changes held back at a step, by why: interval (the pod was written less than "
+            "kube.deletion_cost_interval_s ago), bound (scale_down.max_writes reached), standby (steps "
+            "while another picker writes)",
+            labels=["reason"],
+        )
+        for reason in ("interval", "bound", "standby"):
+            held.add_metric([reason], skipped.get(reason, 0))
+        yield held
 
 
 class _RejectedCollector(Collector):
@@ -629,6 +688,15 @@ class Metrics:
         """Inputs from outside refused whole, by reason, read at scrape time: `peer_events` (the
         channel between pickers) or `kv_events` (the engines' KV events)."""
         self.registry.register(_RejectedCollector(f"picker_{source}_rejected", _REJECTED_DOCS[source], read))
+
+    def register_deletion_cost(
+        self, read: Callable[[], tuple[bool, Mapping[str, int], Mapping[str, int]]]
+    ) -> None:
+        """kube.deletion_cost: `read()` gives (writing now, writes by result, changes held back by why)."""
+        self.registry.register(_DeletionCostCollector(read))
+
+    def register_metrics_auth(self, read: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self.registry.register(_ReviewsCollector(read))
 
     def register_data_planes(self, planes: DataPlanes) -> None:
         self.registry.register(_DataPlanesCollector(planes))

@@ -19,11 +19,12 @@ from aiohttp import web
 from picker.config.model import PickerConfig
 from picker.contract import Outcome, reply_for
 from picker.lifecycle.shutdown import Shutdown, ShutdownSummary
+from picker.lifecycle.signals import run_until_signalled
 from picker.proxy.h2c import H2Protocol, ProtocolSniffer
 from picker.proxy.server import ProxyFrontend
 from picker.proxy.upstream import Upstream
 from picker.streams.resume import ResumeMode
-from picker.wiring import build_core, run_until_signalled, spawn_owned
+from picker.wiring import build_core, spawn_owned
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per upstream request is noise

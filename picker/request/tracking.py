@@ -8,7 +8,6 @@ is this plus admission and the pick; the split follows the flow, admit -> pick |
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from picker.peers.books import Peering
 from picker.peers.outbox import happened_at
 from picker.pool import EndpointState, Pool
 from picker.request.placement import Placement
+from picker.request.stalls import queued_on_engine
 from picker.rollout import Canary
 from picker.rollout.evidence import sample_of
 from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
@@ -254,7 +254,7 @@ class ResponseSide:
                 continue
             if last is None or now - last < self._stall_after_s:
                 continue
-            if self._queued_on_engine(record, tracker.last_chunk_at):
+            if queued_on_engine(record, self._pool, now, self._stall_after_s):
                 continue  # no token yet from a replica that queues requests: waiting, not stalled
             record.stalled = True
             found += 1
@@ -278,18 +278,6 @@ class ResponseSide:
                 record.stall_kept = True  # nowhere to move: it waits on its own replica
                 self._metrics.count_resume("stall-kept")
         return found
-
-    def _queued_on_engine(self, record: RequestRecord, last_chunk_at: float | None) -> bool:
-        """This part has had no token yet and its replica's last scrape showed requests waiting:
-        it is queued there (a cold or busy engine), not stalled."""
-        started = record.part_started_at
-        if last_chunk_at is not None and (started is None or last_chunk_at >= started):
-            return False
-        endpoint = self._pool.get(record.endpoint or "")
-        if endpoint is None or endpoint.state is EndpointState.GONE or endpoint.load is None:
-            return False
-        load = endpoint.load  # a fresh scrape only: a dead replica's last gauges say nothing
-        return load.waiting > 0 and self._clock() - load.at < self._stall_after_s
 
     def finish(self, record: RequestRecord, reason: EndReason) -> None:
         """End a request: release its endpoint slot and count why. Safe to call more than once."""
@@ -403,17 +391,3 @@ class ResponseSide:
                 self.observer_ended(record, bool(event[2]))
             case _:
                 log.warning("peer event of unknown kind %r; ignored", kind)
-
-
-async def sweep_stalls(path: ResponseSide, stall_after_s: float) -> None:
-    """Forever: mark (and end, when their endpoint is gone) streams silent past the stall bound.
-
-    Supervised: a sweep that raises is logged and the next one runs (one bad record must not stop
-    the sweep for good, which would leave every later stall uncounted)."""
-    interval = max(0.05, stall_after_s / 4)
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            path.sweep_stalls()
-        except Exception:
-            log.exception("stall sweep failed; the next one runs in %.2f s", interval)

@@ -26,6 +26,7 @@ from typing import Any
 
 from picker.streams.resume_fields import CHAT, COMPLETIONS, continued_fields, stops
 from picker.streams.resume_fields import refusal as field_refusal
+from picker.streams.resume_text import HeldText, as_chat, encode
 from picker.streams.sse import SSEParser
 
 _DONE = b"data: [DONE]\n\n"
@@ -76,9 +77,7 @@ class Splice:
     body: dict[str, Any]  # the client's request, as sent (with return_token_ids)
     client_ids: bool  # the client asked for token ids itself: they stay in what it sees
     include_usage: bool  # the client asked for the usage chunk
-    stops: tuple[str, ...] = ()  # the request's stop strings
-    hold: int = 0  # characters held back while a stop string may still match (vLLM's rule)
-    include_stop: bool = False  # the client asked include_stop_str_in_output
+    held: HeldText | None = None  # with stop strings: the text held back, as vLLM holds it
     plain: bool = True  # no stop strings, logprobs or per-chunk usage: the quick path may serve it
     max_ids: int = 0  # streams.resume_max_tokens: prompt and output ids kept at most (0: no cap)
     prompt_ids: list[int] | None = None
@@ -96,8 +95,6 @@ class Splice:
     resumes: int = 0
     unresumable: str | None = None  # seen in the stream: why it cannot be continued (a refusal reason)
     next_offset: int = 0  # completions' logprobs: the text_offset of the next token (vLLM 0.32's count)
-    pending: str = ""  # text held back (stop strings)
-    context: str = ""  # the last characters sent, where a straddling stop string may begin
     _parser: SSEParser = field(default_factory=SSEParser)
     _part: Part = field(default_factory=Part)
 
@@ -208,7 +205,7 @@ class Splice:
         if choice.get("finish_reason") is not None:
             self.finished = choice["finish_reason"]
         if part.chat_as_completions:
-            choice = _as_chat(choice, self.body.get("top_logprobs"))
+            choice = as_chat(choice, self.body.get("top_logprobs"))
         if self.chat:
             delta = choice.get("delta") or {}
             if any(delta.get(key) for key in _REASONING):
@@ -219,7 +216,7 @@ class Splice:
                         return b""
                     delta.pop("role")
                 self.role_sent = True
-        if self.stops:
+        if self.held is not None:
             self._text(choice)
         elif not self.chat and isinstance(choice.get("logprobs"), dict):
             self._offsets(choice["logprobs"])
@@ -240,61 +237,30 @@ class Splice:
             out["usage"] = self._figures(usage)
         elif "usage" in frame and usage is None and self.chat:
             out.pop("usage", None)
-        return _encode(out)
+        return encode(out)
 
     def _text(self, choice: dict[str, Any]) -> None:
-        """Stop strings: hold back what vLLM would, find a stop string that straddles a cut, and
-        take the stop string out of the end where the client did not ask for it."""
+        """Stop strings: the client's text as vLLM would send it (picker/streams/resume_text.py),
+        a stop string straddling a cut found, taken out of the end where the client did not ask."""
         delta = choice.get("delta") if self.chat else None
-        key_owner: dict[str, Any] = delta if isinstance(delta, dict) else choice
+        owner: dict[str, Any] = delta if isinstance(delta, dict) else choice
         key = "content" if self.chat else "text"
-        new = key_owner.get(key) or ""
-        finish = choice.get("finish_reason")
-        before = len(self.pending)
-        text = self.pending + new
-        if self._part.straddle_left > 0 and finish != "stop" and new:
-            hit = self._straddle(new)
-            if hit is not None:
-                stop, end = hit
-                text, finish = text[:end], "stop"
-                choice["finish_reason"], choice["stop_reason"] = "stop", stop
-                self.finished, self.ended_here = "stop", True
-            self._part.straddle_left -= len(new)
-        if finish is not None:
-            reason = choice.get("stop_reason")
-            stopped = finish == "stop" and isinstance(reason, str) and not self.include_stop
-            if stopped and text.endswith(reason):
-                text = text[: len(text) - len(reason)]
-            out, self.pending = text, ""
-        elif self.hold and len(text) > self.hold:
-            out, self.pending = text[: -self.hold], text[-self.hold :]
-        elif self.hold:
-            out, self.pending = "", text
-        else:
-            out = text
+        new = owner.get(key) or ""
+        part, held = self._part, self.held
+        assert held is not None
+        body_min = self.body.get("min_tokens")
+        looks = part.straddle_left > 0 and not (isinstance(body_min, int) and self.generated <= body_min)
+        before = len(held.pending)
+        out, stop = held.take(new, choice.get("finish_reason"), choice.get("stop_reason"), looks)
+        if part.straddle_left > 0:
+            part.straddle_left -= len(new)
+        if stop is not None:  # it straddled the cut: the stream ends here, as an uncut run's does
+            choice["finish_reason"], choice["stop_reason"] = "stop", stop
+            self.finished, self.ended_here = "stop", True
         if new or out or before:
-            key_owner[key] = out
+            owner[key] = out
         if not self.chat and isinstance(choice.get("logprobs"), dict):
             self._offsets(choice["logprobs"])
-        if self.hold or self.include_stop:
-            self.context = (self.context + out)[-max(len(s) for s in self.stops) :]
-
-    def _straddle(self, new: str) -> tuple[str, int] | None:
-        """A stop string that began before this part and ends in its first characters: (the stop,
-        where the client's text ends, counted in pending + new). vLLM's order: the first stop
-        string of the list that matches."""
-        body_min = self.body.get("min_tokens")
-        if isinstance(body_min, int) and self.generated <= body_min:
-            return None
-        window = self.context + self.pending + new
-        base = len(self.context)
-        seen = len(window) - len(new)
-        for stop in self.stops:
-            at = window.find(stop, max(0, seen - len(stop) + 1))
-            if at >= 0:
-                end = at + len(stop) if self.include_stop else at
-                return stop, max(0, end - base)
-        return None
 
     def _offsets(self, logprobs: dict[str, Any]) -> None:
         """Completions' text_offset as an uncut run counts it: vLLM 0.32 advances it by the tokens
@@ -321,7 +287,7 @@ class Splice:
         self.usage_sent = True
         if not self.include_usage:
             return b""
-        return _encode({**frame, **(self.meta or {}), "usage": self._figures(usage)})
+        return encode({**frame, **(self.meta or {}), "usage": self._figures(usage)})
 
     # ---- a cut, and the next part
 
@@ -343,7 +309,7 @@ class Splice:
                 "total_tokens": prompt + completion,
                 "completion_tokens": completion,
             }
-            out += _encode({**(self.meta or {}), "choices": [], "usage": usage})
+            out += encode({**(self.meta or {}), "choices": [], "usage": usage})
         self.done = True
         return out + _DONE
 
@@ -391,52 +357,12 @@ class Splice:
         self.resumes += 1
         self.error, self.error_frame = False, b""
         self._parser = SSEParser()
-        reach = max((len(s) for s in self.stops), default=1) - 1
+        reach = self.held.reach if self.held is not None else 0
         self._part = Part(
             chat_as_completions=self.chat and path == COMPLETIONS,
             seen_prompt=True,
             straddle_left=reach if self.generated else 0,
         )
-
-
-def _as_chat(choice: dict[str, Any], top: Any) -> dict[str, Any]:
-    """A completions choice re-emitted as a chat delta (its logprobs in chat's shape)."""
-    out: dict[str, Any] = {"index": choice.get("index", 0), "delta": {"content": choice.get("text", "")}}
-    out["logprobs"] = _chat_logprobs(choice.get("logprobs"), top if isinstance(top, int) else 0)
-    out["finish_reason"] = choice.get("finish_reason")
-    if out["finish_reason"] is not None:
-        out["stop_reason"] = choice.get("stop_reason")
-    return out
-
-
-def _chat_logprobs(logprobs: Any, top: int) -> dict[str, Any] | None:
-    """Completions' logprobs as chat's: one entry per token, its first `top` alternatives (vLLM's
-    chat takes the first N of the same ranked list completions keys by token text)."""
-    if not isinstance(logprobs, dict):
-        return None
-    tokens, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
-    alternatives = logprobs.get("top_logprobs") or []
-    content = []
-    for i, token in enumerate(tokens):
-        if not isinstance(token, str):
-            continue
-        ranked = alternatives[i] if i < len(alternatives) and isinstance(alternatives[i], dict) else {}
-        content.append(
-            {
-                "token": token,
-                "logprob": values[i] if i < len(values) and values[i] is not None else -9999.0,
-                "bytes": list(token.encode("utf-8", errors="replace")),
-                "top_logprobs": [
-                    {"token": t, "logprob": v, "bytes": list(t.encode("utf-8", errors="replace"))}
-                    for t, v in list(ranked.items())[:top]
-                ],
-            }
-        )
-    return {"content": content}
-
-
-def _encode(frame: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(frame, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
 def refusal(body: dict[str, Any], path: str, mode: ResumeMode, asked: bool | None) -> str | None:
@@ -460,17 +386,14 @@ def prepare(body: dict[str, Any], chat: bool, max_ids: int = 0) -> tuple[dict[st
     client_ids = body.get("return_token_ids") is True
     sent = {**body, "return_token_ids": True}
     found = stops(body)
-    include_stop = body.get("include_stop_str_in_output") is True
     if found:
-        sent["include_stop_str_in_output"] = True
+        sent["include_stop_str_in_output"] = True  # the engine holds nothing back: the splice does
     splice = Splice(
         chat=chat,
         body=sent,
         client_ids=client_ids,
         include_usage=include_usage,
-        stops=found,
-        hold=0 if include_stop or not found else max(len(s) for s in found) - 1,
-        include_stop=include_stop,
+        held=HeldText.of(found, body.get("include_stop_str_in_output") is True) if found else None,
         plain=not (found or continuous or body.get("logprobs") not in (None, False)),
         max_ids=max_ids,
     )

@@ -71,6 +71,13 @@ async def test_the_page_follows_a_rollout_and_a_drain_as_they_happen(tmp_path: P
             assert await page.wait_for("document.querySelectorAll('.lane').length === 3", 10, "three lanes")
             assert await page.evaluate(lane(canary.candidate, ".tag")) == "candidate"
             await page.wait_for("document.getElementById('canary-weight')?.textContent === '10%'", 10, "10 %")
+            # a gate that waits says why (issue 54): what it needs and has, and whether it can come
+            await page.wait_for(
+                "[...document.querySelectorAll('#gates td[data-why=\"1\"]')]"
+                ".some(td => /^waits: (candidate|stable) has \\d+ of 8 samples/.test(td.textContent))",
+                10,
+                "a waiting gate's reason",
+            )
             await page.wait_for(f"Number({lane(drained, '.in-flight')}) > 0", 15, "streams on a stable lane")
 
             async with http_client.AsyncClient(timeout=10) as client:

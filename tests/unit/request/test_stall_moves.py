@@ -134,8 +134,8 @@ def test_a_stream_that_lacks_only_its_end_is_handed_to_its_frontend_with_nowhere
     `finish_locally`), whether or not another replica has room."""
     clock, _, metrics, path, moved = setup(["a:1"])
     record = streaming(path)
-    frame = {"id": "a", "object": "text_completion", "created": 1, "model": "m",
-             "choices": [{"index": 0, "text": " t", "logprobs": None, "finish_reason": "length"}]}  # fmt: skip
+    choice = {"index": 0, "text": " t", "logprobs": None, "finish_reason": "length"}
+    frame = {"id": "a", "object": "text_completion", "created": 1, "model": "m", "choices": [choice]}
     path.body_chunk(record, b"data: " + json.dumps(frame).encode() + b"\n\n")
     clock.now = 6.0
     assert path.sweep_stalls() == 1 and moved == [record] and resumes(metrics, "stall-kept") == 0

@@ -1,0 +1,48 @@
+"""Stalls: when a stream's silence is a stall, and the loop that looks for them.
+
+A part that has had no token yet on a replica whose fresh scrape shows requests waiting is queued
+there (a cold or busy engine), not stalled: moving it would only queue it elsewhere, and judging it
+cut would cut it. `ResponseSide.sweep_stalls` (tracking.py) applies the rest of the rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from picker.pool import EndpointState, Pool
+from picker.streams import RequestRecord
+
+log = logging.getLogger(__name__)
+
+
+class Sweeps(Protocol):
+    def sweep_stalls(self) -> int: ...
+
+
+def queued_on_engine(record: RequestRecord, pool: Pool, now: float, stall_after_s: float) -> bool:
+    """This part has had no token yet and its replica's last scrape, fresh, showed requests waiting:
+    it is queued there, not stalled (a dead replica's last gauges say nothing)."""
+    tracker, started = record.tracker, record.part_started_at
+    last_chunk_at = tracker.last_chunk_at if tracker is not None else None
+    if last_chunk_at is not None and (started is None or last_chunk_at >= started):
+        return False
+    endpoint = pool.get(record.endpoint or "")
+    if endpoint is None or endpoint.state is EndpointState.GONE or endpoint.load is None:
+        return False
+    return endpoint.load.waiting > 0 and now - endpoint.load.at < stall_after_s
+
+
+async def sweep_stalls(path: Sweeps, stall_after_s: float) -> None:
+    """Forever: mark (and end, when their endpoint is gone) streams silent past the stall bound.
+
+    Supervised: a sweep that raises is logged and the next one runs (one bad record must not stop
+    the sweep for good, which would leave every later stall uncounted)."""
+    interval = max(0.05, stall_after_s / 4)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            path.sweep_stalls()
+        except Exception:
+            log.exception("stall sweep failed; the next one runs in %.2f s", interval)
