@@ -22,7 +22,7 @@ from picker.config.model import parse_address
 from picker.peers.auth import DRAINS, MOVES, REFUSAL, Handshake, challenge_of, new_nonce, proven, welcome_of
 from picker.peers.books import Peering
 from picker.peers.events import MAX_WHY, MOVE_ASK, drains_problem
-from picker.peers.session import HELLO_MAX, MAX_FRAME, FrameError, Session
+from picker.peers.session import HELLO_MAX, MAX_FRAME, STREAM_LIMITS, FrameError, Session
 from picker.pool.drain import merge_summaries
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class _Reader:
 
     def __init__(self, reader: asyncio.StreamReader) -> None:
         self._reader = reader
-        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_FRAME)
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_FRAME, **STREAM_LIMITS)
         self._fed = 0
 
     async def next(self, limit: int = MAX_FRAME) -> Any:
@@ -58,8 +58,8 @@ class _Reader:
             if not data:
                 return None
             self._fed += len(data)
-            if self._fed > limit:
-                raise FrameError("too-large")
+            if self._fed - self._unpacker.tell() > limit:  # what is not parsed yet: a welcome's
+                raise FrameError("too-large")  # answer may come in the same read, whatever its size
             self._unpacker.feed(data)
 
 

@@ -32,7 +32,7 @@ from picker.config.model import canonical_address, format_address, parse_address
 from picker.peers.auth import EVENTS, REFUSAL, Handshake, challenge_of, new_nonce, proven, welcome_of
 from picker.peers.books import Peering
 from picker.peers.outbox import BOOKKEEPING, SYNC_EVERY_S, Event
-from picker.peers.session import HELLO_MAX, HELLO_TIMEOUT_S, MAX_FRAME, FrameError, Session
+from picker.peers.session import HELLO_MAX, HELLO_TIMEOUT_S, MAX_FRAME, STREAM_LIMITS, FrameError, Session
 from picker.request.pipeline import RequestPath
 
 log = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ class _Outbound(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.lost: asyncio.Future[None] = loop.create_future()
         self.ready: asyncio.Future[None] = loop.create_future()  # the peer's welcome, proven
-        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_FRAME)
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_FRAME, **STREAM_LIMITS)
         self._fed = 0  # bytes read before the welcome
         self._kind, self._sender, self._receiver, self._secret = kind, sender, receiver, secret
         self._refused = refused if refused is not None else Counter()
@@ -258,7 +258,7 @@ class _Outbound(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.session is None:
             self._fed += len(data)
-            if self._fed > HELLO_MAX:
+            if self._fed - self._unpacker.tell() > HELLO_MAX:  # unparsed bytes before the welcome
                 self._fail("too-large")
                 return
         try:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import msgpack
 
 from picker.peers.auth import CHALLENGE, new_nonce
-from picker.peers.session import HELLO_MAX, HELLO_TIMEOUT_S, MAX_FRAME, FrameError, Session
+from picker.peers.session import HELLO_MAX, HELLO_TIMEOUT_S, MAX_FRAME, STREAM_LIMITS, FrameError, Session
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,9 @@ class Inbound:
         self._host, self._gate, self._sock, self.source = host, gate, sock, source
         self._loop = asyncio.get_running_loop()
         # read_size: without it msgpack reserves 1 MiB per connection (measured), strangers' included
-        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_FRAME, read_size=_READ_SIZE)
+        self._unpacker = msgpack.Unpacker(
+            raw=False, max_buffer_size=MAX_FRAME, read_size=_READ_SIZE, **STREAM_LIMITS
+        )
         self._fed = 0  # bytes read before the hello was accepted
         self._watched = self._closed = False
         self._stopped = False  # answered or refused: nothing more is read

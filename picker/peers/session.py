@@ -28,6 +28,10 @@ from picker.peers.auth import Handshake
 TAG = 16  # bytes of a frame's tag
 MAX_FRAME = 16 * 1024 * 1024  # a proven peer's frame larger than this closes its connection
 HELLO_MAX = 4096  # bytes a connection may send before its hello is accepted (a hello is < 1.2 KiB)
+# The outer stream carries only hellos, challenges, welcomes, refusals (short arrays of short strings)
+# and `bin` frames; its reader refuses anything larger before allocating it (msgpack's C reader makes a
+# list at its announced length, and leaks a half-read nested one when thrown away)
+STREAM_LIMITS = {"max_array_len": 8, "max_map_len": 0, "max_ext_len": 0, "max_str_len": 4096}
 HELLO_TIMEOUT_S = 5.0  # a connection that has not said (or answered) its hello by then is closed
 
 

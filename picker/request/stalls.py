@@ -16,6 +16,8 @@ from picker.streams import RequestRecord
 
 log = logging.getLogger(__name__)
 
+QUEUED_AT_MOST = 4  # a part is "queued" for at most this many stall bounds (a cold vLLM: 3.5-14 s)
+
 
 class Sweeps(Protocol):
     def sweep_stalls(self) -> int: ...
@@ -23,11 +25,14 @@ class Sweeps(Protocol):
 
 def queued_on_engine(record: RequestRecord, pool: Pool, now: float, stall_after_s: float) -> bool:
     """This part has had no token yet and its replica's last scrape, fresh, showed requests waiting:
-    it is queued there, not stalled (a dead replica's last gauges say nothing)."""
+    it is queued there, not stalled (a dead replica's last gauges say nothing), for a while."""
     tracker, started = record.tracker, record.part_started_at
     last_chunk_at = tracker.last_chunk_at if tracker is not None else None
     if last_chunk_at is not None and (started is None or last_chunk_at >= started):
         return False
+    began = started if started is not None else record.response_started_at
+    if began is None or now - began >= QUEUED_AT_MOST * stall_after_s:
+        return False  # a hung engine's API server goes on showing its last queue: not for ever
     endpoint = pool.get(record.endpoint or "")
     if endpoint is None or endpoint.state is EndpointState.GONE or endpoint.load is None:
         return False

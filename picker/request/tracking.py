@@ -249,8 +249,13 @@ class ResponseSide:
             if record.stalled:
                 if record.stall_kept and last is not None and now - last < self._stall_after_s:
                     record.stalled = record.stall_kept = False  # it sends again: judged afresh
-                elif record.stall_kept and self.on_stall is not None and self.movable(record):
-                    self.on_stall(record)  # a replica has room now: the kept stream moves
+                elif record.stall_kept and self.on_stall is not None:
+                    home = self._pool.get(record.endpoint or "")
+                    if home is None or home.state is EndpointState.GONE:  # it will never send again
+                        if not self.on_stall(record):  # the frontend cuts it (no replica), or it ends here
+                            self.finish(record, EndReason.STALLED)
+                    elif self.movable(record):
+                        self.on_stall(record)  # a replica has room now: the kept stream moves
                 continue
             if last is None or now - last < self._stall_after_s:
                 continue

@@ -33,6 +33,7 @@ _DONE = b"data: [DONE]\n\n"
 _IDS = b'"token_ids":['
 _FINISH = b'"finish_reason":'
 _REASONING = ("reasoning_content", "reasoning")
+COMPLETIONS_DEFAULT_MAX = 16  # vLLM 0.32's max_tokens for a completions request that sets none
 
 
 class ResumeMode(enum.Enum):
@@ -67,10 +68,7 @@ class Splice:
     `feed()` takes the upstream bytes of the current part and returns the bytes for the client
     (whole SSE events only: a partial event waits for its end, so a cut never leaves half an event).
 
-    With stop strings the engine is asked to hold nothing back (`include_stop_str_in_output`) and
-    the splice holds back what vLLM would (the longest stop string less one character), so the held
-    text is the picker's own when a cut comes: the continuation starts after it, and a stop string
-    that straddles the cut is found here, at the place an uncut run finds it.
+    With stop strings the text is held back here, as vLLM would (picker/streams/resume_text.py).
     """
 
     chat: bool  # the client's request is a chat completion
@@ -326,7 +324,8 @@ class Splice:
         (`refused()` says why, or nothing is left to generate)."""
         body = self.body
         limit_key = "max_completion_tokens" if self.chat and "max_completion_tokens" in body else "max_tokens"
-        limit = body.get(limit_key)
+        # unset: completions' default is 16 (vLLM), chat's the rest of the context (null, asked below)
+        limit = body.get(limit_key, None if self.chat else COMPLETIONS_DEFAULT_MAX)
         left = None if limit is None else limit - self.generated
         if (left is not None and left <= 0) or self.refused() is not None:
             return None
@@ -336,8 +335,7 @@ class Splice:
         rest = continued_fields(body, self.chat)
         rest["prompt"] = [*self.prompt_ids, *self.sent]
         rest.pop("max_completion_tokens", None)
-        if left is not None:
-            rest["max_tokens"] = left
+        rest["max_tokens"] = left  # None: the rest of the context, as the chat endpoint's default
         if isinstance(body.get("min_tokens"), int):
             rest["min_tokens"] = max(0, body["min_tokens"] - self.generated)
         rest["stream"] = True

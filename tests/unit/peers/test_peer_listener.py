@@ -82,6 +82,21 @@ async def test_a_stranger_that_sends_more_than_a_hello_is_closed_at_once_and_cou
     assert listener.refused == {"hello-too-large": 1}
 
 
+async def test_a_stranger_announcing_huge_arrays_is_refused_before_anything_is_made(
+    opened: list[Any],
+) -> None:
+    """Array headers announcing 16 M items each, nested (4 KiB of them): msgpack's C reader made
+    each list at its announced length (~128 MiB a header) and leaked the half-read nested ones when
+    the reader was dropped. The stream's reader refuses anything longer than a hello."""
+    listener = await listening()
+    opened.append(listener)
+    client = await Client.connect(listener.port)
+    opened.append(client)
+    client.write(b"\xdd\x00\xff\xff\xff" * 800)
+    assert await client.closed_by_peer(timeout=2)
+    assert sum(listener.refused.values()) == 1
+
+
 async def test_a_hello_sent_one_byte_at_a_time_is_taken(opened: list[Any]) -> None:
     listener = await listening()
     opened.append(listener)

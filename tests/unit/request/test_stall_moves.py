@@ -139,3 +139,40 @@ def test_a_stream_that_lacks_only_its_end_is_handed_to_its_frontend_with_nowhere
     path.body_chunk(record, b"data: " + json.dumps(frame).encode() + b"\n\n")
     clock.now = 6.0
     assert path.sweep_stalls() == 1 and moved == [record] and resumes(metrics, "stall-kept") == 0
+
+
+def test_a_kept_stream_whose_replica_goes_is_handed_over_not_left_hanging() -> None:
+    """Kept on its own replica (nowhere to move), then that replica is gone: it will never send
+    again, so its frontend cuts it (or it ends here), instead of waiting for ever."""
+    clock, pool, _, path, moved = setup(["a:1"])
+    record = streaming(path)
+    clock.now = 6.0
+    path.sweep_stalls()
+    assert record.stall_kept and moved == []
+    pool.apply(ready=[])  # a:1 removed while its stream is open
+    path.sweep_stalls()
+    assert moved == [record]
+    clock2, pool2, _, path2, _ = setup(["a:1"])  # a frontend that cannot take it: the core ends it
+    path2.on_stall = lambda r: False
+    kept = streaming(path2)
+    clock2.now = 6.0
+    path2.sweep_stalls()
+    pool2.apply(ready=[])
+    path2.sweep_stalls()
+    assert kept.ended and kept.end_reason is not None and kept.end_reason.value == "stalled"
+
+
+def test_a_queue_gauge_excuses_a_silent_part_only_for_a_while() -> None:
+    """A hung engine's API server goes on showing its last queue: after four stall bounds the
+    part is judged stalled all the same."""
+    clock, pool, _, path, _ = setup(["a:1", "b:1"])
+    record = streaming(path, chunks=0)
+    endpoint = pool.get(record.picked[0])
+    assert endpoint is not None
+    for now in (6.0, 12.0, 19.0):
+        clock.now = now
+        endpoint.load = LoadSample(4.0, 3.0, 0.5, now - 0.1, 0, 0)  # fresh, and waiting
+        assert path.sweep_stalls() == 0
+    clock.now = 20.5
+    endpoint.load = LoadSample(4.0, 3.0, 0.5, 20.4, 0, 0)
+    assert path.sweep_stalls() == 1

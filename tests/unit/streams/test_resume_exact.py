@@ -229,3 +229,19 @@ def test_the_guide_s_table_names_every_field_once() -> None:
     for name, rule in FIELDS.items():
         assert sum(1 for line in rendered.splitlines() if line.startswith(f"| `{name}` |")) == 1
         assert (rule.handling is Handling.REFUSED) == bool(rule.reason)
+
+
+def test_a_continuation_keeps_the_endpoint_s_default_length_where_the_client_set_none() -> None:
+    """Completions without max_tokens stop at vLLM's 16; chat without one runs to the context's end.
+    The continuation goes to the completions endpoint: it must say so itself."""
+    plain = {k: v for k, v in GREEDY.items() if k != "max_tokens"}
+    _, splice = prepare(plain, chat=False)
+    splice.feed(completion([7], " a", prompt=[1]) + completion([8], " b"))
+    assert cut_and_continue(splice)["max_tokens"] == 14
+    chatty = {k: v for k, v in CHAT_GREEDY.items() if k != "max_tokens"}
+    _, splice = prepare(chatty, chat=True)
+    splice.feed(
+        chat({"role": "assistant", "content": ""}, None, prompt_token_ids=[1]) + chat({"content": " a"}, [7])
+    )
+    body = cut_and_continue(splice)
+    assert "max_tokens" in body and body["max_tokens"] is None
