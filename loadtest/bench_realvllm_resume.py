@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -39,8 +38,8 @@ from typing import Any
 import httpx
 
 from loadtest import http_client
-from loadtest.procs import Proc, free_port, port_open, wait_until
-from loadtest.proxy_stack import ProxyStack
+from loadtest.procs import wait_until
+from loadtest.proxy_stack import PeeredProxies, ProxyStack
 from loadtest.realvllm import launcher
 from loadtest.realvllm import resume_shapes as rs
 from loadtest.realvllm.resume_shapes import Engine, Gate, Read, by_address, read_stream, shape_of, verdict
@@ -77,46 +76,6 @@ class Round:
 
     def log_lines(self) -> list[str]:
         return [x for log in self.logs if log.exists() for x in log.read_text(errors="replace").splitlines()]
-
-
-class TwoProxies(ProxyStack):
-    """Two `picker proxy` processes in front of the engines, peers of each other (one set of books, the
-    channel's credential), both reading one endpoints file: tests/proxy/test_pool_moves.py's setup."""
-
-    def __init__(self, workdir: Path, endpoints: list[str]) -> None:
-        env = {"PICKER_STREAMS__RESUME": "greedy"}
-        options = StackOptions(replicas=0, static_endpoints=False, pickers=2, peers=True, picker_env=env)
-        super().__init__(workdir, options)
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.proxy_ports = [self.listen_port, free_port()]
-        listed = workdir / "endpoints.yaml"
-        listed.write_text(json.dumps([{"address": a} for a in endpoints]))  # JSON is YAML
-        config = workdir / "picker.yaml"
-        config.write_text(json.dumps({"pool": {"endpoints_file": str(listed), "endpoints_file_poll_s": 0.1}}))
-        self.options.picker_args = ("--config", str(config))
-
-    def metrics_url(self, index: int) -> str:
-        return f"http://127.0.0.1:{self.picker_ports[index][2]}"
-
-    def picker_argv(self, index: int = 0) -> list[str]:
-        return [
-            sys.executable, "-m", "picker", "proxy", "--bind-address", "127.0.0.1",
-            "--port", str(self.proxy_ports[index]), "--metrics-port", str(self.picker_ports[index][2]),
-            "--quiet-interval", "0.2", *self.peer_args(index), *self.options.picker_args,
-        ]  # fmt: skip
-
-    def start_picker(self) -> None:
-        for index, port in enumerate(self.proxy_ports):
-            log = self.workdir / f"picker-proxy-{index}.log"
-            proc = Proc(f"picker-proxy-{index}", self.picker_argv(index), log, env=self.options.picker_env)
-            self.pickers[index] = proc  # stopped by Stack.stop, started or not
-            self.picker = self.picker or proc
-            proc.wait_ready(
-                lambda p=proc, port=port: "picker proxy ready" in p.log_text() and port_open(port)
-            )
-        linked = ("picker_peers_connected", ())  # each one's link to the other is open: one set of books
-        for url in (self.metrics_url(i) for i in range(2)):
-            wait_until(lambda u=url: samples(u).get(linked) == 1, 15, what="peer links")
 
 
 def samples(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -247,13 +206,14 @@ def scenario(name: str, fault: str, stall: float | None, engines: list[Engine], 
 
 def move_scenario(engines: list[Engine], workdir: Path, count: int) -> Round:
     """The move round: the streams split over two peered proxies, the drain POSTed through the first."""
-    stack = TwoProxies(workdir / "move", [e.address for e in engines])
+    options = StackOptions(replicas=0, picker_env={"PICKER_STREAMS__RESUME": "greedy"})
+    stack = PeeredProxies(workdir / "move", options, [e.address for e in engines])
     out = Round("move", "move", 30.0, [stack.workdir / f"picker-proxy-{i}.log" for i in range(2)])
     out.pickers = [f"127.0.0.1:{port}" for port in stack.peer_ports]
     stack.start()
     try:
         urls = [f"http://127.0.0.1:{port}" for port in stack.proxy_ports]
-        play(out, urls, [stack.metrics_url(i) for i in range(2)], engines, count)
+        play(out, urls, [stack.admin_url(i) for i in range(2)], engines, count)
     finally:
         stack.stop()
     return judged(out)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,7 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from picker.admin import status_page
 from picker.admin.browser import refusal as browser_refusal
 from picker.admin.capacity_guard import CapacityGuard
-from picker.admin.read_auth import ReadGuard
+from picker.admin.read_auth import ReadGuard, is_loopback
 from picker.admin.status_page import Overview
 from picker.config.model import canonical_address
 from picker.observability.metrics import Metrics
@@ -58,17 +57,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": {"message": message, "code": status}}, status=status, headers=headers)
-
-
-def _is_loopback(peer: str | None) -> bool:
-    if not peer:
-        return False
-    try:
-        ip = ipaddress.ip_address(peer)
-    except ValueError:
-        return False
-    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
 def describe(pool: Pool, endpoint: Endpoint, drained_by: list[Cause] | None = None) -> dict[str, Any]:
@@ -213,7 +201,7 @@ class _Admin:
             scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
                 return None
-        if (token is None or self.trust_loopback) and _is_loopback(request.remote):
+        if (token is None or self.trust_loopback) and is_loopback(request.remote):
             return None
         if token is None:
             return _error(

@@ -42,7 +42,7 @@ def refusal(headers: Mapping[str, str], token_set: bool) -> str | None:
         return "cross-origin"
     if ADMIN_HEADER not in headers:
         return "no-admin-header"
-    if not token_set and not _literal(host):
+    if not token_set and not literal_host(host):
         return "host-not-literal"
     return None
 
@@ -54,7 +54,7 @@ def _same_origin(origin: str, host: str) -> bool:
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host.strip().lower()
 
 
-def _literal(host: str) -> bool:
+def literal_host(host: str) -> bool:
     """`host[:port]` names an IP address or localhost (nothing DNS can rebind)."""
     name = host.strip().lower()
     if name.startswith("["):

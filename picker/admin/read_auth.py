@@ -20,6 +20,7 @@ from typing import assert_never
 
 from aiohttp import web
 
+from picker.admin.browser import literal_host
 from picker.sources.access import Access, Reviewer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -78,7 +79,7 @@ class ReadGuard:
         if _same(presented, self.admin_token):
             return True
         trusted = self.admin_token is None or self.trust_loopback
-        return trusted and _loopback(request.remote) and _literal(request.headers.get("Host", ""))
+        return trusted and is_loopback(request.remote) and _literal_or_none(request.headers.get("Host", ""))
 
 
 def _same(presented: str, token: str | None) -> bool:
@@ -89,7 +90,8 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     return web.json_response({"error": {"message": message, "code": status}}, status=status, headers=headers)
 
 
-def _loopback(peer: str | None) -> bool:
+def is_loopback(peer: str | None) -> bool:
+    """A peer address on loopback (an IPv4-mapped one too)."""
     try:
         ip = ipaddress.ip_address(peer or "")
     except ValueError:
@@ -98,20 +100,6 @@ def _loopback(peer: str | None) -> bool:
     return ip.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
-def _literal(host: str) -> bool:
-    """`host[:port]` names an IP address or localhost (nothing DNS can rebind); no Host: a client
-    that is not a browser."""
-    name = host.strip().lower()
-    if not name:
-        return True
-    if name.startswith("["):
-        name = name[1 : name.find("]")] if "]" in name else name
-    elif name.count(":") == 1:
-        name = name.rsplit(":", 1)[0]
-    if name in ("localhost", "localhost."):
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
+def _literal_or_none(host: str) -> bool:
+    """No Host: a client that is not a browser; else an IP literal or localhost (browser.py)."""
+    return not host.strip() or literal_host(host)

@@ -9,31 +9,16 @@ from typing import Any
 
 import kubernetes_validate.utils as kubernetes_validate
 import pytest
-import yaml
 
-from picker.cli.main import _load, build_parser
-from tests.drain.test_check import K8S, Manifests, check, ids
+from tests.drain.overlays import overlay_rbac, serve_config, with_overlay
+from tests.drain.test_check import check, ids
 from tests.drain.test_manifests import KUBERNETES_VERSION
 
-OVERLAY = K8S / "deletion-cost"
+OVERLAY = "deletion-cost"
 
 
 def rbac() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((OVERLAY / "rbac.yaml").read_text()) if d]
-
-
-def with_overlay() -> Manifests:
-    """The base with the overlay applied as kustomize would: its resources added, its patch made."""
-    m = Manifests()
-    m.files["deletion-cost-rbac.yaml"] = rbac()
-    kustomization = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
-    assert kustomization["resources"] == ["..", "rbac.yaml"]
-    (patch,) = kustomization["patches"]
-    assert patch["target"] == {"kind": "Deployment", "name": "vllm-llama-picker"}
-    for op in yaml.safe_load(patch["patch"]):
-        assert op["op"] == "add" and op["path"] == "/spec/template/spec/containers/0/args/-"
-        m.picker["args"].append(op["value"])
-    return m
+    return overlay_rbac(OVERLAY)
 
 
 @pytest.mark.parametrize("doc", rbac(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
@@ -49,19 +34,15 @@ def test_the_overlay_grants_only_patch_on_pods() -> None:
 def test_the_overlay_passes_and_the_picker_reads_the_flag(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    m = with_overlay()
+    m = with_overlay(OVERLAY)
     assert ids(check(m.write(tmp_path))) == set()
-    args = [a.replace("$(POD_NAMESPACE)", "default") for a in m.picker["args"]]
-    for env in m.picker["env"]:  # what the kubelet sets from the Secrets it names
-        if "secretKeyRef" in env.get("valueFrom", {}):
-            monkeypatch.setenv(env["name"], "a-secret-value-the-kubelet-sets-0123")
-    config = _load(build_parser().parse_args(["serve", *args]))
+    config = serve_config(m, monkeypatch)
     assert config.kube.deletion_cost and config.kube.pool_name == "vllm-llama"
     assert config.kube.deletion_cost_interval_s == 10.0
 
 
 def test_the_flag_without_the_grant_is_reported(tmp_path: Path) -> None:
-    m = with_overlay()
+    m = with_overlay(OVERLAY)
     m.remove("RoleBinding", "vllm-llama-picker-deletion-cost")
     (finding,) = [f for f in check(m.write(tmp_path / "unbound")).findings if f.rule.id == "POOL-010"]
     assert "may not patch pods (core)" in finding.message and "--pod-deletion-cost" in finding.message

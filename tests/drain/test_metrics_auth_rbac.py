@@ -9,29 +9,16 @@ from typing import Any
 
 import kubernetes_validate.utils as kubernetes_validate
 import pytest
-import yaml
 
-from picker.cli.main import _load, build_parser
-from tests.drain.test_check import K8S, Manifests, check, ids
+from tests.drain.overlays import overlay_rbac, serve_config, with_overlay
+from tests.drain.test_check import check, ids
 from tests.drain.test_manifests import KUBERNETES_VERSION
 
-OVERLAY = K8S / "metrics-auth"
+OVERLAY = "metrics-auth"
 
 
 def rbac() -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((OVERLAY / "rbac.yaml").read_text()) if d]
-
-
-def with_overlay() -> Manifests:
-    """The base with the overlay applied as kustomize would: its resources added, its patch made."""
-    m = Manifests()
-    m.files["metrics-auth-rbac.yaml"] = rbac()
-    (patch,) = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())["patches"]
-    assert patch["target"] == {"kind": "Deployment", "name": "vllm-llama-picker"}
-    for op in yaml.safe_load(patch["patch"]):
-        assert op["op"] == "add" and op["path"] == "/spec/template/spec/containers/0/args/-"
-        m.picker["args"].append(op["value"])
-    return m
+    return overlay_rbac(OVERLAY)
 
 
 @pytest.mark.parametrize("doc", rbac(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
@@ -42,18 +29,14 @@ def test_the_overlays_rbac_matches_the_kubernetes_schema(doc: dict[str, Any]) ->
 def test_the_overlay_passes_and_the_picker_reads_the_flag(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    m = with_overlay()
+    m = with_overlay(OVERLAY)
     assert ids(check(m.write(tmp_path))) == set()
-    args = [a.replace("$(POD_NAMESPACE)", "default") for a in m.picker["args"]]
-    for env in m.picker["env"]:  # what the kubelet sets from the Secrets it names
-        if "secretKeyRef" in env.get("valueFrom", {}):
-            monkeypatch.setenv(env["name"], "a-secret-value-the-kubelet-sets-0123")
-    config = _load(build_parser().parse_args(["serve", *args]))
+    config = serve_config(m, monkeypatch)
     assert config.admin.metrics_auth and config.admin.read_auth == "metrics"
 
 
 def test_the_reviews_need_a_cluster_role_bound_cluster_wide(tmp_path: Path) -> None:
-    m = with_overlay()
+    m = with_overlay(OVERLAY)
     m.remove("ClusterRoleBinding", "vllm-llama-picker-metrics-auth")
     findings = [f for f in check(m.write(tmp_path / "unbound")).findings if f.rule.id == "ADMIN-002"]
     assert [f.message.split(" may not ")[1].split(",")[0] for f in findings] == [

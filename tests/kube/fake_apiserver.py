@@ -59,6 +59,7 @@ from tests.kube.kube_objects import (
     parse_selector,
     pod,
     status,
+    status_response,
     terminating,
 )
 
@@ -74,10 +75,6 @@ __all__ = [
 
 JSON = "application/json"  # exactly, as the API server sends it (lightkube compares it verbatim)
 _DEFAULT_WATCH_TIMEOUT_S = 1800.0
-
-
-def _status_response(code: int, reason: str, message: str) -> web.Response:
-    return web.Response(status=code, body=json.dumps(status(code, reason, message)), content_type=JSON)
 
 
 @dataclass(eq=False)
@@ -377,18 +374,18 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
         query = dict(request.query)
         self.requests.append({"method": request.method, "path": request.path, "query": query})
         if not self._authorized(request):
-            return _status_response(401, "Unauthorized", "Unauthorized")
+            return status_response(401, "Unauthorized", "Unauthorized")
         plural = request.path.rsplit("/", 1)[1]
         failure = next((f for f in self._failures if f[1] in (None, plural)), None)
         if failure is not None:
             self._failures.remove(failure)
             code = failure[0]
-            return _status_response(code, "InternalError" if code >= 500 else "Forbidden", f"injected {code}")
+            return status_response(code, "InternalError" if code >= 500 else "Forbidden", f"injected {code}")
         try:
             selector = parse_selector(query.get("labelSelector", ""))
             name = field_name(query.get("fieldSelector", ""), request.match_info["namespace"])
         except ValueError as exc:
-            return _status_response(400, "BadRequest", str(exc))
+            return status_response(400, "BadRequest", str(exc))
         watch = _Watch(
             plural,
             request.match_info["namespace"],
@@ -413,7 +410,7 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
         if token:
             items = self._pages.pop(token, None)
             if items is None:
-                return _status_response(410, "Expired", "The provided continue parameter is too old")
+                return status_response(410, "Expired", "The provided continue parameter is too old")
             version = items[0]["_rv"] if items else str(self.resource_version)
         else:
             version = str(self.resource_version)
@@ -447,11 +444,11 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
         if since in ("", "0"):
             replay = [json.dumps({"type": "ADDED", "object": obj}) + "\n" for obj in self._current(watch)]
         elif not since.isdigit():
-            return _status_response(400, "BadRequest", f"invalid resource version {since!r}")
+            return status_response(400, "BadRequest", f"invalid resource version {since!r}")
         elif int(since) < self._compacted_at:
             message = f"too old resource version: {since} ({self._compacted_at})"
             if self.gone_as == "http":
-                return _status_response(410, "Expired", message)
+                return status_response(410, "Expired", message)
             return await self._single_event(
                 request, {"type": "ERROR", "object": status(410, "Expired", message)}
             )
@@ -512,12 +509,12 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
     def _write_target(self, request: web.Request) -> tuple[str, str, str | None] | web.Response:
         self.requests.append({"method": request.method, "path": request.path, "query": dict(request.query)})
         if not self._authorized(request):
-            return _status_response(401, "Unauthorized", "Unauthorized")
+            return status_response(401, "Unauthorized", "Unauthorized")
         plural = request.path.split("/namespaces/", 1)[1].split("/")[1]
         failure = next((f for f in self._failures if f[1] in (None, plural)), None)
         if failure is not None:
             self._failures.remove(failure)
-            return _status_response(failure[0], "InternalError", f"injected {failure[0]}")
+            return status_response(failure[0], "InternalError", f"injected {failure[0]}")
         return plural, request.match_info["namespace"], request.match_info.get("name")
 
     async def _get_one(self, request: web.Request) -> web.Response:
@@ -526,7 +523,7 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
             return target
         obj = self._objects.get(target)  # type: ignore[arg-type]
         if obj is None:
-            return _status_response(404, "NotFound", f"{target[0]} {target[2]!r} not found")
+            return status_response(404, "NotFound", f"{target[0]} {target[2]!r} not found")
         return web.Response(body=json.dumps(obj), content_type=JSON)
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -537,7 +534,7 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
         body = await request.json()
         name = body["metadata"]["name"]
         if (plural, namespace, name) in self._objects:
-            return _status_response(409, "AlreadyExists", f"{plural} {name!r} already exists")
+            return status_response(409, "AlreadyExists", f"{plural} {name!r} already exists")
         return self._stored(plural, namespace, name, body, 201)
 
     async def _replace(self, request: web.Request) -> web.Response:
@@ -549,9 +546,9 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
         body = await request.json()
         current = self._objects.get((plural, namespace, name))
         if current is None:
-            return _status_response(404, "NotFound", f"{plural} {name!r} not found")
+            return status_response(404, "NotFound", f"{plural} {name!r} not found")
         if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
-            return _status_response(409, "Conflict", "the object has been modified; apply your changes again")
+            return status_response(409, "Conflict", "the object has been modified; apply your changes again")
         return self._stored(plural, namespace, name, body, 200)
 
     def _stored(

@@ -19,21 +19,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 from typing import Any
 
 from aiohttp import web
 
-from tests.kube.kube_objects import status
+from tests.kube.kube_objects import SERVICE_ACCOUNT_GROUPS, status_response
 
 JSON = "application/json"
 AUTHENTICATION = "/apis/authentication.k8s.io/v1/tokenreviews"
 AUTHORIZATION = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
-SERVICE_ACCOUNT_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:default", "system:authenticated")
-
-
-def _status_response(code: int, reason: str, message: str) -> web.Response:
-    return web.Response(status=code, body=json.dumps(status(code, reason, message)), content_type=JSON)
 
 
 class ReviewsMixin:
@@ -80,11 +74,11 @@ class ReviewsMixin:
 
     def _refused(self, request: web.Request, plural: str) -> web.Response | None:
         if not self._authorized(request):
-            return _status_response(401, "Unauthorized", "Unauthorized")
+            return status_response(401, "Unauthorized", "Unauthorized")
         failure = next((f for f in self._failures if f[1] in (None, plural)), None)
         if failure is not None:
             self._failures.remove(failure)
-            return _status_response(failure[0], "InternalError", f"injected {failure[0]}")
+            return status_response(failure[0], "InternalError", f"injected {failure[0]}")
         return None
 
     async def _token_review(self, request: web.Request) -> web.Response:
@@ -128,7 +122,7 @@ class ReviewsMixin:
             )
         if errors:
             message = f'SubjectAccessReview.authorization.k8s.io "" is invalid: [{", ".join(errors)}]'
-            return _status_response(422, "Invalid", message)
+            return status_response(422, "Invalid", message)
         self.access_reviews += 1
         self.access_specs.append(spec)
         if self._held is not None:

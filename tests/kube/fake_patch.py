@@ -27,17 +27,12 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.kube.kube_objects import RESOURCES, status
+from tests.kube.kube_objects import RESOURCES, SERVICE_ACCOUNT_GROUPS, status_response
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 SELF_REVIEW = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
-_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:default", "system:authenticated")
-
-
-def _status_response(code: int, reason: str, message: str) -> web.Response:
-    return web.Response(status=code, body=json.dumps(status(code, reason, message)), content_type=JSON)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -110,7 +105,7 @@ class PatchMixin:
     def _may(self, token: str, verb: str, group: str, resource: str, namespace: str) -> bool:
         if not self._rbac:
             return True
-        subjects = (self.user_of(token), *_GROUPS)
+        subjects = (self.user_of(token), *SERVICE_ACCOUNT_GROUPS)
         return any(
             (who, verb, group, resource, namespace) in self._resource_grants
             or (who, "*", group, resource, namespace) in self._resource_grants
@@ -141,41 +136,41 @@ class PatchMixin:
         self, request: web.Request, plural: str, namespace: str, name: str, body: Any
     ) -> web.Response:
         if not self._authorized(request):
-            return _status_response(401, "Unauthorized", "Unauthorized")
+            return status_response(401, "Unauthorized", "Unauthorized")
         failure = next((f for f in self._failures if f[1] in (None, plural)), None)
         if failure is not None:
             self._failures.remove(failure)
-            return _status_response(failure[0], "InternalError", f"injected {failure[0]}")
+            return status_response(failure[0], "InternalError", f"injected {failure[0]}")
         group = RESOURCES[plural][2].rpartition("/")[0]
         if not self._may(self._bearer(request), "patch", group, plural, namespace):
             user = self.user_of(self._bearer(request))
-            return _status_response(
+            return status_response(
                 403,
                 "Forbidden",
                 f'{plural} "{name}" is forbidden: User "{user}" cannot patch resource "{plural}" '
                 f'in API group "{group}" in the namespace "{namespace}"',
             )
         if request.content_type != MERGE_PATCH:
-            return _status_response(
+            return status_response(
                 415,
                 "UnsupportedMediaType",
                 f"the body of the request was in an unknown format - {request.content_type}",
             )
         if not isinstance(body, dict):
-            return _status_response(400, "BadRequest", "the patch is not a JSON object")
+            return status_response(400, "BadRequest", "the patch is not a JSON object")
         current = self._objects.get((plural, namespace, name))
         if current is None:
-            return _status_response(404, "NotFound", f'{plural} "{name}" not found')
+            return status_response(404, "NotFound", f'{plural} "{name}" not found')
         meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
         if "name" in meta and meta["name"] != name:
-            return _status_response(
+            return status_response(
                 400,
                 "BadRequest",
                 f"the name of the object ({meta['name']}) does not match the name on the URL ({name})",
             )
         for precondition, field in (("UID", "uid"), ("ResourceVersion", "resourceVersion")):
             if field in meta and meta[field] != current["metadata"].get(field):
-                return _status_response(
+                return status_response(
                     409,
                     "Conflict",
                     f'Operation cannot be fulfilled on {plural} "{name}": Precondition failed: '
@@ -185,7 +180,7 @@ class PatchMixin:
         updated = merge_patch(current, body)
         cost = ((updated.get("metadata") or {}).get("annotations") or {}).get(DELETION_COST)
         if plural == "pods" and cost is not None and not _int32(cost):
-            return _status_response(
+            return status_response(
                 422,
                 "Invalid",
                 f'Pod "{name}" is invalid: metadata.annotations[{DELETION_COST}]: Invalid value: '
@@ -205,16 +200,16 @@ class PatchMixin:
 
     async def _self_review(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
-            return _status_response(401, "Unauthorized", "Unauthorized")
+            return status_response(401, "Unauthorized", "Unauthorized")
         failure = next((f for f in self._failures if f[1] in (None, "selfsubjectaccessreviews")), None)
         if failure is not None:
             self._failures.remove(failure)
-            return _status_response(failure[0], "InternalError", f"injected {failure[0]}")
+            return status_response(failure[0], "InternalError", f"injected {failure[0]}")
         body = await request.json()
         spec = (body or {}).get("spec") or {}
         resource, non_resource = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
         if (resource is None) == (non_resource is None):
-            return _status_response(
+            return status_response(
                 422,
                 "Invalid",
                 'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: spec.resourceAttributes: '

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from aiohttp import web
 
 SERVICE_LABEL = "kubernetes.io/service-name"
 GROUP_PATH = "/apis/discovery.k8s.io/v1"
@@ -77,6 +80,16 @@ def status(code: int, reason: str, message: str) -> dict[str, Any]:
         "reason": reason,
         "code": code,
     }
+
+
+SERVICE_ACCOUNT_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:default", "system:authenticated")
+
+
+def status_response(code: int, reason: str, message: str) -> web.Response:
+    """The API server's error answer: a `Status` object as application/json."""
+    return web.Response(
+        status=code, body=json.dumps(status(code, reason, message)), content_type="application/json"
+    )
 
 
 def endpoint(

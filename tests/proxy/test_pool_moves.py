@@ -8,18 +8,15 @@ proxy that received the POST moved (with N proxies behind a Service, about 1/N o
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
 from loadtest import http_client
-from loadtest.procs import Proc, async_wait_until, free_port, port_open, wait_until
-from loadtest.proxy_stack import ProxyStack
+from loadtest.procs import async_wait_until
+from loadtest.proxy_stack import PeeredProxies
 from loadtest.stack import StackOptions, parse_metrics
 from tests.proxy.test_resume import COMPLETION, Stream, read_stream
 
@@ -27,70 +24,14 @@ STREAMS_EACH = 10  # through each proxy
 TOKENS, SLOW = 150, {"x-sim-itl-ms": "40"}  # 6 s a stream: a drain that waited would take seconds
 
 
-class TwoProxies(ProxyStack):
-    """Replicas + two `picker proxy` processes, peers of each other (one set of books, the channel's
-    credential), both reading one endpoints file (so a drain through either reaches both pools)."""
-
-    def __init__(self, workdir: Path) -> None:
-        options = StackOptions(
-            replicas=3,
-            sim_args=("--ttft-ms", "5", "--itl-ms", "8"),
-            static_endpoints=False,
-            pickers=2,
-            peers=True,
-            picker_env={"PICKER_STREAMS__RESUME": "greedy"},
-        )
-        super().__init__(workdir, options)
-        self.proxy_ports = [self.listen_port, free_port()]
-        endpoints = workdir / "endpoints.yaml"
-        endpoints.write_text(json.dumps([{"address": a} for a in self.replicas]))  # JSON is YAML
-        config = workdir / "picker.yaml"
-        config.write_text(
-            json.dumps({"pool": {"endpoints_file": str(endpoints), "endpoints_file_poll_s": 0.1}})
-        )
-        self.options.picker_args = ("--config", str(config))
-
-    def proxy_url(self, index: int) -> str:
-        return f"http://127.0.0.1:{self.proxy_ports[index]}"
-
-    def admin_url(self, index: int) -> str:
-        return f"http://127.0.0.1:{self.picker_ports[index][2]}"
-
-    def peer_name(self, index: int) -> str:
-        return f"127.0.0.1:{self.peer_ports[index]}"
-
-    def picker_argv(self, index: int = 0) -> list[str]:
-        return [
-            sys.executable, "-m", "picker", "proxy", "--bind-address", "127.0.0.1",
-            "--port", str(self.proxy_ports[index]), "--metrics-port", str(self.picker_ports[index][2]),
-            "--quiet-interval", "0.2", *self.peer_args(index), *self.options.picker_args,
-        ]  # fmt: skip
-
-    def start_picker(self) -> None:
-        for index, port in enumerate(self.proxy_ports):
-            proc = Proc(
-                f"picker-proxy-{index}",
-                self.picker_argv(index),
-                self.workdir / f"picker-proxy-{index}.log",
-                env=self.options.picker_env,
-            )
-            self.pickers[index] = proc  # stopped by Stack.stop, started or not
-            if index == 0:
-                self.picker = proc
-            proc.wait_ready(
-                lambda p=proc, port=port: "picker proxy ready" in p.log_text() and port_open(port)
-            )
-        for index in range(2):  # each one's link to the other is open: they share the books
-            wait_until(lambda i=index: self.metric(i, "picker_peers_connected") == 1, 15, what="peer links")
-
-    def metric(self, index: int, name: str, **labels: str) -> float:
-        text = http_client.get(f"{self.admin_url(index)}/metrics", timeout=5).text
-        return parse_metrics(text).get((name, tuple(sorted(labels.items()))), 0.0)
-
-
 @pytest.fixture
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoProxies]:
-    started = TwoProxies(tmp_path_factory.mktemp("pool-moves"))
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeeredProxies]:
+    options = StackOptions(
+        replicas=3,
+        sim_args=("--ttft-ms", "5", "--itl-ms", "8"),
+        picker_env={"PICKER_STREAMS__RESUME": "greedy"},
+    )
+    started = PeeredProxies(tmp_path_factory.mktemp("pool-moves"), options)
     try:
         started.start()
         yield started
@@ -104,7 +45,7 @@ def running_on(replica: str) -> float:
     return sum(v for (name, _), v in parse_metrics(text).items() if name == "vllm:num_requests_running")
 
 
-async def test_a_drain_through_one_proxy_moves_the_streams_of_both(stack: TwoProxies) -> None:
+async def test_a_drain_through_one_proxy_moves_the_streams_of_both(stack: PeeredProxies) -> None:
     body = {**COMPLETION, "max_tokens": TOKENS}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         uncut = await read_stream(session, stack.proxy_url(0), "/v1/completions", body)

@@ -6,11 +6,9 @@ mutual and bound: tests/unit/peers/test_peer_session.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
-import pytest
 
 from loadtest.procs import async_wait_until
 from picker.peers.auth import EVENTS, new_nonce
@@ -18,14 +16,6 @@ from tests.unit.peers.peer_client import Client
 from tests.unit.peers.test_peer_links import E1, REQUEST, Side, peer_counts
 
 SECRET = "s3cret"  # Side's
-
-
-@pytest.fixture
-async def sides() -> AsyncIterator[list[Side]]:
-    made = [Side(), Side()]
-    yield made
-    for side in made:
-        await side.close()
 
 
 async def two(sides: list[Side]) -> tuple[Side, Side, int]:

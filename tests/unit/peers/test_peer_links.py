@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import select
-from collections.abc import AsyncIterator
 from typing import Any
-
-import pytest
 
 from loadtest.procs import async_wait_until
 from picker.observability.metrics import Metrics
@@ -83,14 +80,6 @@ class Side:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.service is not None:
             await self.service.close()
-
-
-@pytest.fixture
-async def sides() -> AsyncIterator[list[Side]]:
-    made = [Side(), Side()]
-    yield made
-    for side in made:
-        await side.close()
 
 
 def peer_counts(side: Side) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgpack
@@ -106,14 +105,6 @@ def test_no_value_from_a_peer_raises_on_either_side(value: Any) -> None:
     assert (moved is None) == (why != "")
     malformed = value is not None and answer_problem(value) is not None  # None: it gave no answer
     assert malformed == (sum(mover.rejected.values()) == 1)
-
-
-@pytest.fixture
-async def sides() -> AsyncIterator[list[Side]]:
-    made = [Side(), Side()]
-    yield made
-    for side in made:
-        await side.close()
 
 
 async def two(sides: list[Side]) -> tuple[Side, Side, list[str]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -126,14 +126,6 @@ def test_each_proof_binds_every_field(field: str) -> None:
 
 
 # --- over the wire ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def sides() -> AsyncIterator[list[Side]]:
-    made = [Side(), Side()]
-    yield made
-    for side in made:
-        await side.close()
 
 
 async def accepting(sides: list[Side]) -> tuple[Side, Side, int]:
