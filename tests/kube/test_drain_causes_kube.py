@@ -7,9 +7,7 @@ address, the operator's included."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,23 +17,17 @@ from picker.config.sources import load_config
 from picker.pool import EndpointState
 from picker.sources.drain_record import DATA_KEY
 from tests.kube.fake_apiserver import FakeApiServer
+from tests.kube.test_shared_drains_kube import until
 
 NAME = "vllm-picker-drains"
 VERSION = "app.kubernetes.io/version"
 STABLE, X, Y, Z = "10.0.0.1:8000", "10.0.0.3:8000", "10.0.0.4:8000", "10.0.0.5:8000"
 ROLLOUT = f"{VERSION}=v2"
-WAIT_S = 5.0
 
 
 def recorded(fake: FakeApiServer) -> list[Any]:
     (obj,) = [o for o in fake.objects(selector="", resource="configmaps") if o["metadata"]["name"] == NAME]
     return list(json.loads(obj["data"][DATA_KEY]))
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not condition():  # noqa: ASYNC110 (the pools have no change event to wait on here)
-            await asyncio.sleep(0.01)
 
 
 def state(app: PickerApp, address: str) -> EndpointState | None:

@@ -95,16 +95,7 @@ def test_a_greedy_stream_cut_after_k_tokens_completes_identically(
     before = resumes(stack)
     with httpx.Client(timeout=120) as client:
         uncut = read(client, stack.url, path, body)
-        tripwire = Tripwire(at)
-        for relay in relays.values():
-            relay.tripwire = tripwire
-        try:
-            resumed = read(client, stack.url, path, body)
-        finally:
-            for relay in relays.values():
-                relay.tripwire = None
-            if tripwire.fired is not None:
-                tripwire.fired.restore()
+    resumed, tripwire = cut_run(stack, relays, path, body, at, read)
     assert tripwire.fired is not None, "the stream ended before the cut point"
     assert uncut["finish"] == ["length"] and uncut["done"] == 1
     assert resumed["text"] == uncut["text"]
@@ -175,15 +166,17 @@ def read_all(client: httpx.Client, url: str, path: str, body: dict[str, Any]) ->
     return out
 
 
-def cut_run(stack: ProxyStack, relays: dict[str, Relay], path: str, body: dict[str, Any], at: int) -> Any:
-    """The same request with a tripwire at `at` tokens on both relays: (what the client read, the
-    tripwire)."""
+def cut_run(
+    stack: ProxyStack, relays: dict[str, Relay], path: str, body: dict[str, Any], at: int, reader: Any = None
+) -> Any:
+    """The same request with a tripwire at `at` tokens on both relays: (what the client read with
+    `reader`, `read_all` by default; the tripwire)."""
     tripwire = Tripwire(at)
     for relay in relays.values():
         relay.tripwire = tripwire
     try:
         with httpx.Client(timeout=120) as client:
-            resumed = read_all(client, stack.url, path, body)
+            resumed = (reader or read_all)(client, stack.url, path, body)
     finally:
         for relay in relays.values():
             relay.tripwire = None
