@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
@@ -160,8 +161,38 @@ def bounded_label(value: str) -> str:
     return value[: MAX_LABEL_CHARS - len(TRUNCATED_MARK)] + TRUNCATED_MARK
 
 
+_MAX_CACHED_CHILDREN = 256
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class _Histogram(Histogram):
+    """prometheus_client's Histogram, observed by bisection: its own `observe` walks the buckets one
+    by one (1.27 against 0.70 us a value; the request path observes about 11 a request)."""
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        self._sum.inc(amount)
+        index = bisect_left(self._upper_bounds, amount)  # the last bound is +Inf; NaN lands past it
+        self._buckets[min(index, len(self._buckets) - 1)].inc(1)
+
+
+class _Children:
+    """A labelled metric's children, each looked up once (prometheus_client builds a tuple and takes a
+    lock per `labels()`: 0.87 us, 0.04 from a dict). Bounded: label values may come from requests."""
+
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: Counter | Histogram) -> None:
+        self._metric = metric
+        self._cache: dict[str, Counter | Histogram] = {}
+
+    def __call__(self, value: str) -> Counter | Histogram:
+        child = self._cache.get(value)
+        if child is None:
+            child = self._metric.labels(value)
+            if len(self._cache) < _MAX_CACHED_CHILDREN:
+                self._cache[value] = child
+        return child
 
 
 class _CappedLabels:
@@ -486,20 +517,20 @@ class Metrics:
             "Requests Envoy served from a listed fallback, not the primary",
             registry=r,
         )
-        self._pick_seconds = Histogram(
+        self._pick_seconds = _Histogram(
             "picker_pick_duration_seconds",
             "Time to admit and pick one request",
             buckets=_PICK_BUCKETS,
             registry=r,
         )
-        self._books_gap = Histogram(
+        self._books_gap = _Histogram(
             "picker_books_gap_requests",
             "At each scrape, how far the pickers' count on an endpoint was from its engine's running + "
             "waiting (less what was on its way): about 0 where every end is seen",
             buckets=(0.0, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0),
             registry=r,
         )
-        self._queue_wait = Histogram(
+        self._queue_wait = _Histogram(
             "picker_flow_wait_seconds",
             "Time spent in the admission queue, by outcome",
             ["outcome"],
@@ -507,21 +538,21 @@ class Metrics:
             registry=r,
         )
         self._models = _CappedLabels(_MAX_MODELS)
-        self._ttft = Histogram(
+        self._itl_children: dict[str, Histogram] = {}  # by the request's model name (not yet capped)
+        self._ttft = _Histogram(
             "picker_time_to_first_token_seconds",
             "Admission to first response byte, by model",
             ["model"],
             buckets=_TTFT_BUCKETS,
             registry=r,
         )
-        self._itl = Histogram(
+        self._itl = _Histogram(
             "picker_inter_token_latency_seconds",
             "Gap between stream chunks, by model",
             ["model"],
             buckets=_ITL_BUCKETS,
             registry=r,
         )
-        self._itl_children: dict[str, Histogram] = {}
         self._output_tokens = Counter(
             "picker_output_tokens", "Tokens streamed to clients, by model", ["model"], registry=r
         )
@@ -555,13 +586,13 @@ class Metrics:
             "with room (affinity.latency)",
             registry=r,
         )
-        self._placed_cached = Histogram(
+        self._placed_cached = _Histogram(
             "picker_affinity_cached_share",
             "Share of the prompt the primary was known to hold, per cache-aware pick",
             buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0),
             registry=r,
         )
-        self._latency_error = Histogram(
+        self._latency_error = _Histogram(
             "picker_latency_prediction_error",
             "affinity.latency: |predicted - measured| / measured of the primary's TTFT or time per output "
             "token, per request (the predictions' per-replica error: picker_latency_model)",
@@ -596,14 +627,14 @@ class Metrics:
         self._unmatched = Counter(
             "picker_observer_unmatched", "Observer streams for requests this picker did not route", registry=r
         )
-        self._drain_seconds = Histogram(
+        self._drain_seconds = _Histogram(
             "picker_drain_duration_seconds",
             "From a drain's start to its exit, by exit",
             ["exit"],
             buckets=_DRAIN_BUCKETS,
             registry=r,
         )
-        self._drain_to_zero = Histogram(
+        self._drain_to_zero = _Histogram(
             "picker_drain_time_to_zero_seconds",
             "From a drain's start until its last in-flight request ended",
             buckets=_DRAIN_BUCKETS,
@@ -619,6 +650,11 @@ class Metrics:
             self._requests.labels(outcome.value)
         for reason in EndReason:
             self._ends.labels(reason.value)
+        # the children the request path counts into, each looked up once (_Children)
+        self._requests_by, self._queue_wait_by = _Children(self._requests), _Children(self._queue_wait)
+        self._ends_by, self._output_tokens_by = _Children(self._ends), _Children(self._output_tokens)
+        self._ttft_by, self._itl_by = _Children(self._ttft), _Children(self._itl)
+        self._picks_by, self._placements_by = _Children(self._picks), _Children(self._placements)
 
     def register_latency(self, model: LatencyModel) -> None:
         self.registry.register(_LatencyCollector(model))
@@ -668,8 +704,8 @@ class Metrics:
 
     def count_admission(self, outcome: Outcome, waited_s: float) -> None:
         """Every request's admission outcome, with the time it spent queued (0 when not queued)."""
-        self._requests.labels(outcome.value).inc()
-        self._queue_wait.labels(outcome.value).observe(waited_s)
+        self._requests_by(outcome.value).inc()
+        self._queue_wait_by(outcome.value).observe(waited_s)
 
     def register_peers(self, peers: PeersView) -> None:
         self.registry.register(_PeersCollector(peers))
@@ -705,20 +741,20 @@ class Metrics:
         self, reason: EndReason, endpoint: str | None = None, model: str = "", tokens: int = 0
     ) -> None:
         """A request's one end reason, and what it produced."""
-        self._ends.labels(reason.value).inc()
+        self._ends_by(reason.value).inc()
         if tokens:
-            self._output_tokens.labels(self._models.label(model)).inc(tokens)
+            self._output_tokens_by(self._models.label(model)).inc(tokens)
         if endpoint and reason is EndReason.UPSTREAM_TRUNCATED:
             self._truncations.labels(bounded_label(endpoint)).inc()
 
     def observe_ttft(self, model: str, seconds: float) -> None:
-        self._ttft.labels(self._models.label(model)).observe(seconds)
+        self._ttft_by(self._models.label(model)).observe(seconds)
 
     def observe_itl(self, model: str, seconds: float) -> None:
         """Once per chunk of every stream: the labelled child is looked up once per model name."""
         child = self._itl_children.get(model)
         if child is None:
-            child = self._itl.labels(self._models.label(model))
+            child = self._itl_by(self._models.label(model))
             if len(self._itl_children) < 2 * _MAX_MODELS:  # names come from requests: bounded
                 self._itl_children[model] = child
         child.observe(seconds)
@@ -730,7 +766,7 @@ class Metrics:
         self._retries.labels(bounded_label(endpoint)).inc(retries)
 
     def count_pick(self, endpoint: str, seconds: float) -> None:
-        self._picks.labels(bounded_label(endpoint)).inc()
+        self._picks_by(bounded_label(endpoint)).inc()
         self._pick_seconds.observe(seconds)
 
     def set_leader(self, leading: bool) -> None:
@@ -763,7 +799,7 @@ class Metrics:
 
     def count_placement(self, how: str, cached: float) -> None:
         """A cache-aware pick: how it was chosen, and the share of the prompt it was known to hold."""
-        self._placements.labels(how).inc()
+        self._placements_by(how).inc()
         self._placed_cached.observe(cached)
 
     def count_latency_wait(self) -> None:
