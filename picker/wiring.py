@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from picker.rollout.runner import RolloutRunner
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
     from picker.sources.kv_events import KvEvents
+    from picker.sources.pool_status import PoolStatusWriter
     from picker.sources.served_models import ModelCards
     from picker.sources.token_review import TokenReviewer
     from picker.sources.tokenizer import EngineTokenizer
@@ -90,6 +91,8 @@ class Core:
     rollout: RolloutRunner | None = None  # rollout.candidate set: the canary's clock and drains
     reviewer: TokenReviewer | None = None  # admin.metrics_auth: who may read /metrics
     leader: Callable[[], bool] | None = None  # leader.enabled (picker serve): whether it holds the Lease
+    drains: DrainStore | None = None  # where admin drains are recorded (set by `admin`)
+    pool_status: PoolStatusWriter | None = None  # kube.pool_status: the InferencePool's condition
 
     def start_background(self, spawn: Spawn) -> None:
         """The core's own loops (scraper, KV events, stall sweep), run by the frontend's `spawn`."""
@@ -123,6 +126,9 @@ class Core:
         if self.rollout is not None:
             spawn(self.rollout.run(), "rollout")
         self.sources.run_deletion_cost(self, spawn)  # kube.deletion_cost, when on
+        if self.sources.status_api is not None:
+            self.pool_status = self.open_pool_status()
+            spawn(self.pool_status.run(), "pool-status")
         spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
 
     def admin(
@@ -133,7 +139,7 @@ class Core:
         from picker.admin.status_page import overview
 
         token, metrics_token = self.config.admin.token, self.config.admin.metrics_token
-        drains = self.open_drains(spawn) or LocalDrains(self.pool)
+        drains = self.drains = self.open_drains(spawn) or LocalDrains(self.pool)
         if self.rollout is not None:
             self.rollout.store = drains  # a rollback drains through the same store as the admin API
         moves = None
@@ -162,6 +168,41 @@ class Core:
             move_streams=move,
             pool_moves=None if moves is None else moves.move,
         )
+
+    def open_pool_status(self) -> PoolStatusWriter:
+        """kube.pool_status: the writer of the pool's Ready condition and events, one per pool (the
+        same gate as kube.deletion_cost's), named for this picker ($POD_NAME, its peer name, its host)."""
+        import os
+        import platform
+
+        from picker.sources.deletion_cost import writer_gate
+        from picker.sources.pool_status import PoolStatusWriter
+
+        kube, sources, peering = self.config.kube, self.sources, self.path.peering
+        assert sources.status_api is not None and kube.pool_name is not None
+        rollout = self.rollout
+
+        def rollbacks() -> tuple[int, str | None]:
+            if rollout is None:
+                return 0, None
+            canary = rollout.canary
+            return canary.rollbacks, (canary.rollback or {}).get("reason")
+
+        writer = PoolStatusWriter(
+            sources.status_api,
+            self.pool,
+            kube.pool_name,
+            identity=os.environ.get("POD_NAME") or (peering.name if peering else "") or platform.node(),
+            debounce_s=kube.pool_status_debounce_s,
+            resync_s=kube.pool_status_resync_s,
+            writing=writer_gate(self.leader, peering),
+            grants=sources.status_grants,
+            problem=lambda: sources.problem,
+            drained_by=lambda: self.drains.drained_by() if self.drains is not None else {},
+            rollbacks=rollbacks,
+        )
+        self.metrics.register_pool_status(writer.figures)
+        return writer
 
     def open_reviewer(self) -> TokenReviewer | None:
         """admin.metrics_auth: readers' tokens reviewed by the API server (token, access reviews)."""
