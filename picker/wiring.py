@@ -127,7 +127,9 @@ class Core:
             spawn(self.rollout.run(), "rollout")
         self.sources.run_deletion_cost(self, spawn)  # kube.deletion_cost, when on
         if self.sources.status_api is not None:
-            self.pool_status = self.open_pool_status()
+            from picker.sources.pool_status_of import open_pool_status
+
+            self.pool_status = open_pool_status(self)
             spawn(self.pool_status.run(), "pool-status")
         spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
 
@@ -168,41 +170,6 @@ class Core:
             move_streams=move,
             pool_moves=None if moves is None else moves.move,
         )
-
-    def open_pool_status(self) -> PoolStatusWriter:
-        """kube.pool_status: the writer of the pool's Ready condition and events, one per pool (the
-        same gate as kube.deletion_cost's), named for this picker ($POD_NAME, its peer name, its host)."""
-        import os
-        import platform
-
-        from picker.sources.deletion_cost import writer_gate
-        from picker.sources.pool_status import PoolStatusWriter
-
-        kube, sources, peering = self.config.kube, self.sources, self.path.peering
-        assert sources.status_api is not None and kube.pool_name is not None
-        rollout = self.rollout
-
-        def rollbacks() -> tuple[int, str | None]:
-            if rollout is None:
-                return 0, None
-            canary = rollout.canary
-            return canary.rollbacks, (canary.rollback or {}).get("reason")
-
-        writer = PoolStatusWriter(
-            sources.status_api,
-            self.pool,
-            kube.pool_name,
-            identity=os.environ.get("POD_NAME") or (peering.name if peering else "") or platform.node(),
-            debounce_s=kube.pool_status_debounce_s,
-            resync_s=kube.pool_status_resync_s,
-            writing=writer_gate(self.leader, peering),
-            grants=sources.status_grants,
-            problem=lambda: sources.problem,
-            drained_by=lambda: self.drains.drained_by() if self.drains is not None else {},
-            rollbacks=rollbacks,
-        )
-        self.metrics.register_pool_status(writer.figures)
-        return writer
 
     def open_reviewer(self) -> TokenReviewer | None:
         """admin.metrics_auth: readers' tokens reviewed by the API server (token, access reviews)."""
