@@ -180,6 +180,8 @@ class PickerApp:
     async def _stand_down(self) -> None:
         """Shutdown's first step: not ready, and the Lease handed back so a standby leads at once."""
         await self.health.not_ready()
+        if self.core.pool_status is not None:  # while still the writer: the Lease goes next
+            await self.core.pool_status.stopping(self.config.kube.request_timeout_s)
         if self.election is not None:
             await self.election.release()
 

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from picker.rollout.runner import RolloutRunner
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
     from picker.sources.kv_events import KvEvents
+    from picker.sources.pool_status import PoolStatusWriter
     from picker.sources.served_models import ModelCards
     from picker.sources.token_review import TokenReviewer
     from picker.sources.tokenizer import EngineTokenizer
@@ -90,6 +91,8 @@ class Core:
     rollout: RolloutRunner | None = None  # rollout.candidate set: the canary's clock and drains
     reviewer: TokenReviewer | None = None  # admin.metrics_auth: who may read /metrics
     leader: Callable[[], bool] | None = None  # leader.enabled (picker serve): whether it holds the Lease
+    drains: DrainStore | None = None  # where admin drains are recorded (set by `admin`)
+    pool_status: PoolStatusWriter | None = None  # kube.pool_status: the InferencePool's condition
 
     def start_background(self, spawn: Spawn) -> None:
         """The core's own loops (scraper, KV events, stall sweep), run by the frontend's `spawn`."""
@@ -123,6 +126,11 @@ class Core:
         if self.rollout is not None:
             spawn(self.rollout.run(), "rollout")
         self.sources.run_deletion_cost(self, spawn)  # kube.deletion_cost, when on
+        if self.sources.status_api is not None:
+            from picker.sources.pool_status_of import open_pool_status
+
+            self.pool_status = open_pool_status(self)
+            spawn(self.pool_status.run(), "pool-status")
         spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
 
     def admin(
@@ -133,7 +141,7 @@ class Core:
         from picker.admin.status_page import overview
 
         token, metrics_token = self.config.admin.token, self.config.admin.metrics_token
-        drains = self.open_drains(spawn) or LocalDrains(self.pool)
+        drains = self.drains = self.open_drains(spawn) or LocalDrains(self.pool)
         if self.rollout is not None:
             self.rollout.store = drains  # a rollback drains through the same store as the admin API
         moves = None

@@ -128,6 +128,7 @@ def metrics_page() -> str:
     metrics.set_leader(False)
     metrics.register_capacity(lambda: (0, 0.0))
     metrics.register_deletion_cost(lambda: (False, {}, {}))
+    metrics.register_pool_status(lambda: (False, {}, {}))
     metrics.register_metrics_auth(lambda: {("tokenreview", "authenticated"): 0})
     metrics.register_rejections("drain_record", lambda: {"unknown-cause": 0})
     from picker.config.model import RolloutConfig
@@ -140,8 +141,8 @@ def metrics_page() -> str:
         GENERATED,
         "",
         "Every family on `:9090/metrics` (`picker/observability/metrics.py` defines them). Per-endpoint",
-        "label values are capped; the peer, leader and deletion-cost families appear only with peers, leader",
-        "election or kube.deletion_cost on.",
+        "label values are capped; the peer, leader, deletion-cost and pool-status families appear only with",
+        "peers, leader election, kube.deletion_cost or kube.pool_status on.",
         "",
         "| metric | type | labels | what it counts |",
         "|---|---|---|---|",

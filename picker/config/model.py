@@ -179,6 +179,26 @@ class KubeSourceConfig(_Group):
         description="with deletion_cost: a pod's annotation changes at most once per this",
     )
 
+    # Pool status (picker/sources/pool_status.py): a `Ready` condition on the InferencePool and
+    # events on changes of state, drains and rollbacks.
+    pool_status: bool = Field(
+        False,
+        description="report the pool's health on the InferencePool (a Ready condition in status.parents) "
+        "and in events (RBAC patch on inferencepools/status, create on events)",
+    )
+    pool_status_debounce_s: float = Field(
+        0.5,
+        gt=0,
+        le=60,
+        description="with pool_status: the view must hold still this long before it is written",
+    )
+    pool_status_resync_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="with pool_status: the entry is read again this often (rewritten if lost)",
+    )
+
     @model_validator(mode="after")
     def _drains_need_kube(self) -> KubeSourceConfig:
         kube_source = self.enabled or self.pool_name is not None or self.endpoint_selector is not None
@@ -191,6 +211,12 @@ class KubeSourceConfig(_Group):
         kube_source = self.enabled or self.pool_name is not None or self.endpoint_selector is not None
         if self.deletion_cost and not kube_source:
             raise ValueError("kube.deletion_cost needs a Kubernetes endpoint source (the pods it ranks)")
+        return self
+
+    @model_validator(mode="after")
+    def _pool_status_needs_pool(self) -> KubeSourceConfig:
+        if self.pool_status and self.pool_name is None:
+            raise ValueError("kube.pool_status needs kube.pool_name (the InferencePool it reports on)")
         return self
 
     @model_validator(mode="after")

@@ -17,6 +17,7 @@ SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "drains_configmap": ("kube", "drains_configmap"),
     "pod_deletion_cost": ("kube", "deletion_cost"),
     "pod_deletion_cost_interval": ("kube", "deletion_cost_interval_s"),
+    "pool_status": ("kube", "pool_status"),
     "kube_service": ("kube", "service"),
     "kube_namespace": ("kube", "namespace"),
     "kube_label_selector": ("kube", "label_selector"),
@@ -133,6 +134,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "--pod-deletion-cost-interval",
         type=float,
         help="with --pod-deletion-cost: a pod's annotation changes at most once per this (default 10 s)",
+    )
+    parser.add_argument(
+        "--pool-status",
+        action="store_const",
+        const=True,
+        help="report the pool's health on the InferencePool (a Ready condition) and in events "
+        "(RBAC: patch inferencepools/status, create events)",
     )
     parser.add_argument("--kube-namespace", help="its namespace (default: the service account's)")
     parser.add_argument("--kube-label-selector", help="or: EndpointSlices matching this label selector")

@@ -345,6 +345,38 @@ class _DeletionCostCollector(Collector):
         yield held
 
 
+class _PoolStatusCollector(Collector):
+    """kube.pool_status: the InferencePool's Ready condition and events (picker/sources/pool_status.py)."""
+
+    def __init__(self, read: Callable[[], tuple[bool, Mapping[str, int], Mapping[str, int]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        writing, writes, events = self._read()
+        yield GaugeMetricFamily(
+            "picker_pool_status_writer",
+            "1 while this picker writes the InferencePool's status and events (one writer per pool)",
+            value=1 if writing else 0,
+        )
+        written = CounterMetricFamily(
+            "picker_pool_status_writes",
+            "Looks at the InferencePool's Ready condition that read it, by result: written, unchanged "
+            "(the entry already said it), conflict (written meanwhile: read again), failed",
+            labels=["result"],
+        )
+        for result in ("written", "unchanged", "conflict", "failed"):
+            written.add_metric([result], writes.get(result, 0))
+        yield written
+        made = CounterMetricFamily(
+            "picker_pool_status_events",
+            "Events about the pool (changes of state, drains, rollbacks), by result: created, failed",
+            labels=["result"],
+        )
+        for result in ("created", "failed"):
+            made.add_metric([result], events.get(result, 0))
+        yield made
+
+
 class _RejectedCollector(Collector):
     """Inputs from outside the process rejected whole, by reason (read at scrape time)."""
 
@@ -730,6 +762,12 @@ class Metrics:
     ) -> None:
         """kube.deletion_cost: `read()` gives (writing now, writes by result, changes held back by why)."""
         self.registry.register(_DeletionCostCollector(read))
+
+    def register_pool_status(
+        self, read: Callable[[], tuple[bool, Mapping[str, int], Mapping[str, int]]]
+    ) -> None:
+        """kube.pool_status: `read()` gives (writing now, condition writes by result, events by result)."""
+        self.registry.register(_PoolStatusCollector(read))
 
     def register_metrics_auth(self, read: Callable[[], Mapping[tuple[str, str], int]]) -> None:
         self.registry.register(_ReviewsCollector(read))

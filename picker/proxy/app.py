@@ -130,6 +130,8 @@ class ProxyApp:
     async def _not_ready(self) -> None:
         self._stopping = True
         self.ready = False
+        if self.core.pool_status is not None:
+            await self.core.pool_status.stopping(self.config.kube.request_timeout_s)
 
     def _source_problem(self, problem: str | None) -> None:
         """/ready follows whether the endpoint source can be trusted (never up again once stopping)."""

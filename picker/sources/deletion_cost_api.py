@@ -13,6 +13,7 @@ from typing import Any
 import httpx2
 import msgspec
 from lightkube.config.kubeconfig import KubeConfig
+from lightkube.core.generic_client import GenericAsyncClient
 from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.core_v1 import Pod
@@ -31,6 +32,29 @@ class PodGone(SourceError):
     kind = "gone"
 
 
+async def self_review(
+    client: GenericAsyncClient, verb: str, resource: str, group: str, namespace: str, subresource: str = ""
+) -> tuple[bool, str]:
+    """Whether this picker's identity may `verb` the resource (a SelfSubjectAccessReview), and the API
+    server's reason. SourceError when the review cannot be made (the API server down or refusing it)."""
+    attributes = ResourceAttributes(
+        verb=verb, resource=resource, group=group, namespace=namespace, subresource=subresource or None
+    )
+    review = SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(resourceAttributes=attributes))
+    try:
+        answer: Any = await client.request("post", obj=review)
+    except httpx2.HTTPStatusError as exc:
+        raise ApiFailure(f"selfsubjectaccessreview: HTTP {exc.response.status_code}") from None
+    except httpx2.HTTPError as exc:
+        raise Disconnected(f"selfsubjectaccessreview: {type(exc).__name__}: {exc}") from None
+    except msgspec.MsgspecError as exc:
+        raise ApiFailure(f"selfsubjectaccessreview: undecodable answer: {exc}") from None
+    status = answer.status
+    allowed = status is not None and status.allowed is True and not status.denied
+    reason = (status.reason or status.evaluationError or "") if status is not None else ""
+    return allowed, reason[:300]
+
+
 class LightkubePodPatcher:
     """Patches the deletion-cost annotation of the pool's pods; asks whether it may."""
 
@@ -41,20 +65,7 @@ class LightkubePodPatcher:
     async def may_patch(self, namespace: str) -> tuple[bool, str]:
         """Whether this picker's identity may patch pods in `namespace`, and the API server's reason.
         SourceError when the review cannot be made (the API server down or refusing it)."""
-        attributes = ResourceAttributes(verb="patch", resource="pods", group="", namespace=namespace)
-        review = SelfSubjectAccessReview(spec=SelfSubjectAccessReviewSpec(resourceAttributes=attributes))
-        try:
-            answer: Any = await self._client.request("post", obj=review)
-        except httpx2.HTTPStatusError as exc:
-            raise ApiFailure(f"selfsubjectaccessreview: HTTP {exc.response.status_code}") from None
-        except httpx2.HTTPError as exc:
-            raise Disconnected(f"selfsubjectaccessreview: {type(exc).__name__}: {exc}") from None
-        except msgspec.MsgspecError as exc:
-            raise ApiFailure(f"selfsubjectaccessreview: undecodable answer: {exc}") from None
-        status = answer.status
-        allowed = status is not None and status.allowed is True and not status.denied
-        reason = (status.reason or status.evaluationError or "") if status is not None else ""
-        return allowed, reason[:300]
+        return await self_review(self._client, "patch", "pods", "", namespace)
 
     async def annotate(self, pod: PodRef, value: int) -> None:
         """Set the pod's annotation to `value`: PodGone, ApiFailure or Disconnected when it did not.

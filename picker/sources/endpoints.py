@@ -24,6 +24,8 @@ from picker.pool.slices import TargetPort
 from picker.request.objectives import Objectives
 from picker.sources import kube, kube_pool, static_file
 from picker.sources.deletion_cost import DeletionCostWriter, Parts, PodPatcher, verified
+from picker.sources.pool_status import Grants, StatusApi
+from picker.sources.pool_status import verified as verify_status
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,10 @@ class EndpointSources:
         # asked) in start(); `patch_allowed` False: the API server could not be asked then
         self.pod_patcher: PodPatcher | None = None
         self.patch_allowed = False
+        # kube.pool_status: the client that writes the pool's condition and events, opened (and its
+        # grants asked) in start(); `status_grants` None: the API server could not be asked then
+        self.status_api: StatusApi | None = None
+        self.status_grants: Grants | None = None
         # InferenceObjective name -> priority (the pool source with kube.objectives on); else None.
         self.objectives: Objectives | None = (
             Objectives(config.kube.pool_name)
@@ -77,6 +83,8 @@ class EndpointSources:
         pool_config, kube_config = self._config.pool, self._config.kube
         if kube_config.deletion_cost:  # first: a refusal stops the start before anything runs
             await self._open_pod_patcher()
+        if kube_config.pool_status:
+            await self._open_status_api()
         if pool_config.endpoints_file is not None:
             self.file = static_file.EndpointsFile(
                 pool_config.endpoints_file,
@@ -149,6 +157,25 @@ class EndpointSources:
             await patcher.aclose()
             raise
         self.pod_patcher = patcher
+
+    async def _open_status_api(self) -> None:
+        """kube.pool_status: the status client and its grants; PoolStatusRefused (a ConfigError: the
+        picker does not start) when it may write neither the condition nor events."""
+        from picker.sources.kube_api import load_kubeconfig
+        from picker.sources.pool_status_api import LightkubePoolStatusApi
+
+        kube_config = self._config.kube
+        api = LightkubePoolStatusApi(
+            load_kubeconfig(kube_config.kubeconfig),
+            namespace=kube_config.namespace,
+            request_timeout_s=kube_config.request_timeout_s,
+        )
+        try:
+            self.status_grants = await verify_status(api)
+        except BaseException:
+            await api.aclose()
+            raise
+        self.status_api = api
 
     def run_deletion_cost(self, core: Parts, spawn: Callable[[Coroutine[Any, Any, None], str], None]) -> None:
         """kube.deletion_cost: the writer of the pool pods' annotation, run by `spawn` (nothing when off)."""
@@ -262,6 +289,9 @@ class EndpointSources:
         if self.pod_patcher is not None:
             await self.pod_patcher.aclose()
             self.pod_patcher = None
+        if self.status_api is not None:
+            await self.status_api.aclose()
+            self.status_api = None
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         self._task = asyncio.get_running_loop().create_task(work, name=f"endpoint-source-{self.name}")

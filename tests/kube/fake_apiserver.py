@@ -15,8 +15,9 @@ counter across all of them, as etcd has):
   has code 410 (the watch cache's way, `gone_as="event"`) or an HTTP 410 Status (`gone_as="http"`);
 - bearer-token auth (401 Status otherwise); other errors as Status objects;
 - TokenReviews and SubjectAccessReviews (tests/kube/fake_auth.py: `grant`, `deny`, `hold_reviews`);
-- PATCH (JSON merge patch) of any object and SelfSubjectAccessReviews (tests/kube/fake_patch.py:
-  `rbac`, `grant_resource`, `patches`).
+- PATCH (JSON merge patch) of any object, the status subresource of InferencePools, and
+  SelfSubjectAccessReviews (tests/kube/fake_patch.py: `rbac`, `grant_resource`, `patches`);
+- events.k8s.io/v1 Events created by POST (tests/kube/fake_events.py: `events`).
 
 Field selectors: `metadata.name=` and `metadata.namespace=` (what a client asks of a single object).
 Single objects (the drain-record ConfigMap's writers): GET, POST (409 when it exists) and PUT (409
@@ -44,7 +45,8 @@ from typing import Any
 from aiohttp import web
 
 from tests.kube.fake_auth import ReviewsMixin
-from tests.kube.fake_patch import PatchMixin
+from tests.kube.fake_events import EventsMixin
+from tests.kube.fake_patch import STATUS_SUBRESOURCE, PatchMixin
 from tests.kube.kube_objects import (
     GROUP_PATH,
     RESOURCES,
@@ -92,7 +94,7 @@ class _Watch:
 _DROP = object()
 
 
-class FakeApiServer(ReviewsMixin, PatchMixin):
+class FakeApiServer(ReviewsMixin, PatchMixin, EventsMixin):
     """Holds EndpointSlices, serves list/watch for them, and lets a test script every change."""
 
     def __init__(self, token: str = "fake-apiserver-token-0123456789", gone_as: str = "event") -> None:
@@ -113,6 +115,7 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
         self.requests: list[dict[str, Any]] = []
         self._init_reviews()
         self._init_patch()
+        self._init_events()
         self._runner: web.AppRunner | None = None
         self.port = 0
 
@@ -125,6 +128,7 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
         self._add_write_routes(app)
         self._add_review_routes(app)
         self._add_patch_routes(app)
+        self._add_event_routes(app)
         # handler_cancellation: a watch whose client hung up ends at once, as on a real API server.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
@@ -247,9 +251,17 @@ class FakeApiServer(ReviewsMixin, PatchMixin):
             **(metadata or {}),
         }
         obj = {"kind": kind, "apiVersion": api_version, "metadata": meta, **copy.deepcopy(body)}
+        if resource in STATUS_SUBRESOURCE:  # a write of the object leaves its status as it was
+            obj.pop("status", None)
+            if previous is not None and "status" in previous:
+                obj["status"] = copy.deepcopy(previous["status"])
         self._objects[key] = obj
         self._record(rv, "MODIFIED" if previous else "ADDED", obj, previous)
         return obj
+
+    def _next_version(self) -> int:
+        self.resource_version = next(self._rv)
+        return self.resource_version
 
     def delete_slice(self, name: str, namespace: str = "default") -> None:
         self.delete("endpointslices", name, namespace)

@@ -9,8 +9,16 @@ FakeApiServer).
   apply are not implemented here), no such object (404), `metadata.name` other than the URL's (400),
   `metadata.uid` or `metadata.resourceVersion` other than the object's (409 Conflict: preconditions),
   a pod whose `controller.kubernetes.io/pod-deletion-cost` is not an int32 (422 Invalid).
+- The status subresource of the resources that have one (`STATUS_SUBRESOURCE`: InferencePools, as
+  their CRD declares `subresources: status`): PATCH and GET on {collection}/{name}/status; a PATCH
+  there changes `status` alone (anything else in it is ignored), a PATCH of the object itself leaves
+  `status` as it was; RBAC asks for `<plural>/status`. An InferencePool's status is checked against
+  the v1 CRD's schema (422 Invalid): at most 32 parents, each with a parentRef naming something, at
+  most 8 conditions, each with type, status True/False/Unknown, a CamelCase reason,
+  lastTransitionTime and a message of at most 32768 characters, one per type.
 - POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews: exactly one of resourceAttributes
-  and nonResourceAttributes (422 otherwise); `status.allowed` for the caller's own identity.
+  and nonResourceAttributes (422 otherwise); `status.allowed` for the caller's own identity (a
+  subresource is asked as `<resource>/<subresource>`, as RBAC rules name it).
 RBAC: none by default (every client may do anything, as with the other routes); once a test calls
 `rbac()`, a PATCH needs a grant (`grant_resource(subject, verb, resource, group, namespace)` for the
 client's user or one of its groups; 403 Forbidden otherwise) and a self review says what the grants
@@ -21,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +42,8 @@ JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 SELF_REVIEW = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+STATUS_SUBRESOURCE = frozenset({"inferencepools"})
+_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -79,6 +90,10 @@ class PatchMixin:
     def _add_patch_routes(self, app: web.Application) -> None:
         for plural, (path, _, _) in RESOURCES.items():
             app.router.add_patch(f"{path}/namespaces/{{namespace}}/{plural}/{{name}}", self._patch)
+            if plural in STATUS_SUBRESOURCE:
+                one = f"{path}/namespaces/{{namespace}}/{plural}/{{name}}/status"
+                app.router.add_patch(one, self._patch)
+                app.router.add_get(one, self._get_status)
         app.router.add_post(SELF_REVIEW, self._self_review)
 
     # -- test controls -----------------------------------------------------------------------------
@@ -112,6 +127,17 @@ class PatchMixin:
             for who in subjects
         )
 
+    async def _get_status(self, request: web.Request) -> web.Response:
+        namespace, name = request.match_info["namespace"], request.match_info["name"]
+        plural = request.path.split("/namespaces/", 1)[1].split("/")[1]
+        self.requests.append({"method": "GET", "path": request.path, "query": dict(request.query)})
+        if not self._authorized(request):
+            return status_response(401, "Unauthorized", "Unauthorized")
+        current = self._objects.get((plural, namespace, name))
+        if current is None:
+            return status_response(404, "NotFound", f'{plural} "{name}" not found')
+        return web.Response(body=json.dumps(current), content_type=JSON)
+
     async def _patch(self, request: web.Request) -> web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         plural = request.path.split("/namespaces/", 1)[1].split("/")[1]
@@ -128,6 +154,7 @@ class PatchMixin:
                 "body": body,
                 "status": answer.status,
                 "at": time.monotonic(),
+                "subresource": "status" if request.path.endswith("/status") else "",
             }
         )
         return answer
@@ -142,12 +169,14 @@ class PatchMixin:
             self._failures.remove(failure)
             return status_response(failure[0], "InternalError", f"injected {failure[0]}")
         group = RESOURCES[plural][2].rpartition("/")[0]
-        if not self._may(self._bearer(request), "patch", group, plural, namespace):
+        on_status = plural in STATUS_SUBRESOURCE and request.path.endswith("/status")
+        rbac_resource = f"{plural}/status" if on_status else plural
+        if not self._may(self._bearer(request), "patch", group, rbac_resource, namespace):
             user = self.user_of(self._bearer(request))
             return status_response(
                 403,
                 "Forbidden",
-                f'{plural} "{name}" is forbidden: User "{user}" cannot patch resource "{plural}" '
+                f'{plural} "{name}" is forbidden: User "{user}" cannot patch resource "{rbac_resource}" '
                 f'in API group "{group}" in the namespace "{namespace}"',
             )
         if request.content_type != MERGE_PATCH:
@@ -178,6 +207,21 @@ class PatchMixin:
                     f"{current['metadata'].get(field)}",
                 )
         updated = merge_patch(current, body)
+        if on_status:  # the status subresource: status alone changes
+            updated = {**copy.deepcopy(current), "status": updated.get("status")}
+            if updated["status"] is None:
+                updated.pop("status")
+            invalid = _invalid_pool_status(updated.get("status")) if plural == "inferencepools" else None
+            if invalid is not None:
+                return status_response(
+                    422,
+                    "Invalid",
+                    f'InferencePool.inference.networking.k8s.io "{name}" is invalid: {invalid}',
+                )
+        elif plural in STATUS_SUBRESOURCE:  # the object itself: its status is not changed here
+            updated.pop("status", None)
+            if "status" in current:
+                updated["status"] = copy.deepcopy(current["status"])
         cost = ((updated.get("metadata") or {}).get("annotations") or {}).get(DELETION_COST)
         if plural == "pods" and cost is not None and not _int32(cost):
             return status_response(
@@ -219,11 +263,14 @@ class PatchMixin:
         self.self_reviews.append(spec)
         token = self._bearer(request)
         if resource is not None:
+            asked = str(resource.get("resource", ""))
+            if resource.get("subresource"):
+                asked = f"{asked}/{resource['subresource']}"
             allowed = self._may(
                 token,
                 str(resource.get("verb", "")),
                 str(resource.get("group", "")),
-                str(resource.get("resource", "")),
+                asked,
                 str(resource.get("namespace", "")),
             )
         else:
@@ -236,3 +283,42 @@ class PatchMixin:
         return web.json_response(
             {**body, "metadata": {"creationTimestamp": None}, "status": answer}, status=201
         )
+
+
+def _invalid_pool_status(status: Any) -> str | None:
+    """What the v1 InferencePool CRD's schema refuses in a status, as the API server words it; None: valid."""
+    if status is None:
+        return None
+    if not isinstance(status, dict):
+        return "status: Invalid value: must be an object"
+    parents = status.get("parents", [])
+    if not isinstance(parents, list):
+        return "status.parents: Invalid value: must be a list"
+    if len(parents) > 32:
+        return f"status.parents: Too many: {len(parents)}: must have at most 32 items"
+    for i, parent in enumerate(parents):
+        where = f"status.parents[{i}]"
+        ref = parent.get("parentRef") if isinstance(parent, dict) else None
+        if not isinstance(ref, dict) or not ref.get("name"):
+            return f"{where}.parentRef.name: Required value"
+        conditions = parent.get("conditions", [])
+        if not isinstance(conditions, list) or len(conditions) > 8:
+            return f"{where}.conditions: Too many: must have at most 8 items"
+        types: set[str] = set()
+        for j, condition in enumerate(conditions):
+            at = f"{where}.conditions[{j}]"
+            if not isinstance(condition, dict):
+                return f"{at}: Invalid value: must be an object"
+            for key in ("type", "status", "reason", "message", "lastTransitionTime"):
+                if not isinstance(condition.get(key), str):
+                    return f"{at}.{key}: Required value"
+            if condition["status"] not in ("True", "False", "Unknown"):
+                return f'{at}.status: Unsupported value: "{condition["status"]}"'
+            if not _REASON.match(condition["reason"]) or len(condition["reason"]) > 1024:
+                return f'{at}.reason: Invalid value: "{condition["reason"]}"'
+            if len(condition["message"]) > 32768:
+                return f"{at}.message: Too long: may not be more than 32768 bytes"
+            if condition["type"] in types:
+                return f'{at}: Duplicate value: map[string]interface {{}}{{"type":"{condition["type"]}"}}'
+            types.add(condition["type"])
+    return None

@@ -1,0 +1,366 @@
+"""kube.pool_status: the picker's reading of its pool (picker/pool/status.py) written on the
+InferencePool as a `Ready` condition, and events on changes of state, drains and rollbacks.
+
+Where the condition goes: `status.parents[]` is the only place the v1 InferencePool has for
+conditions (a top-level `status.conditions` is not in its schema and would be pruned). Writing into a
+gateway controller's entry would fight that controller, which owns it; so the picker keeps one entry
+of its own, whose `parentRef` names the picker as the pool does (`spec.endpointPickerRef`: group,
+kind, name), holding one condition of type `Ready` (the name proposed upstream, GIE #2925). Every
+picker of the pool, and a restarted one, names the same entry: a new writer replaces it, never adds
+one. The list is atomic: read, replace that entry, write back under the read's resourceVersion
+(pool_status_api.py says why a merge patch and not server-side apply).
+
+Bounded: a write only when the (state, reason) to show differs from what the entry says, after the
+view has held still for `debounce_s` (a burst of pod changes is one look); every `resync_s` the
+entry is read again and rewritten only if someone removed or changed it. Events: one per change of
+state, one per drain this picker sees start (at most `_MAX_DRAIN_EVENTS` a look, the rest summed up
+in one), one per rollback of this picker's canary.
+
+One writer per pool, as kube.deletion_cost (deletion_cost.writer_gate): the Lease's holder, or the
+first of the linked peers; the others stand by. Permission: asked at start (SelfSubjectAccessReview)
+for `patch inferencepools/status` and `create events`; with neither the picker refuses to start
+(PoolStatusRefused); with one, it does what that one allows and says so once (no condition: events
+only, as the issue asks where the status cannot be written).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from picker.config.model import ConfigError
+from picker.contract.pool_status import CONDITION_TYPE, EVENT_TYPE, STATE_EVENT, PoolEvent, PoolState
+from picker.pool import Pool
+from picker.pool.status import Phase, PoolHealth, pool_health
+from picker.sources.kube import SourceError
+
+log = logging.getLogger(__name__)
+
+CONTROLLER = "inference-picker"  # the Event's reportingController
+POOL_API = "inference.networking.k8s.io/v1"
+_MAX_DRAIN_EVENTS = 5
+_NOTE_MAX = 1024  # events.k8s.io/v1: note is at most 1 kB
+_MAX_PARENTS = 32  # the CRD's maxItems
+
+
+class PoolStatusRefused(ConfigError):
+    """kube.pool_status is on and the API server lets this picker neither write the pool's status
+    nor create events."""
+
+
+class StatusApi(Protocol):
+    """What the writer needs of the API server (pool_status_api.LightkubePoolStatusApi)."""
+
+    namespace: str
+
+    async def may(self, verb: str, resource: str, group: str, subresource: str = "") -> tuple[bool, str]: ...
+
+    async def read(self, name: str) -> tuple[list[Mapping[str, Any]], str, str, int, Mapping[str, Any]]: ...
+
+    async def write(self, name: str, parents: list[Mapping[str, Any]], version: str) -> str: ...
+
+    async def record(self, event: Mapping[str, Any]) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Grants:
+    """What the API server lets this picker do (None in `verified`: it could not be asked yet)."""
+
+    status: bool
+    events: bool
+
+
+async def verified(api: StatusApi) -> Grants | None:
+    """At start: the grants; None when they could not be asked (asked again before the first write);
+    PoolStatusRefused when neither is granted."""
+    try:
+        status = await api.may("patch", "inferencepools", "inference.networking.k8s.io", "status")
+        events = await api.may("create", "events", "events.k8s.io")
+    except SourceError as exc:
+        log.warning("kube.pool_status: cannot ask what this picker may write (%s); asking again later", exc)
+        return None
+    return _grants(api.namespace, status, events)
+
+
+def _grants(namespace: str, status: tuple[bool, str], events: tuple[bool, str]) -> Grants:
+    if not status[0] and not events[0]:
+        raise PoolStatusRefused(
+            f"kube.pool_status: this picker may neither patch inferencepools/status nor create events in "
+            f"namespace {namespace}; grant them (config/k8s/pool-status/rbac.yaml) or turn the feature off"
+        )
+    if not status[0]:
+        log.warning(
+            "kube.pool_status: may not patch inferencepools/status in %s (%s): events only, no condition",
+            namespace,
+            status[1] or "denied",
+        )
+    if not events[0]:
+        log.warning("kube.pool_status: may not create events in %s: the condition only", namespace)
+    return Grants(status[0], events[0])
+
+
+def parent_ref(spec: Mapping[str, Any], pool: str, namespace: str) -> dict[str, str]:
+    """The picker's own entry in `status.parents`: the pool's `endpointPickerRef` (a Service by default)."""
+    ref = spec.get("endpointPickerRef") if isinstance(spec.get("endpointPickerRef"), Mapping) else {}
+    name = ref.get("name") if isinstance(ref.get("name"), str) and ref.get("name") else f"{pool}-epp"
+    kind = ref.get("kind") if isinstance(ref.get("kind"), str) and ref.get("kind") else "Service"
+    group = ref.get("group") if isinstance(ref.get("group"), str) else ""
+    return {"group": group, "kind": kind, "name": name, "namespace": namespace}
+
+
+def _same_ref(entry: Mapping[str, Any], ref: Mapping[str, str]) -> bool:
+    theirs = entry.get("parentRef") if isinstance(entry.get("parentRef"), Mapping) else {}
+    defaults = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": ref["namespace"]}
+    # a key left out takes the CRD's default; the core group "" is a value, not an absence
+    return all(theirs.get(key, defaults.get(key, "")) == ref[key] for key in ref)
+
+
+def _stamp(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PoolStatusWriter:
+    """Looks at the pool when it changes (debounced) and writes what changed; counts it all."""
+
+    def __init__(
+        self,
+        api: StatusApi,
+        pool: Pool,
+        name: str,
+        *,
+        identity: str,
+        debounce_s: float,
+        resync_s: float,
+        writing: Callable[[], bool] = lambda: True,
+        grants: Grants | None = Grants(True, True),
+        problem: Callable[[], str | None] = lambda: None,
+        drained_by: Callable[[], Mapping[str, Sequence[object]]] = dict,
+        rollbacks: Callable[[], tuple[int, str | None]] = lambda: (0, None),
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._api, self._pool, self.name = api, pool, name
+        self.identity = identity[:128]
+        self.debounce_s, self.resync_s = debounce_s, resync_s
+        self._writing, self.grants, self._problem = writing, grants, problem
+        self._drained_by, self._rollbacks, self._wall = drained_by, rollbacks, wall
+        self.phase = Phase.SERVING
+        self.writer = False
+        self.shown: tuple[PoolState, str] | None = None  # (state, reason) the entry says, as last read
+        self.announced: PoolState | None = None  # the state the last state event said
+        self._drains: set[tuple[str, float]] = self._open_drains()
+        self._rolled_back = rollbacks()[0]
+        self._wake = asyncio.Event()
+        pool.on_change(self._wake.set)
+        self.writes: Counter[str] = Counter()  # written | unchanged | conflict | failed
+        self.events: Counter[str] = Counter()  # created | failed
+        self.skipped: Counter[str] = Counter()  # standby
+        self.problem: str | None = None  # the last failure, logged once
+
+    def figures(self) -> tuple[bool, Counter[str], Counter[str]]:
+        """For the metrics: (writing now, condition writes by result, events by result)."""
+        return self.writer, self.writes, self.events
+
+    def health(self) -> PoolHealth:
+        return pool_health(self._pool.endpoints(), self.phase, self._problem())
+
+    async def step(self, *, resync: bool = False) -> bool:
+        """One look: events for what happened, the condition if it must change. True: written."""
+        if not self._writing():
+            if self.writer:
+                log.info("kube.pool_status: another picker writes the pool's status now; standing by")
+            self.writer, self.shown, self.announced = False, None, None
+            self._drains, self._rolled_back = self._open_drains(), self._rollbacks()[0]
+            self.skipped["standby"] += 1
+            return False
+        if not self.writer:
+            log.info("kube.pool_status: this picker writes InferencePool %s's status", self.name)
+        self.writer = True
+        if self.grants is None and not await self._ask():
+            return False
+        health = self.health()
+        if self.grants is not None and self.grants.events:
+            await self._announce(health)
+        if self.grants is None or not self.grants.status:
+            return False
+        if not resync and self.shown == (health.state, health.reason.value):
+            return False
+        return await self._write(health)
+
+    async def _write(self, health: PoolHealth) -> bool:
+        try:
+            parents, version, _, generation, spec = await self._api.read(self.name)
+            ref = parent_ref(spec, self.name, self._api.namespace)
+            ours = next((p for p in parents if _same_ref(p, ref)), None)
+            condition = self._condition(health, generation, ours)
+            if ours is not None and _shows(ours, condition):
+                self.shown = (health.state, health.reason.value)
+                self.writes["unchanged"] += 1
+                return False
+            others = [p for p in parents if p is not ours]
+            if len(others) >= _MAX_PARENTS:
+                self._failed(f"InferencePool {self.name} has {len(others)} parents: no room for the picker's")
+                self.writes["failed"] += 1
+                return False
+            await self._api.write(
+                self.name, [*others, {"parentRef": ref, "conditions": [condition]}], version
+            )
+        except SourceError as exc:
+            self.writes["conflict" if exc.kind == "conflict" else "failed"] += 1
+            if exc.kind != "conflict":
+                self._failed(exc)
+            return False
+        self.shown = (health.state, health.reason.value)
+        self.writes["written"] += 1
+        self.problem = None
+        log.info(
+            "kube.pool_status: InferencePool %s %s=%s reason=%s",
+            self.name,
+            CONDITION_TYPE,
+            health.status,
+            health.reason.value,
+        )
+        return True
+
+    def _condition(
+        self, health: PoolHealth, generation: int, ours: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        before = _ready_condition(ours) if ours is not None else None
+        since = before.get("lastTransitionTime") if before is not None else None
+        if before is None or before.get("status") != health.status or not isinstance(since, str):
+            since = _stamp(self._wall())  # the status moved: a new transition (a reason alone does not)
+        return {
+            "type": CONDITION_TYPE,
+            "status": health.status,
+            "reason": health.reason.value,
+            "message": health.message[:1024],
+            "lastTransitionTime": since,
+            "observedGeneration": generation,
+        }
+
+    async def _announce(self, health: PoolHealth) -> None:
+        now = self._open_drains()
+        fresh = sorted(now - self._drains)
+        self._drains = now
+        causes = self._drained_by() if fresh else {}
+        for address, _ in fresh[:_MAX_DRAIN_EVENTS]:
+            endpoint = self._pool.get(address)
+            record = endpoint.drain if endpoint is not None else None
+            why = record.cause.value if record is not None else "source"
+            held = ", ".join(str(c) for c in causes.get(address, ()))
+            note = f"endpoint {address} draining (cause {why}{f', by {held}' if held else ''})"
+            if record is not None:
+                note += f", {record.in_flight_at_start} request(s) in flight"
+            await self._event(PoolEvent.DRAINING, "Drain", note)
+        if len(fresh) > _MAX_DRAIN_EVENTS:
+            rest = [a for a, _ in fresh[_MAX_DRAIN_EVENTS:]]
+            await self._event(
+                PoolEvent.DRAINING, "Drain", f"{len(rest)} more endpoints draining: {', '.join(rest)}"
+            )
+        count, reason = self._rollbacks()
+        if count > self._rolled_back:
+            self._rolled_back = count
+            await self._event(PoolEvent.ROLLED_BACK, "Rollback", f"canary rolled back: {reason or 'aborted'}")
+        if health.state is not self.announced and health.state in STATE_EVENT:  # after its causes
+            self.announced = health.state
+            note = f"{health.reason.value}: {health.message}"
+            await self._event(STATE_EVENT[health.state], "ReportHealth", note)
+
+    async def _event(self, reason: PoolEvent, action: str, note: str) -> None:
+        at = self._wall()
+        body = {
+            "metadata": {"name": f"{self.name}.{int(at * 1e9):x}", "namespace": self._api.namespace},
+            "eventTime": datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "reportingController": CONTROLLER,
+            "reportingInstance": self.identity,
+            "action": action,
+            "reason": reason.value,
+            "type": EVENT_TYPE[reason],
+            "note": note[:_NOTE_MAX],
+            "regarding": {
+                "apiVersion": POOL_API,
+                "kind": "InferencePool",
+                "name": self.name,
+                "namespace": self._api.namespace,
+            },
+        }
+        try:
+            await self._api.record(body)
+        except SourceError as exc:
+            self.events["failed"] += 1
+            self._failed(exc)
+            return
+        self.events["created"] += 1
+
+    def _open_drains(self) -> set[tuple[str, float]]:
+        return {(e.address, e.drain.started_at) for e in self._pool.endpoints() if e.drain is not None}
+
+    async def _ask(self) -> bool:
+        try:
+            status = await self._api.may("patch", "inferencepools", "inference.networking.k8s.io", "status")
+            events = await self._api.may("create", "events", "events.k8s.io")
+            self.grants = _grants(self._api.namespace, status, events)
+        except (SourceError, PoolStatusRefused) as exc:
+            self._failed(exc)
+            return False
+        return True
+
+    def _failed(self, problem: object) -> None:
+        text = str(problem)
+        if text != self.problem:
+            log.warning("kube.pool_status: %s", text)
+        self.problem = text
+
+    async def stopping(self, timeout_s: float) -> None:
+        """Shutdown's first step: the pool's entry says Stopping (within `timeout_s`) before this
+        picker hands over (a standby's first write says what it sees)."""
+        self.phase = Phase.STOPPING
+        try:
+            await asyncio.wait_for(self.step(), timeout_s)
+        except TimeoutError:
+            log.warning("kube.pool_status: Stopping not written within %.1f s", timeout_s)
+
+    async def run(self) -> None:
+        """Forever: a look after each change of the pool once it held still for `debounce_s`, and a
+        re-read every `resync_s`. A look that raises is logged; the next one runs."""
+        resync = True
+        while True:
+            try:
+                await self.step(resync=resync)
+            except Exception:
+                log.exception("kube.pool_status look failed; the next one runs on the next change")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.resync_s)
+                resync = False
+            except TimeoutError:
+                resync = True
+                continue
+            # debounce: until the pool has held still for debounce_s (at most 4 of them: a pool that
+            # never holds still is still reported)
+            for _ in range(4):
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.debounce_s)
+                except TimeoutError:
+                    break
+
+
+def _ready_condition(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    conditions = entry.get("conditions") if isinstance(entry.get("conditions"), list) else []
+    return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == CONDITION_TYPE), None)
+
+
+def _shows(entry: Mapping[str, Any], condition: Mapping[str, Any]) -> bool:
+    """Whether the entry already says what `condition` would (message aside: counts move)."""
+    current = _ready_condition(entry)
+    if current is None or len(entry.get("conditions") or []) != 1:
+        return False
+    return all(current.get(k) == condition[k] for k in ("status", "reason", "observedGeneration"))
