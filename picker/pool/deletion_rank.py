@@ -19,7 +19,7 @@ Pure: the step's clock is a parameter. `Ranker` remembers what it wrote and when
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from picker.pool.deletion_cost import INT32, PodRef
@@ -134,6 +134,18 @@ def _between(lower: int | None, upper: int | None, count: int) -> list[int] | No
             return None
         values = [lower + (i + 1) * step for i in range(count)]
     return values if INT32[0] <= values[0] and values[-1] <= INT32[1] else None
+
+
+def next_to_go(pods: Sequence[PodRef], value: Callable[[PodRef], int | None]) -> dict[str, float]:
+    """Each pod's endpoints by where a scale-down would take it: 0.0 for the pod the ReplicaSet
+    controller deletes first (the lowest annotation value; none counts as 0, as the controller
+    reads it), 1.0 for the last; pods already being deleted left out. The placement steers long
+    requests away from the low end (scheduling, `steer`), so the next victims stay light."""
+    ranked = sorted((pod for pod in pods if not pod.deleting), key=lambda pod: (value(pod) or 0, pod.key))
+    if not ranked:
+        return {}
+    step = 1.0 / max(1, len(ranked) - 1)
+    return {address: index * step for index, pod in enumerate(ranked) for address in pod.addresses}
 
 
 class Ranker:

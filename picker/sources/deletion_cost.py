@@ -32,7 +32,7 @@ from picker.observability.metrics import Metrics
 from picker.peers.books import Peering
 from picker.pool import Pool
 from picker.pool.deletion_cost import CostPolicy, PodRef, Stream, pod_work
-from picker.pool.deletion_rank import Ranker, RankPolicy
+from picker.pool.deletion_rank import Ranker, RankPolicy, next_to_go
 from picker.request.live_work import live_streams
 from picker.sources.kube import SourceError
 from picker.streams import RequestRecord
@@ -184,6 +184,7 @@ class DeletionCostWriter:
     async def step(self) -> int:
         """One round: the writes made (0 when standing by, or when the ranks hold)."""
         if not self._writing():
+            self._pool.next_to_go = next_to_go(self._pods(), lambda pod: pod.value)  # as the pods say
             if self.writer:
                 log.info("kube.deletion_cost: another picker writes now; standing by")
                 self.ranker.reset()
@@ -220,6 +221,7 @@ class DeletionCostWriter:
             self.writes["written"] += 1
             made += 1
             self.problem = None
+        self._pool.next_to_go = next_to_go(pods, self.ranker.current)
         if made and log.isEnabledFor(logging.DEBUG):
             order = ", ".join(f"{key}={work[key].cost:.2f}s/{work[key].streams}" for key in plan.order)
             log.debug("kube.deletion_cost: %d written; order (cost/streams) %s", made, order)

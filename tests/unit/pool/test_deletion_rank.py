@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from picker.pool.deletion_cost import PodRef
-from picker.pool.deletion_rank import SPACING, Ranker, RankPolicy, assign, sticky_order
+from picker.pool.deletion_rank import SPACING, Ranker, RankPolicy, assign, next_to_go, sticky_order
 
 POLICY = RankPolicy(interval_s=10.0, margin_s=1.0, margin_ratio=0.25, max_writes=10)
 
@@ -124,3 +124,20 @@ def test_assigned_values_rise_strictly_along_the_order_and_kept_values_stay(
     already_rising = all(current.get(a, -1) < current.get(b, 0) for a, b in itertools.pairwise(order))
     if len(current) == len(order) and already_rising:
         assert out == current  # nothing to change: nothing changes
+
+
+def test_next_to_go_orders_endpoints_as_the_controller_would_delete_their_pods() -> None:
+    """Lowest annotation first (a pod without one counts as 0, as the controller reads it); a pod
+    already being deleted is no longer a choice; every endpoint of a pod shares its place."""
+    listed = [
+        PodRef("ns", "a", ("10.0.0.1:8000", "10.0.0.1:8001"), value=3000),
+        PodRef("ns", "b", ("10.0.0.2:8000",), value=-5),
+        PodRef("ns", "c", ("10.0.0.3:8000",)),
+        PodRef("ns", "d", ("10.0.0.4:8000",), value=1, deleting=True),
+    ]
+    order = next_to_go(listed, lambda pod: pod.value)
+    assert order == {"10.0.0.2:8000": 0.0, "10.0.0.3:8000": 0.5, "10.0.0.1:8000": 1.0, "10.0.0.1:8001": 1.0}
+    written = {"ns/b": 9000}  # the writer's own values are newer than the watch's
+    order = next_to_go(listed, lambda pod: written.get(pod.key, pod.value))
+    assert order["10.0.0.2:8000"] == 1.0 and order["10.0.0.3:8000"] == 0.0
+    assert next_to_go([], lambda pod: pod.value) == {}
