@@ -165,7 +165,9 @@ async def test_sdk_retries_honour_retry_after_on_429(saturable: Stack) -> None:
                 model=MODEL, prompt="a", max_tokens=2, extra_headers={CALL_HEADER: "queued"}
             )
         )
-        await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size", pool="default") == 1, 10)
+        await asyncio.to_thread(
+            wait_until, lambda: stack.picker_value("picker_flow_queue_size", pool="default") == 1, 10
+        )
         refused = await client.completions.create(
             model=MODEL, prompt="b", max_tokens=2, extra_headers={CALL_HEADER: "refused"}
         )
