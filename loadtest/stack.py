@@ -319,6 +319,10 @@ class Stack:
     def picker_value(self, name: str, **labels: str) -> float:
         return self.picker_metrics().get((name, tuple(sorted(labels.items()))), 0.0)
 
+    def picker_queued(self) -> float:
+        """Requests in the picker's admission queue (picker_flow_queue_size, whatever its pool label)."""
+        return sum(v for (name, _), v in self.picker_metrics().items() if name == "picker_flow_queue_size")
+
     def sim_requests(self, replica: str) -> list[dict[str, object]]:
         """The replica's request log (GET /sim/requests), oldest first."""
         return http_client.get(f"http://{replica}/sim/requests", timeout=5).json()  # type: ignore[no-any-return]

@@ -281,7 +281,7 @@ def build_core(config: PickerConfig) -> Core:
         scheduling.suspect_after_failures, scheduling.suspect_backoff_s, scheduling.suspect_max_backoff_s
     )
     pool.failed_window_s = scheduling.failed_before_drain_window_s
-    metrics = Metrics()
+    metrics = Metrics(pool=config.pool_label())
     metrics.register_pool(pool)
     sources = EndpointSources(config, pool, metrics)
     load = config.load
@@ -318,7 +318,12 @@ def build_core(config: PickerConfig) -> Core:
     core = Core(pool, metrics, sources, path, scraper, config, tracing=tracing)
     admin = config.admin
     core.guard = CapacityGuard(
-        pool, lambda: path.flow.queued, load.engine_slots, admin.drain_headroom, admin.drain_wait_max_s
+        pool,
+        lambda: path.flow.queued,
+        load.engine_slots,
+        admin.drain_headroom,
+        admin.drain_wait_max_s,
+        config.autoscaling.rate_window_s,
     )
     metrics.register_capacity(core.guard.figures)
     if config.rollout.candidate is not None:

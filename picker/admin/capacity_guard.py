@@ -10,13 +10,15 @@ import asyncio
 from collections.abc import Callable
 
 from picker.pool import Pool
-from picker.scheduling.capacity import Verdict, demand, drain_verdict, ready_capacity
+from picker.scheduling.capacity import Verdict, drain_verdict
+from picker.scheduling.signals import Completions, PoolFigures, pool_figures
 from picker.sources.drain_store import Check, DrainRefused
 
 
 class CapacityGuard:
     """The capacity guard over the live pool and queue (picker/scheduling/capacity.py's rule), as the
-    drain route asks it; its figures feed `picker_ready_capacity` and `picker_demand`."""
+    drain route asks it; its figures, with the replicas a scale-down could take under the same rule,
+    feed the picker_pool_* gauges (picker/scheduling/signals.py)."""
 
     def __init__(
         self,
@@ -25,9 +27,11 @@ class CapacityGuard:
         engine_slots: int | None,
         headroom: float,
         wait_max_s: float,
+        rate_window_s: float = 60.0,
     ) -> None:
         self.pool, self.queued = pool, queued
         self.engine_slots, self.headroom, self.wait_max_s = engine_slots, headroom, wait_max_s
+        self.completions = Completions(rate_window_s, pool.now)
         self._changed = asyncio.Event()
         pool.on_change(self._changed.set)
 
@@ -51,10 +55,15 @@ class CapacityGuard:
 
         return judge
 
-    def figures(self) -> tuple[int | None, float]:
-        """(ready capacity, demand), for the metrics page."""
-        endpoints = self.pool.endpoints()
-        return ready_capacity(endpoints, self.engine_slots), demand(endpoints, self.queued())
+    def figures(self) -> PoolFigures:
+        """The pool's signals for the metrics page, read when it is scraped."""
+        return pool_figures(
+            self.pool.endpoints(),
+            queued=self.queued(),
+            engine_slots=self.engine_slots,
+            headroom=self.headroom,
+            completions=self.completions,
+        )
 
     async def changed(self, timeout_s: float) -> None:
         """Returns after the pool's next change (a replacement ready, slots learned) or `timeout_s`."""

@@ -112,29 +112,11 @@ def _setting(name: str, field: FieldInfo) -> str:
 
 
 def metrics_page() -> str:
-    from prometheus_client import CollectorRegistry
+    from picker.observability.families import every_family
+    from picker.observability.metrics import AUTOSCALING_QUERIES
 
-    from picker.flow import FlowController, FlowLimits
-    from picker.observability.metrics import Metrics
-    from picker.peers.books import Peering
-    from picker.pool import Pool
-
-    registry = CollectorRegistry()
-    metrics = Metrics(registry)
-    pool = Pool()
-    metrics.register_pool(pool)
-    metrics.register_flow(FlowController(lambda payload: False, lambda: True, FlowLimits()))
-    metrics.register_peers(Peering("127.0.0.1:9004", ("127.0.0.1:9005",), pool))
-    metrics.set_leader(False)
-    metrics.register_capacity(lambda: (0, 0.0))
-    metrics.register_deletion_cost(lambda: (False, {}, {}))
-    metrics.register_pool_status(lambda: (False, {}, {}))
-    metrics.register_metrics_auth(lambda: {("tokenreview", "authenticated"): 0})
-    metrics.register_rejections("drain_record", lambda: {"unknown-cause": 0})
-    from picker.config.model import RolloutConfig
-    from picker.rollout import Canary, CanaryPlan
-
-    metrics.register_rollout(Canary(CanaryPlan.of(RolloutConfig(candidate="v2")), 0.0))
+    metrics = every_family()
+    registry = metrics.registry
     lines = [
         "# Metrics",
         "",
@@ -159,6 +141,21 @@ def metrics_page() -> str:
         labels = labels or _declared_labels(metrics, family.name)
         shown = ", ".join(f"`{label}`" for label in labels)
         lines.append(f"| `{name}` | {family.type} | {shown} | {_md(family.documentation)} |")
+    lines += [
+        "",
+        "## Autoscaling signals",
+        "",
+        "Per-pool gauges for an HPA or KEDA, computed when the page is read; `pool` is",
+        "`autoscaling.pool_label` (default: the InferencePool's or Service's name). The queries are what",
+        "`config/k8s/autoscaling` uses (`$POOL`: your pool); every picker of a pool sees every picker's",
+        'streams but only its own queue, hence max() and sum(). How to scale on them: "Autoscaling',
+        'signals" in the rollouts guide.',
+        "",
+        "| metric | what it is | query |",
+        "|---|---|---|",
+    ]
+    for name, (what, query) in AUTOSCALING_QUERIES.items():
+        lines.append(f"| `{name}` | {_md(what)} | `{_md(query)}` |")
     return "\n".join(lines) + "\n"
 
 

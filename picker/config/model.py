@@ -745,6 +745,22 @@ class ScaleDownConfig(_Group):
     max_writes: int = Field(20, ge=1, le=1000, description="annotation writes per step, at most")
 
 
+class AutoscalingConfig(_Group):
+    """The pool's autoscaling signals on /metrics (picker_pool_*, computed at scrape time): what an
+    HPA or KEDA scales the model-server Deployment on (docs, "Autoscaling signals")."""
+
+    pool_label: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        description="the `pool` label of the picker_pool_* and queue gauges; default: kube.pool_name, "
+        "else kube.service, else `default`",
+    )
+    rate_window_s: float = Field(
+        60.0, gt=0, le=3600, description="predicted wait: the pool's completions per second over this window"
+    )
+
+
 class TracingConfig(_Group):
     """OpenTelemetry traces: one per request (admission, queue wait, pick, the stream to its end),
     exported over OTLP. The standard OTEL_* environment sets the endpoint, sampler and service name."""
@@ -838,8 +854,13 @@ class PickerConfig(BaseModel):
     tracing: TracingConfig = TracingConfig()
     rollout: RolloutConfig = RolloutConfig()
     scale_down: ScaleDownConfig = ScaleDownConfig()
+    autoscaling: AutoscalingConfig = AutoscalingConfig()
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line")
+
+    def pool_label(self) -> str:
+        """The `pool` label of the per-pool gauges: one picker serves one pool, named once here."""
+        return self.autoscaling.pool_label or self.kube.pool_name or self.kube.service or "default"
 
     @model_validator(mode="after")
     def _one_endpoint_source(self) -> PickerConfig:

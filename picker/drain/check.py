@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from picker.drain import envoy_rules, k8s_rules, wiring_rules
+from picker.drain import autoscale_rules, envoy_rules, k8s_rules, wiring_rules
 from picker.drain.manifests import get, load
 from picker.drain.rules import RULES, Budget, Finding, Report, Severity
 
@@ -31,6 +31,7 @@ def check_paths(paths: list[Path], budget: Budget) -> tuple[Report, int]:
         )
     inputs = k8s_rules.check([d for d in documents if d.is_kubernetes], report, budget)
     wiring_rules.check(inputs, report, budget)
+    autoscale_rules.check(inputs, report)
     pool_modes = {
         str(get(pool.data, ("spec", "endpointPickerRef", "failureMode"), "FailClose"))
         for pool in inputs.of_kind("InferencePool")

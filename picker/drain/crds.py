@@ -1,7 +1,8 @@
-"""Structural checks of the Gateway API objects the picker depends on (no package ships their CRDs).
+"""Structural checks of the custom objects the picker's manifests use (no package ships their CRDs).
 
 Each object is held to the required fields and types of its CRD: InferencePool
-(inference.networking.k8s.io/v1), Gateway and HTTPRoute (gateway.networking.k8s.io/v1). Not the full
+(inference.networking.k8s.io/v1), Gateway and HTTPRoute (gateway.networking.k8s.io/v1), KEDA's
+ScaledObject (keda.sh/v1alpha1). Not the full
 OpenAPI schema (patterns, CEL rules): the fields a typo or a v1alpha2 leftover gets wrong.
 """
 
@@ -162,7 +163,39 @@ def _http_route(obj: dict[str, Any], c: _Checker) -> None:
                 c.problems.append(((*ref_path, "weight"), f"{weight} is not in 0-1000000"))
 
 
+KEDA_GROUP = "keda.sh"
+
+
+def _scaled_object(obj: dict[str, Any], c: _Checker) -> None:
+    """KEDA's ScaledObject: a target, and triggers whose metadata are strings (KEDA reads a map of
+    strings: `threshold: 0.8` unquoted is refused by the API server)."""
+    spec = c.need(obj, "spec", dict, ())
+    if spec is None:
+        return
+    target = c.need(spec, "scaleTargetRef", dict, ("spec",))
+    if target is not None:
+        c.need(target, "name", str, ("spec", "scaleTargetRef"))
+        c.may(target, "kind", str, ("spec", "scaleTargetRef"))
+    for key in ("minReplicaCount", "maxReplicaCount", "pollingInterval", "cooldownPeriod"):
+        value = c.may(spec, key, int, ("spec",))
+        if value is not None and value < 0:
+            c.problems.append((("spec", key), f"{value} is negative"))
+    for i, trigger in enumerate(c.items(spec, "triggers", ("spec",), 1, 64, True)):
+        path = ("spec", "triggers", i)
+        if c.typed(trigger, dict, path) is None:
+            continue
+        kind = c.need(trigger, "type", str, path)
+        c.enum(trigger, "metricType", ("AverageValue", "Value", "Utilization"), path)
+        metadata = c.need(trigger, "metadata", dict, path) or {}
+        for key, value in metadata.items():
+            c.typed(value, str, (*path, "metadata", str(key)))
+        if kind == "prometheus":
+            for key in ("serverAddress", "query", "threshold"):
+                c.need(metadata, key, str, (*path, "metadata"))
+
+
 _CHECKS: dict[tuple[str, str], Callable[[dict[str, Any], _Checker], None]] = {
+    (f"{KEDA_GROUP}/v1alpha1", "ScaledObject"): _scaled_object,
     (f"{INFERENCE_GROUP}/v1", "InferencePool"): _inference_pool,
     (f"{GATEWAY_GROUP}/v1", "Gateway"): _gateway,
     (f"{GATEWAY_GROUP}/v1", "HTTPRoute"): _http_route,
@@ -171,7 +204,7 @@ CHECKED_KINDS = frozenset(kind for _, kind in _CHECKS)
 
 
 def structural_problems(obj: dict[str, Any]) -> list[Problem]:
-    """Problems of one InferencePool / Gateway / HTTPRoute; [] for kinds this module does not know."""
+    """Problems of one InferencePool / Gateway / HTTPRoute / ScaledObject; [] for other kinds."""
     kind, api_version = obj.get("kind"), obj.get("apiVersion")
     check = _CHECKS.get((str(api_version), str(kind)))
     if check is None:

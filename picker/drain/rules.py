@@ -290,6 +290,29 @@ _CATALOGUE = (
         "namespace (config/k8s/deletion-cost adds the Role).",
     ),
     Rule(
+        "AUTOSCALE-001",
+        E,
+        "autoscaler malformed",
+        "The API server rejects the ScaledObject (KEDA reads its triggers' metadata as strings), or "
+        "KEDA cannot scale from it.",
+    ),
+    Rule(
+        "AUTOSCALE-002",
+        E,
+        "autoscaler not aimed at the model servers",
+        "The pool's signals (picker_pool_*) measure the model servers' demand and capacity: an HPA or "
+        "ScaledObject whose scaleTargetRef names the pickers, or a workload that serves no pool, adds "
+        "replicas that take none of that demand.",
+    ),
+    Rule(
+        "AUTOSCALE-003",
+        E,
+        "autoscaler reads a metric the picker does not export",
+        "A query naming no picker family returns no data: KEDA then scales as if the demand were 0 "
+        "(or errs with ignoreNullValues false), an HPA holds its replicas. A family renamed since the "
+        "query was written does the same (docs/reference/metrics.md lists them).",
+    ),
+    Rule(
         "ROUTE-001",
         E,
         "HTTPRoute timeout below the longest stream",

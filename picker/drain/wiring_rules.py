@@ -87,7 +87,7 @@ def check_disruption_budgets(inputs: Inputs, report: Report) -> None:
 
 def check_pool_wiring(inputs: Inputs, report: Report, budget: Budget) -> None:
     for doc in inputs.documents:
-        if doc.is_kubernetes and doc.kind in crds.CHECKED_KINDS:
+        if doc.is_kubernetes and doc.kind in crds.CHECKED_KINDS and doc.kind != "ScaledObject":
             for path, problem in crds.structural_problems(doc.data):
                 report.add("POOL-001", doc, path, problem)
     for pool in inputs.of_kind("InferencePool"):

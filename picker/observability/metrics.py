@@ -30,6 +30,7 @@ from picker.contract import Outcome
 from picker.pool import DrainEnd, DrainExit, DrainRecord, Endpoint, EndpointState, Pool
 from picker.scheduling.latency import LatencyModel
 from picker.scheduling.load import books_gap
+from picker.scheduling.signals import PoolFigures
 from picker.streams import EndReason
 from picker.streams.ends import DataPlanes, Ends
 from picker.streams.record import Slo
@@ -224,18 +225,21 @@ class FlowView(Protocol):
 
 
 class _FlowCollector(Collector):
-    def __init__(self, flow: FlowView) -> None:
-        self._flow = flow
+    """The admission queue, labelled by pool: an autoscaling signal (AUTOSCALING_QUERIES)."""
+
+    def __init__(self, flow: FlowView, pool: str) -> None:
+        self._flow, self._pool = flow, pool
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield GaugeMetricFamily(
-            "picker_flow_queue_size", "Requests waiting in the admission queue", value=self._flow.queued
+        size = GaugeMetricFamily(
+            "picker_flow_queue_size", "Requests waiting in the admission queue", labels=["pool"]
         )
-        yield GaugeMetricFamily(
-            "picker_flow_queue_bytes",
-            "Request bytes waiting in the admission queue",
-            value=self._flow.queued_bytes,
+        size.add_metric([self._pool], self._flow.queued)
+        size_bytes = GaugeMetricFamily(
+            "picker_flow_queue_bytes", "Request bytes waiting in the admission queue", labels=["pool"]
         )
+        size_bytes.add_metric([self._pool], self._flow.queued_bytes)
+        yield from (size, size_bytes)
 
 
 class _LatencyCollector(Collector):
@@ -390,23 +394,63 @@ class _RejectedCollector(Collector):
         yield family
 
 
-class _CapacityCollector(Collector):
-    """The capacity guard's two figures (picker/scheduling/capacity.py), read at scrape time."""
+# The pool's autoscaling signals: each family, what it is, and the PromQL an HPA (prometheus-adapter)
+# or KEDA reads it with (`$POOL`: the pool label, PickerConfig.pool_label). Each picker of a pool
+# sees every picker's streams (shared books) but only its own queue: max() over the pickers where the
+# figure holds the streams, sum() for the queue (docs, "Autoscaling signals"; config/k8s/autoscaling).
+AUTOSCALING_QUERIES: dict[str, tuple[str, str]] = {
+    "picker_pool_ready_capacity": (
+        "Slots of the READY endpoints (engine_slots, or learned): what new traffic can use; absent "
+        "while a ready endpoint's slot count is unknown",
+        'max(picker_pool_ready_capacity{pool="$POOL"})',
+    ),
+    "picker_pool_demand": (
+        "Requests in flight on the pool's endpoints (every picker's, draining ones too: their traffic "
+        "goes on) plus this picker's queue",
+        'max(picker_pool_demand{pool="$POOL"})',
+    ),
+    "picker_pool_saturation": (
+        "Demand over ready capacity (1: every ready slot busy; with no ready slot, the demand "
+        "itself); absent while a slot count is unknown",
+        'max(picker_pool_saturation{pool="$POOL"})',
+    ),
+    "picker_flow_queue_size": (
+        "Requests waiting in the admission queue",
+        'sum(picker_flow_queue_size{pool="$POOL"})',
+    ),
+    "picker_pool_predicted_wait_seconds": (
+        "A request arriving now: the demand beyond the ready slots (the queue where slots are "
+        "unknown) over the pool's completions per second (autoscaling.rate_window_s); 0 with a free "
+        "slot, +Inf when requests wait and none ended",
+        'max(picker_pool_predicted_wait_seconds{pool="$POOL"})',
+    ),
+    "picker_pool_removable_replicas": (
+        "Ready replicas a scale-down could take now, the capacity guard allowing each drain "
+        "(demand x (1 + admin.drain_headroom) stays ready); absent while a slot count is unknown",
+        'min(picker_pool_removable_replicas{pool="$POOL"})',
+    ),
+}
 
-    def __init__(self, read: Callable[[], tuple[int | None, float]]) -> None:
-        self._read = read
+
+class _CapacityCollector(Collector):
+    """The pool's signals (picker/scheduling/signals.py), computed when the page is read."""
+
+    def __init__(self, read: Callable[[], PoolFigures], pool: str) -> None:
+        self._read, self._pool = read, pool
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        capacity, demand = self._read()
-        if capacity is not None:
-            yield GaugeMetricFamily(
-                "picker_ready_capacity",
-                "Slots of the ready endpoints (engine_slots, or learned): what new traffic can use",
-                value=capacity,
-            )
-        yield GaugeMetricFamily(
-            "picker_demand", "Requests live on ready endpoints (every picker's) plus the queue", value=demand
-        )
+        figures = self._read()
+        for name, value in (
+            ("picker_pool_ready_capacity", figures.ready_capacity),
+            ("picker_pool_demand", figures.demand),
+            ("picker_pool_saturation", figures.saturation),
+            ("picker_pool_predicted_wait_seconds", figures.predicted_wait_s),
+            ("picker_pool_removable_replicas", figures.removable),
+        ):
+            family = GaugeMetricFamily(name, AUTOSCALING_QUERIES[name][0], labels=["pool"])
+            if value is not None:
+                family.add_metric([self._pool], value)
+            yield family
 
 
 class RolloutView(Protocol):
@@ -517,8 +561,9 @@ class _PeersCollector(Collector):
 class Metrics:
     """The picker's metrics; construct once per picker and pass it down."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, pool: str = "default") -> None:
         self.registry = registry or CollectorRegistry()
+        self.pool = pool  # the `pool` label of the per-pool gauges (PickerConfig.pool_label)
         r = self.registry
         self._requests = Counter("picker_requests", "Requests by admission outcome", ["outcome"], registry=r)
         self._leader: Gauge | None = None  # leader.enabled only (set_leader)
@@ -742,15 +787,15 @@ class Metrics:
     def register_peers(self, peers: PeersView) -> None:
         self.registry.register(_PeersCollector(peers))
 
-    def register_capacity(self, read: Callable[[], tuple[int | None, float]]) -> None:
-        """`read()` gives (ready capacity or None when unknown, live demand) at each scrape."""
-        self.registry.register(_CapacityCollector(read))
+    def register_capacity(self, read: Callable[[], PoolFigures]) -> None:
+        """`read()` gives the pool's signals at each scrape (the capacity guard's figures)."""
+        self.registry.register(_CapacityCollector(read, self.pool))
 
     def register_rollout(self, canary: RolloutView) -> None:
         self.registry.register(_RolloutCollector(canary))
 
     def register_flow(self, flow: FlowView) -> None:
-        self.registry.register(_FlowCollector(flow))
+        self.registry.register(_FlowCollector(flow, self.pool))
 
     def register_rejections(self, source: str, read: Callable[[], Mapping[str, int]]) -> None:
         """Inputs from outside refused whole, by reason, read at scrape time: `peer_events` (the

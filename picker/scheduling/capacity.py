@@ -106,3 +106,39 @@ def drain_verdict(
         f"draining {address} would leave {left} ready slots for a demand of {load:g} "
         f"(needs {needed:.1f} with the headroom): wait for a replacement, or force it",
     )
+
+
+def removable_replicas(
+    endpoints: Iterable[Endpoint], *, queued: int, engine_slots: int | None, headroom: float
+) -> int | None:
+    """How many ready replicas a scale-down could take now with the guard still allowing each
+    drain (drain_verdict, one after another): the guard's view before the scale-down happens.
+
+    A replica is a pod (`instance`: its data-parallel ranks leave together) or, where the source
+    names none, an endpoint. The largest go first, so the count holds whichever the ReplicaSet
+    controller takes. None when a ready endpoint's slot count is unknown (the guard cannot judge)."""
+    listed = list(endpoints)
+    if ready_capacity(listed, engine_slots) is None:
+        return None
+    replicas: dict[str, list[Endpoint]] = {}
+    for endpoint in listed:
+        if endpoint.state is EndpointState.READY:
+            replicas.setdefault(endpoint.instance or endpoint.address, []).append(endpoint)
+    largest_first = sorted(
+        replicas.values(), key=lambda group: -sum(slots_of(e, engine_slots) or 0 for e in group)
+    )
+    gone: frozenset[str] = frozenset()
+    for count, replica in enumerate(largest_first):
+        for endpoint in replica:
+            verdict = drain_verdict(
+                listed,
+                endpoint.address,
+                queued=queued,
+                engine_slots=engine_slots,
+                headroom=headroom,
+                drained_elsewhere=gone,
+            )
+            if not verdict.allowed:
+                return count
+            gone |= {endpoint.address}
+    return len(largest_first)

@@ -18,6 +18,7 @@ from picker.cli.envoyconf import EnvoyParams, render
 from picker.cli.main import main as cli_main
 from picker.drain.check import check_paths
 from picker.drain.rules import RULES, Budget, Report, Severity
+from tests.drain.autoscale_variants import AUTOSCALE_VARIANTS
 from tests.drain.pool_variants import POOL_VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -268,6 +269,7 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
     ("ENVOY-016", "default picker-cluster circuit breakers",
      lambda m: _drop(m.picker_cluster, "circuit_breakers")),
     *POOL_VARIANTS,  # the picker's own source vs its pool: tests/drain/test_pool_wiring.py
+    *AUTOSCALE_VARIANTS,  # config/k8s/autoscaling: tests/drain/test_autoscaling.py
 ]  # fmt: skip
 
 

@@ -107,9 +107,7 @@ async def test_shutdown_evicts_queued_with_503_and_lets_streams_finish(tmp_path:
             queued = [
                 asyncio.create_task(stream_one(client, stack.url, completion_body(5))) for _ in range(20)
             ]
-            await asyncio.to_thread(
-                wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 20, 10
-            )
+            await asyncio.to_thread(wait_until, lambda: stack.picker_queued() == 20, 10)
             stack.picker.signal(signal.SIGTERM)
             evicted = await asyncio.gather(*queued)
             metrics = stack.picker_metrics()  # still served during the drain phase

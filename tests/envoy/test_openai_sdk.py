@@ -165,7 +165,7 @@ async def test_sdk_retries_honour_retry_after_on_429(saturable: Stack) -> None:
                 model=MODEL, prompt="a", max_tokens=2, extra_headers={CALL_HEADER: "queued"}
             )
         )
-        await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 1, 10)
+        await asyncio.to_thread(wait_until, lambda: stack.picker_queued() == 1, 10)
         refused = await client.completions.create(
             model=MODEL, prompt="b", max_tokens=2, extra_headers={CALL_HEADER: "refused"}
         )
@@ -202,9 +202,7 @@ async def test_picker_sigterm_with_queued_sdk_calls_ends_in_success_after_retrie
                 )
                 for i in range(calls)
             ]
-            await asyncio.to_thread(
-                wait_until, lambda: stack.picker_value("picker_flow_queue_size") == calls, 10
-            )
+            await asyncio.to_thread(wait_until, lambda: stack.picker_queued() == calls, 10)
             stack.picker.signal(signal.SIGTERM)
             assert await asyncio.to_thread(stack.picker.wait_exit, 30) == 0
             await asyncio.to_thread(stack.start_picker)  # the replacement, on the same ports

@@ -82,7 +82,7 @@ async def test_a_drain_that_would_starve_the_pool_waits_for_a_replacement(
 
             async def demand() -> float:
                 page = (await client.get(f"{admin}/metrics")).text
-                line = next(line for line in page.splitlines() if line.startswith("picker_demand "))
+                line = next(line for line in page.splitlines() if line.startswith("picker_pool_demand{"))
                 return float(line.split()[1])
 
             async def busy() -> bool:

@@ -56,7 +56,7 @@ async def test_full_queue_and_ttl_expiry_get_429_with_reason_and_retry_after(
             waiting = asyncio.create_task(
                 client.post(stack.url + "/v1/completions", json=completion_body(1, stream=False))
             )
-            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 1, 10)
+            await asyncio.to_thread(wait_until, lambda: stack.picker_queued() == 1, 10)
             full = await client.post(stack.url + "/v1/completions", json=completion_body(1, stream=False))
             expired = await waiting
             for holder in holders:
@@ -82,9 +82,9 @@ async def test_client_gone_while_queued_frees_its_place_at_once(tmp_path: Path, 
         async with http_client.AsyncClient(timeout=30) as client:
             holders = await hold(client, stack, 2)
             queued = asyncio.create_task(stream_one(client, stack.url, completion_body(5)))
-            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 1, 10)
+            await asyncio.to_thread(wait_until, lambda: stack.picker_queued() == 1, 10)
             queued.cancel()
-            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 0, 5)
+            await asyncio.to_thread(wait_until, lambda: stack.picker_queued() == 0, 5)
             assert stack.picker_value("picker_requests_total", outcome="rejected-context-cancelled") == 1
             for holder in holders:
                 holder.cancel()

@@ -135,9 +135,9 @@ async def test_with_every_slot_taken_the_request_with_an_objective_goes_first(
                 assert (await task).ok
 
             plain = asyncio.create_task(one("plain", {}))
-            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 1, 10)
+            await asyncio.to_thread(wait_until, lambda: stack.picker_queued() == 1, 10)
             due = asyncio.create_task(one("objective", {"x-slo-ttft-ms": "2000"}))
-            await asyncio.to_thread(wait_until, lambda: stack.picker_value("picker_flow_queue_size") == 2, 10)
+            await asyncio.to_thread(wait_until, lambda: stack.picker_queued() == 2, 10)
             holder.cancel()  # the client leaves: the engine aborts it, its slot frees
             await asyncio.wait_for(asyncio.gather(plain, due), 30)
         assert order == ["objective", "plain"], order
