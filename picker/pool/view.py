@@ -97,9 +97,7 @@ class Pool:
         # answers that failed before their first byte, per endpoint (suspects; drain records)
         self.health = Health(clock=clock)
         self.failed_window_s = 10.0  # a drain record counts failures this long before it opened
-        # kube.deletion_cost: endpoint -> 0.0 (its pod goes first in a scale-down) .. 1.0 (last);
-        # empty otherwise (pool/deletion_rank.next_to_go; set by picker/sources/deletion_cost.py)
-        self.next_to_go: dict[str, float] = {}
+        self.next_to_go: dict[str, float] = {}  # kube.deletion_cost: deletion_rank.next_to_go
 
     def __len__(self) -> int:
         return len(self._endpoints)
