@@ -35,6 +35,7 @@ from picker.scheduling.latency import LatencyModel
 from picker.scheduling.load import measure
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
 from picker.scheduling.rows import Ask, output_tokens
+from picker.scheduling.uniformity import Uniformity, spread
 from picker.streams import RequestRecord
 from picker.streams.record import Slo
 
@@ -54,8 +55,16 @@ class Placement:
         self.sessions = sessions
         self.policy = AffinityPolicy.of(config)
         self.block_tokens = config.block_tokens
-        # affinity.latency: each replica's TTFT and time per output token, learned online
-        self.latency = LatencyModel(config.latency_half_life_s) if config.latency else None
+        # affinity.latency: each replica's TTFT and time per output token, learned online (on and auto);
+        # the pick uses its predictions while `engaged` (on: always; auto: while the pool is not uniform)
+        self.latency = LatencyModel(config.latency_half_life_s) if config.latency != "off" else None
+        self.engaged = config.latency == "on"
+        self.uniformity = (
+            Uniformity(config.latency_engage_ratio, config.latency_release_ratio, config.latency_hold_s)
+            if config.latency == "auto"
+            else None
+        )
+        metrics.set_latency_engaged(self.engaged)
         self._refreshed_at = float("-inf")
         # the latest critical request's SLO, and when it came: sheddable work gives way to it
         self._guarded: tuple[Slo, float] | None = None
@@ -111,7 +120,7 @@ class Placement:
         keys = record.keys
         model = record.model  # an adapter some candidate runs or queues: LoRA affinity applies
         lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
-        latency = self.latency
+        latency = self.latency if self.engaged else None
         if keys is None and not lora and latency is None:
             return None
         slo = record.slo
@@ -145,11 +154,39 @@ class Placement:
             if found.ttft_x is not None:
                 record.ttft_x, record.tpot_x = found.ttft_x, found.tpot_x
                 record.predicted_ttft, record.dispatched_at = found.ttft_s, now
+            elif self.latency is not None:  # auto, not engaged: the model learns from the primary alone
+                uncached = ask.size * (1.0 - found.cached)
+                self.learns_from(record, found.address, found.load, uncached, load, now)
             if keys is not None and keys.blocks:
                 record.predicted_blocks = round(found.cached * len(keys.blocks))
             record.prefill = ask.size * (1.0 - found.cached)
             self._metrics.count_placement(choice.reason, found.cached)
         return choice
+
+    def learns_from(
+        self,
+        record: RequestRecord,
+        address: str,
+        current: float | None,
+        uncached: float | None,
+        load: LoadPolicy,
+        now: float,
+    ) -> None:
+        """The latency model will learn from this request on `address` (picked without predictions:
+        `auto` not engaged): its features there, computed for it alone. `current`, `uncached`: the
+        endpoint's load and the request's uncached prompt tokens there, when the pick knew them."""
+        endpoint = self._pool.get(address)
+        if self.latency is None or endpoint is None:
+            return
+        if current is None:
+            current = measure(endpoint, now, load)[2]
+        if uncached is None:
+            keys = record.keys
+            size = keys.estimated_tokens if keys is not None else 0
+            uncached = size * (1.0 - (keys.cached_fraction(endpoint) if keys is not None else 0.0))
+        latency = self.latency
+        ttft_s, _, record.ttft_x, record.tpot_x = rows.predict(latency, endpoint, current, uncached, load)
+        record.predicted_ttft, record.dispatched_at = ttft_s, now
 
     def dispatched(self, record: RequestRecord, address: str) -> None:
         """`address` takes the request (its primary, or the fallback that served it)."""
@@ -176,7 +213,7 @@ class Placement:
         objectives hold only if the sheddable work gives way: a sheddable request without an SLO of
         its own is held to the latest critical request's (seen within `GUARD_S`), and refused as
         `rejected-saturated` when no replica is predicted to meet that."""
-        if self.latency is None:
+        if not self.engaged:
             return None
         if record.priority >= 0:
             if record.slo is not None:
@@ -206,7 +243,7 @@ class Placement:
         now (True without one). With none, it would wait in the queue behind what is queued already:
         not in time."""
         slo, latency = slo or record.slo, self.latency
-        if slo is None or latency is None:
+        if slo is None or latency is None or not self.engaged:
             return True
         keys = record.keys
         size = keys.estimated_tokens if keys is not None else 0
@@ -284,6 +321,7 @@ class Placement:
         if self.latency is not None and now - self._refreshed_at >= 1.0:
             self._refreshed_at = now
             self.latency.refresh(now)
+            self._judge(now)
         published = max((e.block_size or 0 for e in self._pool.endpoints()), default=0)
         wanted = max(self._config.block_tokens, published)
         if self._config.prefix != "approximate" or wanted == self.block_tokens:
@@ -292,6 +330,20 @@ class Placement:
         self.block_tokens = wanted
         for endpoint in self._pool.endpoints():
             endpoint.prefix = None  # keyed by the old block size: useless now
+
+    def _judge(self, now: float) -> None:
+        """auto: whether the pool is uniform (picker/scheduling/uniformity.py); a switch is logged once."""
+        if self.uniformity is None or self.latency is None:
+            return
+        measured = spread(self.latency)
+        if self.uniformity.check(measured, now):
+            self.engaged = self.uniformity.engaged
+            log.info(
+                "affinity.latency auto: %s (the slowest replica's predicted time %.2f x the quickest's)",
+                "engaged: the pool is not uniform" if self.engaged else "released: the pool is uniform",
+                measured or 0.0,
+            )
+        self._metrics.set_latency_engaged(self.engaged, measured)
 
     def _index_capacity(self, endpoint: Endpoint) -> int:
         """The engine's cache in the index's blocks when it publishes it, else the configured size."""

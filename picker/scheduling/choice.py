@@ -72,7 +72,7 @@ class AffinityPolicy:
             load_gap_ratio=config.load_gap_ratio,
             balance_ratio=config.balance_ratio,
             prefill_penalty_tokens=config.prefill_penalty_tokens,
-            latency_weight=config.latency_weight if config.latency else 0.0,
+            latency_weight=config.latency_weight if config.latency != "off" else 0.0,
             latency_gap_ratio=config.latency_gap_ratio,
             latency_gap_s=config.latency_gap_s,
         )

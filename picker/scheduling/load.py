@@ -58,14 +58,15 @@ class LoadPolicy:
 
     @classmethod
     def of(cls, load: LoadConfig, affinity: AffinityConfig) -> LoadPolicy:
-        """From the configuration: `load.*`, and with `affinity.latency` its engine queue bound."""
+        """From the configuration: `load.*`, and with `affinity.latency: on` its engine queue bound (with
+        `auto`, the request path applies it while the predictions are engaged)."""
         return cls(
             use_metrics=load.scrape,
             staleness_s=load.staleness_s,
             waiting_threshold=load.waiting_threshold,
             kv_threshold=load.kv_threshold,
             engine_slots=load.engine_slots,
-            engine_queue=affinity.latency_engine_queue if affinity.latency else None,
+            engine_queue=affinity.latency_engine_queue if affinity.latency == "on" else None,
             weight_load=load.weight_load,
             weight_waiting=load.weight_waiting,
             weight_kv=load.weight_kv,

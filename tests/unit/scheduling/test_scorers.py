@@ -77,7 +77,8 @@ def test_a_zero_weight_drops_a_scorer_and_predictions_add_the_latency_scorer() -
     assert scorers.room not in [scorer for scorer, _ in plain.scored]
     assert scorers.latency not in [scorer for scorer, _ in plain.scored]
     assert (scorers.latency, 4.0) in plain.scored_predicted
-    assert scorers.latency not in [scorer for scorer, _ in POLICY.scored_predicted]  # latency off
+    off = AffinityPolicy.of(AffinityConfig(latency="off"))
+    assert scorers.latency not in [scorer for scorer, _ in off.scored_predicted]
 
 
 def test_filters() -> None:
