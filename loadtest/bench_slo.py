@@ -262,10 +262,11 @@ async def model_errors(admin: str) -> dict[str, dict[str, float]]:
     return out
 
 
-def pick_cost(picks: int, blocks: int = 10) -> tuple[float, float]:
-    """Microseconds per pick, four candidates with load samples: default, and with the latency model.
-    The two alternate in blocks (warm-up and the machine's other work fall on both alike); each is
-    the median of its blocks."""
+def pick_cost(picks: int, blocks: int = 10) -> dict[str, float]:
+    """Microseconds per pick, four candidates with load samples, by `affinity.latency`: off, auto on
+    a uniform pool (not engaged: the model learns from the primary alone), on (every candidate
+    predicted). The settings alternate in blocks (warm-up and the machine's other work fall on all
+    alike); each is the median of its blocks."""
     from picker.config.model import AffinityConfig
     from picker.observability.metrics import Metrics
     from picker.pool import EndpointState, Pool
@@ -275,29 +276,29 @@ def pick_cost(picks: int, blocks: int = 10) -> tuple[float, float]:
     from picker.scheduling import LoadPolicy
     from picker.streams import RequestRecord
 
-    setups = []
-    for latency in (False, True):
+    setups = {}
+    for latency in ("off", "auto", "on"):
         pool = Pool()
         addresses = [f"10.0.0.{i}:8000" for i in range(1, 5)]
         pool.reconcile(dict.fromkeys(addresses, EndpointState.READY), "bench")
         for i, endpoint in enumerate(pool.endpoints()):
             endpoint.load = LoadSample(float(i), 0.0, 0.1, 0.0, 0, 0)
-        placement = Placement(pool, AffinityConfig(latency=latency), Metrics(), None)
+        placement = Placement(pool, AffinityConfig(latency=latency), Metrics(), None)  # type: ignore[arg-type]
         request = InferenceRequest(
             method="POST", path="/v1/completions", model="m", stream=True, prompt=b"x" * 4000
         )
         record = RequestRecord(request_id="r", admitted_at=0.0, keys=placement.keys(request, None, None))
-        setups.append((placement, record, pool.ready()))
+        setups[latency] = (placement, record, pool.ready())
     per_block = max(1, picks // blocks)
-    times: list[list[float]] = [[], []]
+    times: dict[str, list[float]] = {name: [] for name in setups}
     rng, policy = random.Random(1), LoadPolicy()
     for _ in range(blocks):
-        for k, (placement, record, candidates) in enumerate(setups):
+        for name, (placement, record, candidates) in setups.items():
             started = time.perf_counter()
             for _ in range(per_block):
                 placement.choose(record, candidates, 3, rng, 0.5, policy, frozenset())
-            times[k].append((time.perf_counter() - started) / per_block * 1e6)
-    return statistics.median(times[0]), statistics.median(times[1])
+            times[name].append((time.perf_counter() - started) / per_block * 1e6)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 Setups = dict[str, tuple[str, str]]  # row -> (its URL, its admin URL)
@@ -431,10 +432,10 @@ async def run(args: argparse.Namespace) -> None:
     if "b" in args.only:
         await uniform_phase_b(args)
     if "e" in args.only:
-        default_us, latency_us = pick_cost(20000)
+        cost = pick_cost(20000)
         print(
-            f"\n(e) one pick in-process, 4 candidates: default {default_us:.1f} us,"
-            f" latency model {latency_us:.1f} us (+{latency_us - default_us:.1f} us)"
+            f"\n(e) one pick in-process, 4 candidates, affinity.latency: off {cost['off']:.1f} us,"
+            f" auto on a uniform pool {cost['auto']:.1f} us, on {cost['on']:.1f} us"
         )
 
 

@@ -60,7 +60,7 @@ class PickerApp:
             fallbacks=config.scheduling.fallbacks,
             max_model_bytes=config.requests.max_model_name_bytes,
             session_header=config.affinity.session_header,
-            slo_headers=config.affinity.latency,
+            slo_headers=config.affinity.latency != "off",
         )
         self.health = HealthState()
         self.scraper = core.scraper

@@ -587,8 +587,11 @@ class AffinityConfig(_Group):
     tokenize_timeout_s: float = Field(0.5, gt=0, description="precise: an engine's /tokenize answer, at most")
     # Routing by predicted latency (picker/scheduling/latency.py; docs, "Cache-aware routing"): each
     # replica's TTFT and time per output token learned online; the SLO headers are read with it on.
-    latency: bool = Field(
-        False, description="route by each replica's predicted TTFT, learned online (and read SLO headers)"
+    latency: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="route by each replica's predicted TTFT, learned online (and read SLO headers); "
+        "auto: learned always, routed by while the pool is not uniform (latency_engage_ratio, with "
+        "hysteresis); true/false mean on/off",
     )
     latency_weight: float = Field(4.0, ge=0, description="score weight of the predicted TTFT")
     latency_gap_ratio: float = Field(
@@ -606,6 +609,34 @@ class AffinityConfig(_Group):
         description="with latency on: requests that may wait on an engine for a batch slot (0: they wait "
         "in the picker, bound late to the first slot that frees, the earliest due first)",
     )
+    latency_engage_ratio: float = Field(
+        1.5,
+        gt=1,
+        description="auto: engaged when the slowest measured replica's predicted time for the same request "
+        "is at least this many times the quickest's, for latency_hold_s",
+    )
+    latency_release_ratio: float = Field(
+        1.25, gt=1, description="auto: released when it is below this many times, for latency_hold_s"
+    )
+    latency_hold_s: float = Field(
+        5.0, ge=0, description="auto: how long the pool must look so before the switch (hysteresis)"
+    )
+
+    @field_validator("latency", mode="before")
+    @classmethod
+    def _latency_switch(cls, value: object) -> object:
+        """true / false (this setting's old form, and the environment's) mean on / off."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return "on" if value.lower() == "true" else "off"
+        return value
+
+    @model_validator(mode="after")
+    def _latency_hysteresis(self) -> AffinityConfig:
+        if self.latency_release_ratio > self.latency_engage_ratio:
+            raise ValueError("affinity.latency_release_ratio must not exceed affinity.latency_engage_ratio")
+        return self
 
 
 class PeersConfig(_Group):

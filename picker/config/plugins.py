@@ -209,7 +209,7 @@ def affinity_settings(config: PluginConfig) -> dict[str, Any]:
         out["index_blocks"] = capacity
     latency = config.weight("latency-scorer")
     if latency is not None or "predicted-latency-producer" in types:
-        out["latency"] = True
+        out["latency"] = "on"
         if latency is not None:
             out["latency_weight"] = latency
     session = types.get("session-affinity-scorer")

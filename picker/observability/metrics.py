@@ -663,6 +663,18 @@ class Metrics:
             "with room (affinity.latency)",
             registry=r,
         )
+        self._latency_engaged = Gauge(
+            "picker_latency_engaged",
+            "1 while the pick routes by predicted latency (affinity.latency on, or auto with a pool that "
+            "is not uniform), else 0; picker_latency_spread: the spread auto judged by",
+            registry=r,
+        )
+        self._latency_spread = Gauge(
+            "picker_latency_spread",
+            "affinity.latency auto: the slowest measured replica's predicted time for the same request over "
+            "the quickest's, at the last check (0: fewer than two measured)",
+            registry=r,
+        )
         self._placed_cached = _Histogram(
             "picker_affinity_cached_share",
             "Share of the prompt the primary was known to hold, per cache-aware pick",
@@ -884,6 +896,11 @@ class Metrics:
         """A cache-aware pick: how it was chosen, and the share of the prompt it was known to hold."""
         self._placements_by(how).inc()
         self._placed_cached.observe(cached)
+
+    def set_latency_engaged(self, engaged: bool, spread: float | None = None) -> None:
+        """Whether the pick routes by predicted latency now, and the spread it was judged by."""
+        self._latency_engaged.set(1 if engaged else 0)
+        self._latency_spread.set(spread or 0.0)
 
     def count_latency_wait(self) -> None:
         """A request chose to wait for a busy replica predicted quicker (counted once per request)."""

@@ -58,7 +58,7 @@ class ProxyApp:
             max_model_bytes=requests.max_model_name_bytes,
             test_hooks=requests.enable_test_hooks,
             session_header=config.affinity.session_header,
-            slo_headers=config.affinity.latency,
+            slo_headers=config.affinity.latency != "off",
             resume=ResumeMode(config.streams.resume),
             resume_max=config.streams.resume_max,
             resume_max_tokens=config.streams.resume_max_tokens,

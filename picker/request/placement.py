@@ -3,8 +3,9 @@
 The request path (picker/request/pipeline.py) calls this at four moments:
 - `keys` at admission: the request's chained block keys (approximate: its prompt material in
   pseudo-token blocks; precise: the engine's token ids in engine blocks), its size, model, session;
-- `choose` at dispatch: the affinities of each READY candidate (what share of the prompt it holds,
-  LoRA, session) and the pick (picker/scheduling/affinity.py); None when there is nothing to weigh,
+- `choose` at dispatch: the request as the pick sees it (`Ask`), one row per READY candidate
+  (picker/scheduling/rows.py: load, cached share, LoRA, session, predictions), then the choice over
+  the rows (filters, scorers: picker/scheduling/choice.py); None when there is nothing to weigh,
   and the plain load pick applies;
 - `dispatched` / `served`: the endpoint that takes the request learns its blocks (approximate),
   its session binds there;
@@ -18,7 +19,6 @@ No I/O: token ids for precise keys come from the frontend (an engine's /tokenize
 from __future__ import annotations
 
 import logging
-import math
 import random
 from collections.abc import Sequence
 
@@ -29,20 +29,18 @@ from picker.pool import Endpoint, Pool
 from picker.pool.cache import CacheKeys, PrefixIndex
 from picker.pool.sessions import Sessions
 from picker.request.inference import InferenceRequest
-from picker.scheduling import LoadPolicy, Stagger, estimated_load
-from picker.scheduling.affinity import Affinity, AffinityPolicy, Choice, lora_score, pick_with_affinity
+from picker.scheduling import LoadPolicy, Stagger, rows
+from picker.scheduling.choice import AffinityPolicy, Choice, choose
 from picker.scheduling.latency import LatencyModel
-from picker.scheduling.load import assess
+from picker.scheduling.load import measure
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
+from picker.scheduling.rows import Ask, output_tokens
+from picker.scheduling.uniformity import Uniformity, spread
 from picker.streams import RequestRecord
 from picker.streams.record import Slo
 
 log = logging.getLogger(__name__)
 
-# affinity.latency: the output a request that sets no max_tokens is expected to ask for, and the
-# most any request is expected to produce (a huge max_tokens usually ends at a stop long before)
-_DEFAULT_OUTPUT_TOKENS = 128
-_MAX_OUTPUT_TOKENS = 1024
 # a critical request's SLO guards the sheddable work admitted after it for this long (seconds)
 GUARD_S = 10.0
 
@@ -57,8 +55,16 @@ class Placement:
         self.sessions = sessions
         self.policy = AffinityPolicy.of(config)
         self.block_tokens = config.block_tokens
-        # affinity.latency: each replica's TTFT and time per output token, learned online
-        self.latency = LatencyModel(config.latency_half_life_s) if config.latency else None
+        # affinity.latency: each replica's TTFT and time per output token, learned online (on and auto);
+        # the pick uses its predictions while `engaged` (on: always; auto: while the pool is not uniform)
+        self.latency = LatencyModel(config.latency_half_life_s) if config.latency != "off" else None
+        self.engaged = config.latency == "on"
+        self.uniformity = (
+            Uniformity(config.latency_engage_ratio, config.latency_release_ratio, config.latency_hold_s)
+            if config.latency == "auto"
+            else None
+        )
+        metrics.set_latency_engaged(self.engaged)
         self._refreshed_at = float("-inf")
         # the latest critical request's SLO, and when it came: sheddable work gives way to it
         self._guarded: tuple[Slo, float] | None = None
@@ -108,73 +114,79 @@ class Placement:
         ahead: int = 0,
     ) -> Choice | None:
         """The affinity pick, or None when nothing but load tells the candidates apart. `ahead`:
-        the requests waiting in the picker ahead of this one."""
+        the requests waiting in the picker ahead of this one. One way: the request as the pick sees
+        it, one row per candidate (picker/scheduling/rows.py), then the choice over the rows
+        (filters, scorers: picker/scheduling/choice.py)."""
         keys = record.keys
         model = record.model  # an adapter some candidate runs or queues: LoRA affinity applies
         lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
-        latency = self.latency
+        latency = self.latency if self.engaged else None
         if keys is None and not lora and latency is None:
             return None
-        bound = self.bound_endpoint(record)
-        size = keys.estimated_tokens if keys is not None else 0
-        affinities = []
-        window = self._config.balance_window_s
-        features: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
-        out_tokens = min(record.max_tokens or _DEFAULT_OUTPUT_TOKENS, _MAX_OUTPUT_TOKENS)
-        for c in candidates:
-            current = estimated_load(c)
-            load_avg = _averaged(c, current, now, window)
-            cached = keys.cached_fraction(c) if keys is not None else 0.0
-            ttft_s = tpot_s = latency_s = None
-            if latency is not None:
-                ttft_s, tpot_s, ttft_x, tpot_x = _predict(latency, c, current, size * (1.0 - cached), load)
-                features.append((ttft_x, tpot_x))
-                latency_s = ttft_s + tpot_s * out_tokens
-            affinities.append(
-                Affinity(
-                    cached=cached,
-                    lora=lora_score(record.model, c.running_adapters, c.waiting_adapters, c.max_adapters)
-                    if lora
-                    else 0.0,
-                    session=c.address == bound,
-                    prefill=c.pending_prefill + size * (1.0 - cached),
-                    room=_room(c),
-                    load_avg=load_avg,
-                    ttft_s=ttft_s,
-                    tpot_s=tpot_s,
-                    latency_s=latency_s,
-                )
-            )
         slo = record.slo
-        choice = pick_with_affinity(
+        ask = Ask(
+            keys,
+            model,
+            lora,
+            self.bound_endpoint(record),
+            output_tokens(record.max_tokens),
+            None if slo is None else (slo.ttft_s, slo.tpot_s),
+        )
+        window = self._config.balance_window_s
+        table = rows.build(
             candidates,
-            affinities,
-            count,
-            rng,
+            ask,
             now,
             load,
-            self.policy,
-            suspects,
-            stagger,
-            slo=None if slo is None else (slo.ttft_s, slo.tpot_s),
-            ahead=ahead,
+            rng,
+            suspects=suspects,
+            stagger=stagger,
+            window_s=window,
+            latency=latency,
         )
+        choice = choose(table, count, self.policy, ask.slo, ahead)
         waits = choice.reason == "wait"
         if waits and not record.waits_for_quicker:
             self._metrics.count_latency_wait()
         record.waits_for_quicker = waits
-        if choice.destinations:
-            primary = choice.destinations[0]
-            at = next(i for i, c in enumerate(candidates) if c.address == primary)
-            found = affinities[at]
-            if features:
-                record.ttft_x, record.tpot_x = features[at]
+        found = choice.primary
+        if choice.destinations and found is not None:
+            if found.ttft_x is not None:
+                record.ttft_x, record.tpot_x = found.ttft_x, found.tpot_x
                 record.predicted_ttft, record.dispatched_at = found.ttft_s, now
+            elif self.latency is not None:  # auto, not engaged: the model learns from the primary alone
+                uncached = ask.size * (1.0 - found.cached)
+                self.learns_from(record, found.address, found.load, uncached, load, now)
             if keys is not None and keys.blocks:
                 record.predicted_blocks = round(found.cached * len(keys.blocks))
-            record.prefill = size * (1.0 - found.cached)
+            record.prefill = ask.size * (1.0 - found.cached)
             self._metrics.count_placement(choice.reason, found.cached)
         return choice
+
+    def learns_from(
+        self,
+        record: RequestRecord,
+        address: str,
+        current: float | None,
+        uncached: float | None,
+        load: LoadPolicy,
+        now: float,
+    ) -> None:
+        """The latency model will learn from this request on `address` (picked without predictions:
+        `auto` not engaged): its features there, computed for it alone. `current`, `uncached`: the
+        endpoint's load and the request's uncached prompt tokens there, when the pick knew them."""
+        endpoint = self._pool.get(address)
+        if self.latency is None or endpoint is None:
+            return
+        if current is None:
+            current = measure(endpoint, now, load)[2]
+        if uncached is None:
+            keys = record.keys
+            size = keys.estimated_tokens if keys is not None else 0
+            uncached = size * (1.0 - (keys.cached_fraction(endpoint) if keys is not None else 0.0))
+        latency = self.latency
+        ttft_s, _, record.ttft_x, record.tpot_x = rows.predict(latency, endpoint, current, uncached, load)
+        record.predicted_ttft, record.dispatched_at = ttft_s, now
 
     def dispatched(self, record: RequestRecord, address: str) -> None:
         """`address` takes the request (its primary, or the fallback that served it)."""
@@ -201,7 +213,7 @@ class Placement:
         objectives hold only if the sheddable work gives way: a sheddable request without an SLO of
         its own is held to the latest critical request's (seen within `GUARD_S`), and refused as
         `rejected-saturated` when no replica is predicted to meet that."""
-        if self.latency is None:
+        if not self.engaged:
             return None
         if record.priority >= 0:
             if record.slo is not None:
@@ -231,15 +243,16 @@ class Placement:
         now (True without one). With none, it would wait in the queue behind what is queued already:
         not in time."""
         slo, latency = slo or record.slo, self.latency
-        if slo is None or latency is None:
+        if slo is None or latency is None or not self.engaged:
             return True
-        candidates = [c for c in candidates if not assess(c, now, load)[0]]
         keys = record.keys
         size = keys.estimated_tokens if keys is not None else 0
         for c in candidates:
-            current = estimated_load(c)
+            full, _, current = measure(c, now, load)
+            if full:
+                continue
             cached = keys.cached_fraction(c) if keys is not None else 0.0
-            ttft_s, tpot_s, _, _ = _predict(latency, c, current, size * (1.0 - cached), load)
+            ttft_s, tpot_s, _, _ = rows.predict(latency, c, current, size * (1.0 - cached), load)
             if slo.met_by(ttft_s, tpot_s):
                 return True
         return False
@@ -308,6 +321,7 @@ class Placement:
         if self.latency is not None and now - self._refreshed_at >= 1.0:
             self._refreshed_at = now
             self.latency.refresh(now)
+            self._judge(now)
         published = max((e.block_size or 0 for e in self._pool.endpoints()), default=0)
         wanted = max(self._config.block_tokens, published)
         if self._config.prefix != "approximate" or wanted == self.block_tokens:
@@ -316,6 +330,20 @@ class Placement:
         self.block_tokens = wanted
         for endpoint in self._pool.endpoints():
             endpoint.prefix = None  # keyed by the old block size: useless now
+
+    def _judge(self, now: float) -> None:
+        """auto: whether the pool is uniform (picker/scheduling/uniformity.py); a switch is logged once."""
+        if self.uniformity is None or self.latency is None:
+            return
+        measured = spread(self.latency)
+        if self.uniformity.check(measured, now):
+            self.engaged = self.uniformity.engaged
+            log.info(
+                "affinity.latency auto: %s (the slowest replica's predicted time %.2f x the quickest's)",
+                "engaged: the pool is not uniform" if self.engaged else "released: the pool is uniform",
+                measured or 0.0,
+            )
+        self._metrics.set_latency_engaged(self.engaged, measured)
 
     def _index_capacity(self, endpoint: Endpoint) -> int:
         """The engine's cache in the index's blocks when it publishes it, else the configured size."""
@@ -334,52 +362,3 @@ class Placement:
             self.latency.forget(address)
         if self.sessions is not None:
             self.sessions.forget_endpoint(address)
-
-
-def _room(endpoint: Endpoint) -> float:
-    """The share of an endpoint's cache not known to be taken: by its KV events, else its index."""
-    if endpoint.kv is not None and endpoint.num_blocks:
-        return max(0.0, 1.0 - len(endpoint.kv) / endpoint.num_blocks)
-    if endpoint.prefix is not None:
-        return max(0.0, 1.0 - len(endpoint.prefix) / endpoint.prefix.capacity)
-    return 1.0
-
-
-def _averaged(endpoint: Endpoint, load: float, now: float, window_s: float) -> float:
-    """The endpoint's load averaged over about `window_s` seconds (an exponential moving average)."""
-    at = endpoint.load_avg_at
-    if at is None:
-        endpoint.load_avg = load
-    elif now > at:
-        endpoint.load_avg += (1.0 - math.exp((at - now) / window_s)) * (load - endpoint.load_avg)
-    endpoint.load_avg_at = now
-    return endpoint.load_avg
-
-
-def _queued_ahead(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
-    """Requests that would wait on the engine ahead of one more: its queue now, plus this one's own
-    wait when every slot is taken (slots configured or learned; else the scrape's queue alone)."""
-    slots = policy.engine_slots or endpoint.learned_slots
-    if slots:
-        return max(0.0, load + 1.0 - slots)
-    sample = endpoint.load  # slots unknown: the scrape's queue (what `estimated_waiting` says then)
-    return 0.0 if sample is None else sample.waiting
-
-
-def _slots(endpoint: Endpoint, load: float, policy: LoadPolicy) -> float:
-    """The engine's batch slots: configured, learned, else at least what it runs now."""
-    return float(policy.engine_slots or endpoint.learned_slots or max(1.0, load))
-
-
-def _predict(
-    latency: LatencyModel, endpoint: Endpoint, load: float, uncached: float, policy: LoadPolicy
-) -> tuple[float, float, tuple[float, float, float], tuple[float, float]]:
-    """(TTFT, TPOT, their features) the model predicts for one more request of `uncached` prompt
-    tokens on `endpoint`, which holds `load` requests now."""
-    return latency.predict(
-        endpoint.address,
-        endpoint.pending_prefill + uncached,
-        _queued_ahead(endpoint, load, policy),
-        _slots(endpoint, load, policy),
-        load + 1.0,
-    )

@@ -1,7 +1,9 @@
 """Scheduling: choose, among READY endpoints, the primary and the ordered fallbacks for one request.
 
-Knows nothing of where endpoints come from; reads only what `Candidate` declares (address,
-in-flight, last load sample). Pure functions, no I/O.
+One way through: `rows` (one row per candidate, computed once: load, cached share, LoRA, session,
+predicted times), `filters` (which rows stay), `scorers` (row -> number, registered in one table),
+`choice` (session, LoRA, sticky prefix, else the best weighted score); `pick` alone when only load
+tells the candidates apart. Knows nothing of where endpoints come from. Pure functions, no I/O.
 """
 
 from picker.scheduling.load import (

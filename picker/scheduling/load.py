@@ -58,14 +58,15 @@ class LoadPolicy:
 
     @classmethod
     def of(cls, load: LoadConfig, affinity: AffinityConfig) -> LoadPolicy:
-        """From the configuration: `load.*`, and with `affinity.latency` its engine queue bound."""
+        """From the configuration: `load.*`, and with `affinity.latency: on` its engine queue bound (with
+        `auto`, the request path applies it while the predictions are engaged)."""
         return cls(
             use_metrics=load.scrape,
             staleness_s=load.staleness_s,
             waiting_threshold=load.waiting_threshold,
             kv_threshold=load.kv_threshold,
             engine_slots=load.engine_slots,
-            engine_queue=affinity.latency_engine_queue if affinity.latency else None,
+            engine_queue=affinity.latency_engine_queue if affinity.latency == "on" else None,
             weight_load=load.weight_load,
             weight_waiting=load.weight_waiting,
             weight_kv=load.weight_kv,
@@ -129,10 +130,20 @@ def saturated(view: LoadView, now: float, policy: LoadPolicy) -> bool:
 def assess(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float]:
     """(saturated, score; lower is better) in one pass: what `pick` needs of every candidate."""
     if not policy.use_metrics:
-        return False, counted(view)
+        return False, counted(view)  # (a view without load samples: only the counts)
+    full, score, _ = measure(view, now, policy)
+    return full, score
+
+
+def measure(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float, float]:
+    """(saturated, score, `estimated_load`) in one pass: what a row of the pick holds
+    (picker/scheduling/rows.py); the load is computed once for all three."""
+    if not policy.use_metrics:
+        return False, counted(view), estimated_load(view)
     sample = view.load
     if sample is None:
-        return True, counted(view)
+        load = counted(view)
+        return True, load, load
     load = estimated_load(view)
     waiting = _queued(load, sample, view, policy)
     kv = sample.kv_usage
@@ -142,19 +153,24 @@ def assess(view: LoadView, now: float, policy: LoadPolicy) -> tuple[bool, float]
     else:
         queue_full = waiting >= policy.waiting_threshold
     full = now - sample.at > policy.staleness_s or queue_full or kv >= policy.kv_threshold
-    return full, policy.weight_load * load + policy.weight_waiting * waiting + policy.weight_kv * kv
+    return full, policy.weight_load * load + policy.weight_waiting * waiting + policy.weight_kv * kv, load
 
 
 def busy(view: LoadView, now: float, policy: LoadPolicy) -> bool:
     """Saturated only because every batch slot is taken (its figures fresh, its KV cache not full):
     a slot frees when one of its requests ends, so waiting for it is a choice, not a gamble."""
+    return busy_when(view, now, policy, assess(view, now, policy)[0])
+
+
+def busy_when(view: LoadView, now: float, policy: LoadPolicy, full: bool) -> bool:
+    """`busy`, given whether the endpoint is saturated (`measure` said so already)."""
     sample = view.load
     return (
-        policy.use_metrics
+        full
+        and policy.use_metrics
         and sample is not None
         and now - sample.at <= policy.staleness_s
         and sample.kv_usage < policy.kv_threshold
-        and assess(view, now, policy)[0]
     )
 
 

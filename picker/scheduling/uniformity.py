@@ -1,0 +1,75 @@
+"""Whether the pool is uniform: the switch of `affinity.latency: auto`.
+
+The latency model (picker/scheduling/latency.py) learns every replica's speed whatever the setting;
+routing by its predictions helps only a pool whose replicas differ (another GPU, another version, a
+noisy neighbour) and costs a uniform pool prefix hits and a few microseconds a pick. So under
+`auto` the pick uses the predictions only while the pool measurably is not uniform:
+
+- the **spread** is the slowest measured replica's predicted time for the same request (the pool's
+  typical one: a thousand prefill tokens, the tokens a stream produces lately, a batch as busy as
+  the pool's) over the quickest's; a replica counts once it has observations of its own on both
+  figures (one that got no traffic lately has none: it tells nothing either way);
+- engaged once the spread has stayed at or above `engage_ratio` for `hold_s`; released once it has
+  stayed below `release_ratio` (lower) for `hold_s`. Between the two, or with fewer than two
+  measured replicas, the state holds: a slow replica the pick stopped sending work to does not
+  switch it off by going unmeasured.
+Checked after the scrapes (about once a second), never per request. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
+
+MEASURED = 3.0  # a replica's own observations (decayed weight) before it counts, on each figure
+_PROBE_PREFILL = 1000.0  # prefill tokens of the typical request compared
+_PROBE_RUNNING = 4.0  # requests running beside it
+
+
+def spread(model: LatencyModel) -> float | None:
+    """Slowest over quickest predicted time of the typical request, over the measured replicas;
+    None with fewer than two."""
+    ttft_x = ttft_features(_PROBE_PREFILL, 0.0)
+    tpot_x = tpot_features(_PROBE_RUNNING)
+    tokens = model.output_tokens
+    times = [
+        model.ttft(address, ttft_x) + model.tpot(address, tpot_x) * tokens
+        for address, replica in model.replicas.items()
+        if replica.ttft.weight >= MEASURED and replica.tpot.weight >= MEASURED
+    ]
+    if len(times) < 2:
+        return None
+    return max(times) / min(times)
+
+
+@dataclass(slots=True)
+class Uniformity:
+    """The `auto` switch with hysteresis: `check` after the model changed; `engaged` is the state."""
+
+    engage_ratio: float = 1.5
+    release_ratio: float = 1.25
+    hold_s: float = 5.0
+    engaged: bool = False
+    last_spread: float | None = None
+    _contrary_since: float | None = None  # since when the spread says the other state
+
+    def check(self, spread: float | None, now: float) -> bool:
+        """Take one reading; True when the state switched."""
+        self.last_spread = spread
+        if spread is None:
+            contrary = False  # nothing measured: hold
+        elif self.engaged:
+            contrary = spread < self.release_ratio
+        else:
+            contrary = spread >= self.engage_ratio
+        if not contrary:
+            self._contrary_since = None
+            return False
+        if self._contrary_since is None:
+            self._contrary_since = now
+        if now - self._contrary_since < self.hold_s:
+            return False
+        self.engaged = not self.engaged
+        self._contrary_since = None
+        return True
