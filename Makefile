@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_streams
 	$(BIN)/python -m loadtest.bench_cost
 	$(BIN)/python -m loadtest.bench_ledger
+	$(BIN)/python -m loadtest.bench_hot_path --against ff1d99e  # the previous release (stop 52)
 	$(BIN)/python -m loadtest.bench_grpc_servers
 	$(BIN)/python -m loadtest.bench_grpc_reset
 	$(BIN)/python -m loadtest.bench_ngf

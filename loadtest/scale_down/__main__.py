@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--interval", type=float, default=d.interval_s, help="kube.deletion_cost_interval_s here"
     )
+    parser.add_argument(
+        "--steer", type=float, default=d.steer_s, help="scale_down.steer_s here (0: no steering)"
+    )
     parser.add_argument("--grace", type=float, default=d.grace_s, help="terminationGracePeriodSeconds here")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of the arrivals and the simulator")
     parser.add_argument("--workdir", type=Path, help="keep logs and configs here, not in a temp dir")
@@ -88,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         long_share=args.long_share,
         eos_rate=args.eos_rate,
         interval_s=args.interval,
+        steer_s=args.steer,
         grace_s=args.grace,
         seed=args.seed,
     )

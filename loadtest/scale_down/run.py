@@ -50,6 +50,7 @@ class Options:
     interval_s: float = 1.0  # kube.deletion_cost_interval_s (10 s)
     margin_s: float = 0.5  # scale_down.margin_s (5 s)
     step_s: float = 0.1  # scale_down.step_s (1 s)
+    steer_s: float = 3.0  # scale_down.steer_s (30 s, its default); 0: the placement is not steered
     seed: int = 7
 
     @property
@@ -120,7 +121,7 @@ def _picker_config(options: Options, ranked: bool, kubeconfig: Path, path: Path)
             "backoff_initial_s": 0.05,
             "backoff_max_s": 0.5,
         },
-        "scale_down": {"margin_s": options.margin_s, "step_s": options.step_s},
+        "scale_down": {"margin_s": options.margin_s, "step_s": options.step_s, "steer_s": options.steer_s},
     }
     path.write_text(yaml.safe_dump(config))
     return path

@@ -594,6 +594,12 @@ class AffinityConfig(_Group):
         "hysteresis); true/false mean on/off",
     )
     latency_weight: float = Field(4.0, ge=0, description="score weight of the predicted TTFT")
+    scale_down_weight: float = Field(
+        2.0,
+        ge=0,
+        description="with kube.deletion_cost: score weight of keeping long requests off the pods a "
+        "scale-down takes next, within the load gap (scale_down.steer_s says how long is long)",
+    )
     latency_gap_ratio: float = Field(
         0.3,
         ge=0,
@@ -774,6 +780,12 @@ class ScaleDownConfig(_Group):
     margin_ratio: float = Field(0.1, ge=0, description="... and than this share of the other's cost")
     step_s: float = Field(1.0, gt=0, le=60, description="how often the costs are computed")
     max_writes: int = Field(20, ge=1, le=1000, description="annotation writes per step, at most")
+    steer_s: float = Field(
+        30.0,
+        ge=0,
+        description="a request expected to run this long or longer is kept off the pods a scale-down "
+        "takes next (affinity.scale_down_weight), a shorter one in proportion; 0: none is",
+    )
 
 
 class AutoscalingConfig(_Group):

@@ -173,8 +173,8 @@ class _Histogram(Histogram):
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         self._sum.inc(amount)
-        index = bisect_left(self._upper_bounds, amount)  # the last bound is +Inf; NaN lands past it
-        self._buckets[min(index, len(self._buckets) - 1)].inc(1)
+        if amount == amount:  # NaN is in no bucket (as prometheus_client's own); the last is +Inf
+            self._buckets[bisect_left(self._upper_bounds, amount)].inc(1)
 
 
 class _Children:
@@ -743,7 +743,7 @@ class Metrics:
         self._requests_by, self._queue_wait_by = _Children(self._requests), _Children(self._queue_wait)
         self._ends_by, self._output_tokens_by = _Children(self._ends), _Children(self._output_tokens)
         self._ttft_by, self._itl_by = _Children(self._ttft), _Children(self._itl)
-        self._picks_by, self._placements_by = _Children(self._picks), _Children(self._placements)
+        self._placements_by = _Children(self._placements)
 
     def register_latency(self, model: LatencyModel) -> None:
         self.registry.register(_LatencyCollector(model))
@@ -861,7 +861,7 @@ class Metrics:
         self._retries.labels(bounded_label(endpoint)).inc(retries)
 
     def count_pick(self, endpoint: str, seconds: float) -> None:
-        self._picks_by(bounded_label(endpoint)).inc()
+        self._picks.labels(bounded_label(endpoint)).inc()  # not cached: forget_endpoint removes it
         self._pick_seconds.observe(seconds)
 
     def set_leader(self, leading: bool) -> None:

@@ -136,6 +136,16 @@ def _between(lower: int | None, upper: int | None, count: int) -> list[int] | No
     return values if INT32[0] <= values[0] and values[-1] <= INT32[1] else None
 
 
+@dataclass(frozen=True, slots=True)
+class ScaleDownRanks:
+    """What the placement steers by (kube.deletion_cost): where each endpoint's pod stands in the next
+    scale-down (`next_to_go`), and how many output tokens make a request long enough to keep off the
+    first to go (scale_down.steer_s at the pool's pace)."""
+
+    next_to_go: Mapping[str, float]
+    steer_tokens: int
+
+
 def next_to_go(pods: Sequence[PodRef], value: Callable[[PodRef], int | None]) -> dict[str, float]:
     """Each pod's endpoints by where a scale-down would take it: 0.0 for the pod the ReplicaSet
     controller deletes first (the lowest annotation value; none counts as 0, as the controller

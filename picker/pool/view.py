@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, assert_never
 
+from picker.pool.deletion_rank import ScaleDownRanks
 from picker.pool.drain import DrainCause, DrainEnd, DrainExit, DrainRecord, DrainTotals
 from picker.pool.endpoint import Endpoint, EndpointState
 from picker.pool.health import Health
@@ -39,11 +40,8 @@ class EndpointConflict(ValueError):
 
 
 class Lease:
-    """One request's claim on an endpoint's in-flight count, released exactly once.
-
-    Envoy may serve a request from a fallback rather than the primary; `move` re-attributes the
-    claim to the endpoint that really served it.
-    """
+    """One request's claim on an endpoint's in-flight count, released exactly once. Envoy may serve
+    a request from a fallback rather than the primary: `move` gives the claim to the one that did."""
 
     __slots__ = ("_address", "_picked_at", "_pool")
 
@@ -97,7 +95,7 @@ class Pool:
         # answers that failed before their first byte, per endpoint (suspects; drain records)
         self.health = Health(clock=clock)
         self.failed_window_s = 10.0  # a drain record counts failures this long before it opened
-        self.next_to_go: dict[str, float] = {}  # kube.deletion_cost: deletion_rank.next_to_go
+        self.scale_down: ScaleDownRanks | None = None  # kube.deletion_cost (pool/deletion_rank.py)
 
     def __len__(self) -> int:
         return len(self._endpoints)

@@ -18,6 +18,7 @@ No I/O: token ids for precise keys come from the frontend (an engine's /tokenize
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from picker.scheduling.choice import AffinityPolicy, Choice, choose
 from picker.scheduling.latency import LatencyModel
 from picker.scheduling.load import measure
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
-from picker.scheduling.rows import Ask, output_tokens
+from picker.scheduling.rows import Ask, output_tokens, steer
 from picker.scheduling.uniformity import Uniformity, spread
 from picker.streams import RequestRecord
 from picker.streams.record import Slo
@@ -54,6 +55,9 @@ class Placement:
         self._metrics = metrics
         self.sessions = sessions
         self.policy = AffinityPolicy.of(config)
+        # a pick with nothing to steer by (no scale-down ranks, or a short request) scores without
+        # the scale-down scorer: kube.deletion_cost off costs nothing here
+        self._unsteered = dataclasses.replace(self.policy, scale_down_weight=0.0)
         self.block_tokens = config.block_tokens
         # affinity.latency: each replica's TTFT and time per output token, learned online (on and auto);
         # the pick uses its predictions while `engaged` (on: always; auto: while the pool is not uniform)
@@ -121,7 +125,9 @@ class Placement:
         model = record.model  # an adapter some candidate runs or queues: LoRA affinity applies
         lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
         latency = self.latency if self.engaged else None
-        if keys is None and not lora and latency is None:
+        ranked = self._pool.scale_down  # kube.deletion_cost: where each pod stands in a scale-down
+        steers = steer(record.max_tokens, ranked.steer_tokens) if ranked is not None else 0.0
+        if keys is None and not lora and latency is None and not steers:
             return None
         slo = record.slo
         ask = Ask(
@@ -131,6 +137,7 @@ class Placement:
             self.bound_endpoint(record),
             output_tokens(record.max_tokens),
             None if slo is None else (slo.ttft_s, slo.tpot_s),
+            steers,
         )
         window = self._config.balance_window_s
         table = rows.build(
@@ -143,8 +150,9 @@ class Placement:
             stagger=stagger,
             window_s=window,
             latency=latency,
+            next_to_go=ranked.next_to_go if ranked is not None and steers else None,
         )
-        choice = choose(table, count, self.policy, ask.slo, ahead)
+        choice = choose(table, count, self.policy if steers else self._unsteered, ask.slo, ahead)
         waits = choice.reason == "wait"
         if waits and not record.waits_for_quicker:
             self._metrics.count_latency_wait()

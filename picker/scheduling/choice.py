@@ -51,6 +51,7 @@ class AffinityPolicy:
     latency_weight: float = 0.0
     latency_gap_ratio: float = 0.3
     latency_gap_s: float = 0.1
+    scale_down_weight: float = 0.0
     # the scorers with their weights: without predictions, and with them (computed once)
     scored: Weighted = field(default=(), compare=False)
     scored_predicted: Weighted = field(default=(), compare=False)
@@ -75,6 +76,7 @@ class AffinityPolicy:
             latency_weight=config.latency_weight if config.latency != "off" else 0.0,
             latency_gap_ratio=config.latency_gap_ratio,
             latency_gap_s=config.latency_gap_s,
+            scale_down_weight=config.scale_down_weight,
         )
 
 
@@ -134,7 +136,8 @@ def _primary(rows: list[Row], policy: AffinityPolicy, slo: Slo | None, predicted
             return sticky, "sticky"
     if lora:
         return within[0], "lora"
-    spans = Spans.of(rows, within, predicted)
+    limit = filters.load_limit(rows, policy) if policy.scale_down_weight else float("inf")
+    spans = Spans.of(rows, within, predicted, limit)
     weighted = policy.scored_predicted if predicted else policy.scored
 
     def score(row: Row) -> tuple[float, float]:

@@ -39,13 +39,19 @@ def with_room(rows: Sequence[Row]) -> list[Row]:
     return [row for row in rows if not row.suspect and not row.full]
 
 
+def load_limit(rows: Sequence[Row], gaps: Gaps) -> float:
+    """The load gap's bound: `max_load_gap` requests above the least loaded, or `load_gap_ratio` of
+    its load when larger."""
+    least = min(row.load for row in rows)
+    return least + max(gaps.max_load_gap, gaps.load_gap_ratio * least)
+
+
 def in_range(rows: Sequence[Row], gaps: Gaps) -> list[Row]:
     """Within the load gap (`max_load_gap` requests of the least loaded, or `load_gap_ratio` of its
     load when larger) and in balance (load averaged over the last seconds at most `balance_ratio`
     above the pool's average: a hot prefix's endpoint that stays busier than the rest is out of
     balance, a moment's swing is not); the least loaded when every one is past a bound."""
-    least = min(row.load for row in rows)
-    limit = least + max(gaps.max_load_gap, gaps.load_gap_ratio * least)
+    limit = load_limit(rows, gaps)
     balanced = sum(row.load_avg for row in rows) / len(rows) * (1 + gaps.balance_ratio) + _BALANCE_SLACK
     return [row for row in rows if row.load <= limit and row.load_avg <= balanced] or list(rows[:1])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from picker.pool import Endpoint
@@ -37,6 +37,9 @@ class Ask:
     bound: str | None = None  # the endpoint its session is bound to
     out_tokens: int = DEFAULT_OUTPUT_TOKENS  # the output it is expected to ask for
     slo: tuple[float | None, float | None] | None = None  # its (TTFT, TPOT) objectives, seconds
+    # 0-1: how far it keeps off the pods a scale-down takes next (kube.deletion_cost): its expected
+    # run against scale_down.steer_s; 0 for a short one, or with nothing ranked
+    steer: float = 0.0
 
     @property
     def size(self) -> float:
@@ -46,6 +49,13 @@ class Ask:
 
 def output_tokens(max_tokens: int | None) -> int:
     return min(max_tokens or DEFAULT_OUTPUT_TOKENS, MAX_OUTPUT_TOKENS)
+
+
+def steer(max_tokens: int | None, steer_tokens: int) -> float:
+    """How far a request keeps off the next scale-down's victims: in full from `steer_tokens` asked
+    (scale_down.steer_s in tokens at the pool's pace), in proportion below; uncapped, unlike
+    `output_tokens`: a long max_tokens is what makes a drain long."""
+    return min(1.0, (max_tokens or DEFAULT_OUTPUT_TOKENS) / max(1, steer_tokens))
 
 
 @dataclass(slots=True)
@@ -74,6 +84,8 @@ class Row:
     # the features of those predictions (what the model learns from once the request is served)
     ttft_x: tuple[float, float, float] | None = None
     tpot_x: tuple[float, float] | None = None
+    # the ask's steer x where its pod stands in the next scale-down (0: deleted first, 1: last)
+    stays: float = 0.0
 
     @property
     def order(self) -> tuple[bool, bool, float, float]:
@@ -92,8 +104,10 @@ def build(
     stagger: Stagger | None = None,
     window_s: float = 2.0,
     latency: LatencyModel | None = None,
+    next_to_go: Mapping[str, float] | None = None,
 ) -> list[Row]:
-    """The rows of one pick, in `pick`'s order. With `latency`, each row carries its predictions."""
+    """The rows of one pick, in `pick`'s order. With `latency`, each row carries its predictions;
+    with `next_to_go` (pool/deletion_rank.py) and an ask that steers, where its pod stands."""
     order = stagger.order([c.address for c in candidates]) if stagger is not None else None
     keys, bound, size = ask.keys, ask.bound, ask.size
     rows = []
@@ -127,6 +141,8 @@ def build(
         if latency is not None:
             row.ttft_s, row.tpot_s, row.ttft_x, row.tpot_x = predict(latency, c, current, uncached, policy)
             row.latency_s = row.ttft_s + row.tpot_s * ask.out_tokens
+        if ask.steer and next_to_go:
+            row.stays = ask.steer * next_to_go.get(address, 1.0)  # a pod not ranked: not going
         rows.append(row)
     rows.sort(key=_order)
     return rows

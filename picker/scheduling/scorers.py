@@ -26,13 +26,17 @@ class Spans:
     quickest: float  # the lowest predicted time to the last token (0: no predictions)
     spread: float  # the slowest less the quickest
     near: frozenset[int]  # id() of the rows within the load gap: only their cache earns a score
+    load_limit: float = float("inf")  # the load gap's bound (requests): steering keeps within it
 
     @classmethod
-    def of(cls, rows: Sequence[Row], near: Sequence[Row], predicted: bool) -> Spans:
+    def of(
+        cls, rows: Sequence[Row], near: Sequence[Row], predicted: bool, load_limit: float = float("inf")
+    ) -> Spans:
         low, high = rows[0].cost, max(row.cost for row in rows)
         quickest = min((row.latency_s or 0.0) for row in rows) if predicted else 0.0
         slowest = max((row.latency_s or 0.0) for row in rows) if predicted else 0.0
-        return cls(low, high - low, quickest, slowest - quickest, frozenset(id(row) for row in near))
+        near_ids = frozenset(id(row) for row in near)
+        return cls(low, high - low, quickest, slowest - quickest, near_ids, load_limit)
 
 
 Scorer = Callable[[Row, Spans], float]
@@ -67,6 +71,13 @@ def latency(row: Row, spans: Spans) -> float:
     return 1.0
 
 
+def scale_down(row: Row, spans: Spans) -> float:
+    """Keeps a long request off the pods a scale-down takes next (kube.deletion_cost), so their
+    drains stay short: the row's `stays`, within the load gap only (past it the load decides: a
+    victim with room is not left idle while the others queue)."""
+    return row.stays if row.load <= spans.load_limit else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class Registered:
     scorer: Scorer
@@ -83,6 +94,7 @@ SCORERS: Mapping[str, Registered] = MappingProxyType(
         "lora": Registered(lora, "lora_weight", ("lora-affinity-scorer",)),
         "room": Registered(room, "room_weight"),
         "latency": Registered(latency, "latency_weight", ("latency-scorer",), predicted=True),
+        "scale_down": Registered(scale_down, "scale_down_weight"),
     }
 )
 

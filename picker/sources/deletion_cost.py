@@ -31,8 +31,8 @@ from picker.config.model import ConfigError, PickerConfig
 from picker.observability.metrics import Metrics
 from picker.peers.books import Peering
 from picker.pool import Pool
-from picker.pool.deletion_cost import CostPolicy, PodRef, Stream, pod_work
-from picker.pool.deletion_rank import Ranker, RankPolicy, next_to_go
+from picker.pool.deletion_cost import CostPolicy, PodRef, Stream, pod_work, times_per_token
+from picker.pool.deletion_rank import Ranker, RankPolicy, ScaleDownRanks, next_to_go
 from picker.request.live_work import live_streams
 from picker.sources.kube import SourceError
 from picker.streams import RequestRecord
@@ -140,6 +140,7 @@ class DeletionCostWriter:
         rank: RankPolicy,
         *,
         step_s: float,
+        steer_s: float = 0.0,
         writing: Callable[[], bool] = lambda: True,
         allowed: bool = True,
         clock: Callable[[], float] = time.monotonic,
@@ -148,6 +149,7 @@ class DeletionCostWriter:
         self._pods, self._streams, self._pool = pods, streams, pool
         self.cost, self.ranker = cost, Ranker(rank)
         self.step_s = step_s
+        self.steer_s = steer_s  # scale_down.steer_s: 0 leaves the placement unsteered
         self._writing = writing
         self.allowed = allowed  # the API server said this picker may patch pods
         self._clock = clock
@@ -171,6 +173,7 @@ class DeletionCostWriter:
             CostPolicy(s.unknown_tokens, s.time_per_token_s, s.work_weight, s.cache_s),
             RankPolicy(config.kube.deletion_cost_interval_s, s.margin_s, s.margin_ratio, s.max_writes),
             step_s=s.step_s,
+            steer_s=s.steer_s,
             writing=writer_gate(core.leader, core.path.peering),
             allowed=source.patch_allowed,
         )
@@ -184,7 +187,7 @@ class DeletionCostWriter:
     async def step(self) -> int:
         """One round: the writes made (0 when standing by, or when the ranks hold)."""
         if not self._writing():
-            self._pool.next_to_go = next_to_go(self._pods(), lambda pod: pod.value)  # as the pods say
+            self._steer(self._pods(), lambda pod: pod.value, self._streams())  # as the pods say
             if self.writer:
                 log.info("kube.deletion_cost: another picker writes now; standing by")
                 self.ranker.reset()
@@ -198,7 +201,8 @@ class DeletionCostWriter:
             return 0
         pods = self._pods()
         now = self._clock()
-        work = pod_work(pods, self._streams(), {e.address: e for e in self._pool.endpoints()}, self.cost, now)
+        streams = self._streams()
+        work = pod_work(pods, streams, {e.address: e for e in self._pool.endpoints()}, self.cost, now)
         self.ranker.keep_only({pod.key for pod in pods})
         plan = self.ranker.plan(pods, {key: w.cost for key, w in work.items()}, now)
         self.skipped["interval"] += plan.deferred
@@ -221,11 +225,22 @@ class DeletionCostWriter:
             self.writes["written"] += 1
             made += 1
             self.problem = None
-        self._pool.next_to_go = next_to_go(pods, self.ranker.current)
+        self._steer(pods, self.ranker.current, streams)
         if made and log.isEnabledFor(logging.DEBUG):
             order = ", ".join(f"{key}={work[key].cost:.2f}s/{work[key].streams}" for key in plan.order)
             log.debug("kube.deletion_cost: %d written; order (cost/streams) %s", made, order)
         return made
+
+    def _steer(
+        self, pods: Sequence[PodRef], value: Callable[[PodRef], int | None], streams: Sequence[Stream]
+    ) -> None:
+        """Tell the placement where each pod stands in the next scale-down (by the values the
+        controller will read), and how many output tokens make a request long enough to keep off
+        the first to go: scale_down.steer_s at the pool's measured pace (else the configured one)."""
+        if not self.steer_s:
+            return
+        pace = times_per_token(streams, self._clock())[1] or self.cost.time_per_token_s
+        self._pool.scale_down = ScaleDownRanks(next_to_go(pods, value), max(1, round(self.steer_s / pace)))
 
     async def _ask(self) -> bool:
         try:

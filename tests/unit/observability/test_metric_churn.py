@@ -48,3 +48,24 @@ def test_an_endpoint_still_finishing_keeps_its_series_until_its_last_request_end
     assert series_for(metrics, "a:1")
     path.finish(record, EndReason.UPSTREAM_TRUNCATED)
     assert series_for(metrics, "a:1") == []
+
+
+def test_an_endpoint_forgotten_then_back_is_counted_again() -> None:
+    """An address the pool forgot and sees again (a reused pod IP) shows its picks anew: the request
+    path's children are not kept past `forget_endpoint`."""
+    metrics = Metrics()
+    metrics.count_pick("10.0.0.9:8000", 0.001)
+    metrics.forget_endpoint("10.0.0.9:8000")
+    metrics.count_pick("10.0.0.9:8000", 0.001)
+    assert metrics.registry.get_sample_value("picker_picks_total", {"endpoint": "10.0.0.9:8000"}) == 1.0
+
+
+def test_a_nan_observation_lands_in_no_bucket() -> None:
+    metrics = Metrics()
+    metrics.observe_ttft("m", float("nan"))
+    metrics.observe_ttft("m", 0.02)
+    bucket = metrics.registry.get_sample_value(
+        "picker_time_to_first_token_seconds_bucket", {"model": "m", "le": "0.005"}
+    )
+    count = metrics.registry.get_sample_value("picker_time_to_first_token_seconds_count", {"model": "m"})
+    assert (bucket, count) == (0.0, 1.0)
