@@ -63,6 +63,8 @@ class Placement:
         # the pick uses its predictions while `engaged` (on: always; auto: while the pool is not uniform)
         self.latency = LatencyModel(config.latency_half_life_s) if config.latency != "off" else None
         self.engaged = config.latency == "on"
+        if self.latency is not None:
+            self.latency.eager = self.engaged  # auto: fitted after scrapes until it engages
         self.uniformity = (
             Uniformity(config.latency_engage_ratio, config.latency_release_ratio, config.latency_hold_s)
             if config.latency == "auto"
@@ -345,7 +347,7 @@ class Placement:
             return
         measured = spread(self.latency)
         if self.uniformity.check(measured, now):
-            self.engaged = self.uniformity.engaged
+            self.engaged = self.latency.eager = self.uniformity.engaged
             log.info(
                 "affinity.latency auto: %s (the slowest replica's predicted time %.2f x the quickest's)",
                 "engaged: the pool is not uniform" if self.engaged else "released: the pool is uniform",

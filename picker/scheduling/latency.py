@@ -178,6 +178,10 @@ class LatencyModel:
         self.pool.ttft_params, self.pool.tpot_params = STARTING_TTFT, STARTING_TPOT
         self.replicas: dict[str, ReplicaLatency] = {}
         self.output_tokens = 64.0  # tokens a stream produces, on average lately (the slot wait's unit)
+        # fit at every observation (the pick routes by the predictions); False (auto, not engaged):
+        # observations only add up, and `refresh` (after a scrape, at most once a second) fits them:
+        # two Gaussian eliminations a request are most of a learning's 38 us
+        self.eager = True
 
     def predict(
         self, address: str, prefill_tokens: float, queued_ahead: float, slots: float, running: float
@@ -219,8 +223,9 @@ class LatencyModel:
             replica.ttft_error.add(predicted, seconds)
         replica.ttft.observe(x, seconds, now, predicted)
         self.pool.ttft.observe(x, seconds, now, _dot(self.pool.ttft_params, x))
-        self.pool.ttft_params = self.pool.ttft.solve(STARTING_TTFT, now)
-        replica.ttft_params = replica.ttft.solve(self.pool.ttft_params, now)
+        if self.eager:
+            self.pool.ttft_params = self.pool.ttft.solve(STARTING_TTFT, now)
+            replica.ttft_params = replica.ttft.solve(self.pool.ttft_params, now)
         replica.last_at = now
 
     def learn_tpot(
@@ -237,8 +242,9 @@ class LatencyModel:
             replica.tpot_error.add(predicted, seconds)
         replica.tpot.observe(x, seconds, now, predicted)
         self.pool.tpot.observe(x, seconds, now, _dot(self.pool.tpot_params, x))
-        self.pool.tpot_params = self.pool.tpot.solve(STARTING_TPOT, now)
-        replica.tpot_params = replica.tpot.solve(self.pool.tpot_params, now)
+        if self.eager:
+            self.pool.tpot_params = self.pool.tpot.solve(STARTING_TPOT, now)
+            replica.tpot_params = replica.tpot.solve(self.pool.tpot_params, now)
         replica.last_at = now
 
     def refresh(self, now: float) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
 
 FAST, SLOW = "10.0.0.1:8000", "10.0.0.2:8000"
@@ -84,3 +86,19 @@ def test_a_replica_left_alone_slides_back_to_the_pool() -> None:
     now = feed(model, FAST, 1.0, now, 600, rng)  # 12 s with no traffic to the slow one
     model.refresh(now)
     assert model.ttft(SLOW, x) < 1.5 * model.ttft(FAST, x)  # so it gets traffic again, and is measured
+
+
+def test_a_model_not_routed_by_fits_at_refresh_not_at_every_observation() -> None:
+    """affinity.latency auto, not engaged: observations add up (cheap) and `refresh` (after a scrape,
+    at most once a second) fits them; the fit is the one an eager model reaches."""
+    lazy, eager = LatencyModel(30.0), LatencyModel(30.0)
+    lazy.eager = False
+    for i in range(40):
+        for model in (lazy, eager):
+            model.learn_ttft("a", (1.0, 0.5, 0.0), 0.08, i * 0.01)
+            model.learn_tpot("a", (1.0, 2.0), 0.03, i * 0.01, 8)
+    assert lazy.replicas["a"].ttft_params == lazy.pool.ttft_params  # not fitted yet: the pool's start
+    lazy.refresh(0.4)
+    eager.refresh(0.4)
+    assert lazy.replicas["a"].ttft_params == pytest.approx(eager.replicas["a"].ttft_params, rel=0.05)
+    assert lazy.replicas["a"].tpot_params == pytest.approx(eager.replicas["a"].tpot_params, rel=0.05)
