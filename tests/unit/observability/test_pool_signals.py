@@ -26,14 +26,25 @@ def samples(metrics: Metrics) -> dict[str, tuple[dict[str, str], float]]:
 
 def test_the_gauges_carry_the_pool_label_only() -> None:
     metrics = Metrics(pool="vllm-llama")
-    metrics.register_capacity(lambda: PoolFigures(12, 9.0, 0.75, 1, math.inf))
+    metrics.register_capacity(lambda: PoolFigures(12, 9.0, 0.75, 1, 2.5))
     seen = samples(metrics)
     assert seen == {
         "picker_pool_ready_capacity": ({"pool": "vllm-llama"}, 12.0),
         "picker_pool_demand": ({"pool": "vllm-llama"}, 9.0),
         "picker_pool_saturation": ({"pool": "vllm-llama"}, 0.75),
         "picker_pool_removable_replicas": ({"pool": "vllm-llama"}, 1.0),
-        "picker_pool_predicted_wait_seconds": ({"pool": "vllm-llama"}, math.inf),
+        "picker_pool_predicted_wait_seconds": ({"pool": "vllm-llama"}, 2.5),
+    }
+
+
+def test_a_non_finite_figure_is_never_exported() -> None:
+    """An autoscaler cannot use +Inf or NaN (prometheus-adapter: int64(v * 1000)): left out."""
+    metrics = Metrics(pool="vllm-llama")
+    metrics.register_capacity(lambda: PoolFigures(12, 9.0, math.nan, 1, math.inf))
+    assert set(samples(metrics)) == {
+        "picker_pool_ready_capacity",
+        "picker_pool_demand",
+        "picker_pool_removable_replicas",
     }
 
 
