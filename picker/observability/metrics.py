@@ -563,7 +563,7 @@ class _PeersCollector(Collector):
 class Metrics:
     """The picker's metrics; construct once per picker and pass it down."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, pool: str = "default") -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, pool: str) -> None:
         self.registry = registry or CollectorRegistry()
         self.pool = pool  # the `pool` label of the per-pool gauges (PickerConfig.pool_label)
         r = self.registry

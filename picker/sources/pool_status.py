@@ -38,22 +38,18 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from picker.config.model import ConfigError
-from picker.contract.pool_status import CONDITION_TYPE, EVENT_TYPE, STATE_EVENT, PoolEvent, PoolState
+from picker.contract.pool_status import CONDITION_TYPE, STATE_EVENT, PoolEvent, PoolState
 from picker.pool import Pool
 from picker.pool.status import Phase, PoolHealth, pool_health
 from picker.sources.kube import SourceError
-from picker.sources.pool_status_body import condition, parent_ref, same_ref, shows
+from picker.sources.pool_status_body import condition, event_body, parent_ref, same_ref, shows
 
 log = logging.getLogger(__name__)
 
-CONTROLLER = "inference-picker"  # the Event's reportingController
-POOL_API = "inference.networking.k8s.io/v1"
 _MAX_DRAIN_EVENTS = 5
-_NOTE_MAX = 1024  # events.k8s.io/v1: note is at most 1 kB
 _MAX_PARENTS = 32  # the CRD's maxItems
 _STANDBY_CHECK_S = 1.0  # a picker standing by looks at the writer gate this often (no I/O)
 
@@ -137,7 +133,8 @@ class PoolStatusWriter:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._api, self._pool, self.name = api, pool, name
-        self.identity = identity[:128]
+        self.identity = identity
+        self.uid = ""  # the pool's, from its last read: the events' `regarding.uid`
         self.debounce_s, self.resync_s = debounce_s, resync_s
         self._writing, self._successor = writing, successor
         self.grants, self._problem = grants, problem
@@ -229,7 +226,7 @@ class PoolStatusWriter:
     async def _write_once(self, health: PoolHealth) -> bool | None:
         """Read, replace the picker's entry, write back under the read's version. False: the entry says
         it already; None: there is no room for it (SourceError from the API)."""
-        parents, version, _, generation, spec = await self._api.read(self.name)
+        parents, version, self.uid, generation, spec = await self._api.read(self.name)
         ref = parent_ref(spec, self.name, self._api.namespace)
         ours = next((p for p in parents if same_ref(p, ref)), None)
         wanted = condition(health, generation, ours, self._wall())
@@ -257,40 +254,32 @@ class PoolStatusWriter:
             note = f"endpoint {address} draining (cause {why}{f', by {held}' if held else ''})"
             if record is not None:
                 note += f", {record.in_flight_at_start} request(s) in flight"
-            await self._event(PoolEvent.DRAINING, "Drain", note)
+            await self._event(PoolEvent.DRAINING, note)
         if len(fresh) > _MAX_DRAIN_EVENTS:
             rest = [a for a, _ in fresh[_MAX_DRAIN_EVENTS:]]
-            await self._event(
-                PoolEvent.DRAINING, "Drain", f"{len(rest)} more endpoints draining: {', '.join(rest)}"
-            )
+            await self._event(PoolEvent.DRAINING, f"{len(rest)} more endpoints draining: {', '.join(rest)}")
         count, reason = self._rollbacks()
         if count > self._rolled_back:
             self._rolled_back = count
-            await self._event(PoolEvent.ROLLED_BACK, "Rollback", f"canary rolled back: {reason or 'aborted'}")
+            await self._event(PoolEvent.ROLLED_BACK, f"canary rolled back: {reason or 'aborted'}")
         if health.state is not self.announced and health.state in STATE_EVENT:  # after its causes
             self.announced = health.state
             note = f"{health.reason.value}: {health.message}"
-            await self._event(STATE_EVENT[health.state], "ReportHealth", note)
+            await self._event(STATE_EVENT[health.state], note)
 
-    async def _event(self, reason: PoolEvent, action: str, note: str) -> None:
-        at = self._wall()
-        body = {
-            "metadata": {"name": f"{self.name}.{int(at * 1e9):x}", "namespace": self._api.namespace},
-            "eventTime": datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "reportingController": CONTROLLER,
-            "reportingInstance": self.identity,
-            "action": action,
-            "reason": reason.value,
-            "type": EVENT_TYPE[reason],
-            "note": note[:_NOTE_MAX],
-            "regarding": {
-                "apiVersion": POOL_API,
-                "kind": "InferencePool",
-                "name": self.name,
-                "namespace": self._api.namespace,
-            },
-        }
+    async def _event(self, reason: PoolEvent, note: str) -> None:
         try:
+            if not self.uid:  # the pool's uid, read once (a status write reads it too)
+                self.uid = (await self._api.read(self.name))[2]
+            body = event_body(
+                reason,
+                note,
+                pool=self.name,
+                namespace=self._api.namespace,
+                uid=self.uid,
+                instance=self.identity,
+                at=self._wall(),
+            )
             await self._api.record(body)
         except SourceError as exc:
             self.events["failed"] += 1

@@ -10,8 +10,19 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from picker.contract.pool_status import CONDITION_TYPE
+from picker.contract.pool_status import (
+    CONDITION_TYPE,
+    EVENT_ACTION,
+    EVENT_TYPE,
+    REPORTING_CONTROLLER,
+    PoolEvent,
+)
 from picker.pool.status import PoolHealth
+
+POOL_API = "inference.networking.k8s.io/v1"
+_NAME_MAX = 253  # metadata.name: a DNS subdomain
+_NOTE_MAX = 1024  # events.k8s.io/v1: note is at most 1 kB (bytes)
+_FIELD_MAX = 128  # reportingInstance, action, reason
 
 
 def parent_ref(spec: Mapping[str, Any], pool: str, namespace: str) -> dict[str, str]:
@@ -64,3 +75,27 @@ def shows(entry: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
     if current is None or len(entry.get("conditions") or []) != 1:
         return False
     return all(current.get(k) == wanted[k] for k in ("status", "reason", "observedGeneration"))
+
+
+def event_body(
+    reason: PoolEvent, note: str, *, pool: str, namespace: str, uid: str, instance: str, at: float
+) -> dict[str, Any]:
+    """One events.k8s.io/v1 Event about the pool, within what the API server takes: a name of at
+    most 253 characters (the pool's name cut, the time kept), a note of at most 1 kB cut between
+    characters, a reportingInstance never empty."""
+    suffix = f"{int(at * 1e9):x}"
+    prefix = pool[: _NAME_MAX - len(suffix) - 1].rstrip("-.")
+    regarding = {"apiVersion": POOL_API, "kind": "InferencePool", "name": pool, "namespace": namespace}
+    if uid:
+        regarding["uid"] = uid
+    return {
+        "metadata": {"name": f"{prefix}.{suffix}", "namespace": namespace},
+        "eventTime": datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "reportingController": REPORTING_CONTROLLER,
+        "reportingInstance": instance[:_FIELD_MAX] or REPORTING_CONTROLLER,
+        "action": EVENT_ACTION[reason],
+        "reason": reason.value,
+        "type": EVENT_TYPE[reason],
+        "note": note.encode()[:_NOTE_MAX].decode(errors="ignore"),
+        "regarding": regarding,
+    }

@@ -207,3 +207,27 @@ async def test_stopping_is_bounded_by_its_timeout(pool: Pool) -> None:
     started = time.monotonic()
     await writer.stopping(0.2)
     assert time.monotonic() - started < 1.0 and api.writes == []
+
+
+async def test_an_event_names_its_pool_by_uid_and_stays_within_the_api_servers_limits() -> None:
+    api, pool = MemoryStatusApi(), Pool()
+    long_name = "p" * 250  # a DNS subdomain: up to 253 characters
+    rolled_back: tuple[int, str | None] = (0, None)
+    pool.apply(ready=["10.0.0.1:8000"])
+    writer = PoolStatusWriter(
+        api, pool, long_name, identity="", debounce_s=0.05, resync_s=30.0, rollbacks=lambda: rolled_back
+    )
+    await writer.step()
+    pool.drain("10.0.0.1:8000")
+    rolled_back = (1, "é" * 600)  # a note past 1 kB in bytes, in two-byte characters
+    await writer.step()
+    assert api.reasons() == ["PoolReady", "EndpointDraining", "RolloutRolledBack", "PoolDegraded"]
+    for event in api.events:
+        assert event["regarding"]["uid"] == "uid-vllm" and event["regarding"]["kind"] == "InferencePool"
+        assert event["reportingInstance"] == "inference-picker"  # never empty: the API server refuses it
+        assert event["reportingController"] == "inference-picker"
+        prefix, _ = event["metadata"]["name"].rsplit(".", 1)
+        assert len(event["metadata"]["name"]) <= 253 and long_name.startswith(prefix)
+        assert len(event["note"].encode()) <= 1024
+    rollback = api.events[2]["note"]
+    assert len(rollback.encode()) > 1000 and rollback.endswith("é")  # cut between characters

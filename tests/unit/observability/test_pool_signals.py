@@ -50,7 +50,7 @@ def test_a_non_finite_figure_is_never_exported() -> None:
 
 def test_unknown_figures_are_absent_not_zero() -> None:
     """An autoscaler reading 0 for "unknown" would scale the pool down: the series is left out."""
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_capacity(lambda: PoolFigures(None, 3.0, None, None, None))
     assert samples(metrics) == {"picker_pool_demand": ({"pool": "default"}, 3.0)}
 
@@ -62,7 +62,7 @@ def test_the_figures_are_read_at_scrape_time_only() -> None:
         reads.append(1)
         return PoolFigures(4, float(len(reads)), 0.25, 0, 0.0)
 
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_capacity(read)
     assert reads == []
     assert samples(metrics)["picker_pool_demand"][1] == 1.0

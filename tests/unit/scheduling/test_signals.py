@@ -9,10 +9,13 @@ import math
 import pytest
 
 from picker.admin.capacity_guard import CapacityGuard
+from picker.config.model import PickerConfig
 from picker.pool import EndpointState, Pool
 from picker.pool.endpoint import Endpoint
 from picker.scheduling.capacity import drain_verdict, removable_replicas
 from picker.scheduling.signals import Completions, predicted_wait_s, saturation
+
+WINDOW_S = PickerConfig().autoscaling.rate_window_s  # the shipped default
 
 READY, DRAINING, NOT_READY = EndpointState.READY, EndpointState.DRAINING, EndpointState.NOT_READY
 
@@ -40,7 +43,7 @@ def test_saturation_leaves_draining_and_starting_endpoints_out_of_the_capacity()
     guard_pool.reconcile({e.address: e.state for e in endpoints}, source="static")
     for endpoint in endpoints:
         guard_pool.get(endpoint.address).in_flight = endpoint.in_flight  # type: ignore[union-attr]
-    figures = CapacityGuard(guard_pool, lambda: 2, 4, 0.1, 0.0).figures()
+    figures = CapacityGuard(guard_pool, lambda: 2, 4, 0.1, 0.0, WINDOW_S).figures()
     assert figures.ready_capacity == 8  # two READY endpoints of 4 slots
     assert figures.demand == 4 + 4 + 4 + 3 + 2  # every endpoint's streams and the queue
     assert figures.saturation == pytest.approx(17 / 8)
@@ -115,7 +118,7 @@ def test_a_draining_replicas_streams_are_not_ahead_of_a_newcomer() -> None:
     pool.reconcile({"10.0.0.1:8000": READY, "10.0.0.2:8000": DRAINING}, source="static")
     pool.get("10.0.0.1:8000").in_flight = 1  # type: ignore[union-attr]
     pool.get("10.0.0.2:8000").in_flight = 2  # type: ignore[union-attr]
-    guard = CapacityGuard(pool, lambda: 0, 2, 0.1, 0.0, rate_window_s=60.0)
+    guard = CapacityGuard(pool, lambda: 0, 2, 0.1, 0.0, WINDOW_S)
     figures = guard.figures()
     assert figures.demand == 3 and figures.ready_capacity == 2 and figures.saturation == 1.5
     assert figures.predicted_wait_s == 0.0
