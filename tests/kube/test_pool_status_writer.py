@@ -2,7 +2,8 @@
 would keep them): a new writer writes within ~1 s of a handover, whatever the resync; a change that
 arrives while a look awaits the API server gets its own look; the endpoint source's problem wakes the
 writer; a shutdown with a successor leaves the condition to it; a write raced by a controller is
-retried at once, and `stopping()` waits for a look in progress rather than racing it."""
+retried at once, and `stopping()` waits for a look in progress rather than racing it; an Event
+names the pool's uid and keeps within the API server's limits; the wiring says who may succeed."""
 
 from __future__ import annotations
 
@@ -231,3 +232,44 @@ async def test_an_event_names_its_pool_by_uid_and_stays_within_the_api_servers_l
         assert len(event["note"].encode()) <= 1024
     rollback = api.events[2]["note"]
     assert len(rollback.encode()) > 1000 and rollback.endswith("é")  # cut between characters
+
+
+def test_the_wiring_names_a_successor_and_wakes_the_writer_on_the_sources_problem() -> None:
+    """open_pool_status (picker/sources/pool_status_of.py): a successor is a standby for the Lease
+    or a linked peer; a change of the endpoint source's problem wakes the writer."""
+    from types import SimpleNamespace
+
+    from picker.config.sources import load_config
+    from picker.observability.metrics import Metrics
+    from picker.sources.pool_status_of import open_pool_status
+
+    listeners: list[Callable[[str | None], None]] = []
+    unlinked: list[str] = []
+    peering = SimpleNamespace(name="picker-a", peers=("picker-b",), unlinked=lambda: list(unlinked))
+    sources = SimpleNamespace(
+        status_api=MemoryStatusApi(), status_grants=None, problem=None, on_problem=listeners.append
+    )
+
+    def core(leader: Callable[[], bool] | None, peers: object) -> Any:
+        config = load_config(overrides={"kube": {"pool_name": "vllm", "pool_status": True}})
+        return SimpleNamespace(
+            config=config,
+            sources=sources,
+            path=SimpleNamespace(peering=peers),
+            pool=Pool(),
+            metrics=Metrics(pool="vllm"),
+            leader=leader,
+            rollout=None,
+            drains=None,
+        )
+
+    assert open_pool_status(core(lambda: True, None))._successor()  # a standby may take the Lease
+    alone = open_pool_status(core(None, None))
+    assert not alone._successor()
+    linked = open_pool_status(core(None, peering))
+    assert linked._successor()
+    unlinked.append("picker-b")  # its one peer's link dropped: nobody to take over
+    assert not linked._successor()
+    assert not linked._wake.is_set()
+    listeners[-1]("inferencepool vllm: not found")
+    assert linked._wake.is_set()
