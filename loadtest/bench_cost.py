@@ -477,7 +477,7 @@ def rss():
 n = int(sys.argv[1])
 pool = Pool()
 pool.apply(ready=[f"127.0.0.1:{8000 + i}" for i in range(3)])
-path = RequestPath(pool, Metrics(), fallback_count=2, schedule=lambda d, f: (lambda: None))
+path = RequestPath(pool, Metrics(pool="default"), fallback_count=2, schedule=lambda d, f: (lambda: None))
 chunk = (b'data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m",'
          b'"choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}]}\\n\\n')
 gc.collect()

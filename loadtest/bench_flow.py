@@ -60,7 +60,7 @@ async def dispatch_latency(endpoints: int, slots: int, releases: int) -> None:
         record_sample(endpoint, 0, 0, 0.0, time.monotonic())
     path = RequestPath(
         pool,
-        Metrics(),
+        Metrics(pool="default"),
         fallback_count=2,
         load_policy=LoadPolicy(engine_slots=slots, waiting_threshold=1, staleness_s=3600),
         flow_limits=FlowLimits(max_queued=releases + 10, ttl_s=3600),

@@ -41,7 +41,9 @@ def build(canary: bool) -> tuple[RequestPath, Pool]:
     addresses = [f"10.0.0.{i}:8000" for i in range(1, 9)]
     labels = {a: {LABEL: "v2" if i < 2 else "v1"} for i, a in enumerate(addresses)}
     pool.reconcile({a: EndpointState.READY for a in addresses}, "bench", labels=labels)
-    path = RequestPath(pool, Metrics(), fallback_count=2, load_policy=LoadPolicy(use_metrics=False))
+    path = RequestPath(
+        pool, Metrics(pool="default"), fallback_count=2, load_policy=LoadPolicy(use_metrics=False)
+    )
     if canary:
         settings = RolloutConfig(
             group_label=LABEL, candidate="v2", steps=(25, 100), step_interval_s=1e9, window_s=1

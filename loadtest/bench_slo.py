@@ -283,7 +283,7 @@ def pick_cost(picks: int, blocks: int = 10) -> dict[str, float]:
         pool.reconcile(dict.fromkeys(addresses, EndpointState.READY), "bench")
         for i, endpoint in enumerate(pool.endpoints()):
             endpoint.load = LoadSample(float(i), 0.0, 0.1, 0.0, 0, 0)
-        placement = Placement(pool, AffinityConfig(latency=latency), Metrics(), None)  # type: ignore[arg-type]
+        placement = Placement(pool, AffinityConfig(latency=latency), Metrics(pool="default"), None)  # type: ignore[arg-type]
         request = InferenceRequest(
             method="POST", path="/v1/completions", model="m", stream=True, prompt=b"x" * 4000
         )

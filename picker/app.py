@@ -174,6 +174,8 @@ class PickerApp:
     def _leader_changed(self, leading: bool) -> None:
         """Only the Lease's holder is ready (active-passive, as the reference picker's HA mode)."""
         self.metrics.set_leader(leading)
+        if self.core.pool_status is not None:
+            self.core.pool_status.wake()  # a new writer of the pool's status writes at once
         if not self._stopping:
             self._spawn(self.health.hold("standby", not leading), "leader-readiness")
 
@@ -181,7 +183,7 @@ class PickerApp:
         """Shutdown's first step: not ready, and the Lease handed back so a standby leads at once."""
         await self.health.not_ready()
         if self.core.pool_status is not None:  # while still the writer: the Lease goes next
-            await self.core.pool_status.stopping(self.config.kube.request_timeout_s)
+            await self.core.pool_status.stopping(self.config.kube.pool_status_stopping_timeout_s)
         if self.election is not None:
             await self.election.release()
 

@@ -18,7 +18,8 @@ from picker.sources.drain_store import Check, DrainRefused
 class CapacityGuard:
     """The capacity guard over the live pool and queue (picker/scheduling/capacity.py's rule), as the
     drain route asks it; its figures, with the replicas a scale-down could take under the same rule,
-    feed the picker_pool_* gauges (picker/scheduling/signals.py)."""
+    feed the picker_pool_* gauges (picker/scheduling/signals.py). `rate_window_s`: the completions'
+    window of the predicted wait (autoscaling.rate_window_s)."""
 
     def __init__(
         self,
@@ -27,7 +28,7 @@ class CapacityGuard:
         engine_slots: int | None,
         headroom: float,
         wait_max_s: float,
-        rate_window_s: float = 60.0,
+        rate_window_s: float,
     ) -> None:
         self.pool, self.queued = pool, queued
         self.engine_slots, self.headroom, self.wait_max_s = engine_slots, headroom, wait_max_s

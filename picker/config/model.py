@@ -198,6 +198,13 @@ class KubeSourceConfig(_Group):
         le=3600,
         description="with pool_status: the entry is read again this often (rewritten if lost)",
     )
+    pool_status_stopping_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="with pool_status: at shutdown, the Stopping condition or event is given up after this "
+        "(the Lease is handed back next)",
+    )
 
     @model_validator(mode="after")
     def _drains_need_kube(self) -> KubeSourceConfig:

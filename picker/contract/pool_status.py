@@ -13,12 +13,13 @@ from __future__ import annotations
 import enum
 
 CONDITION_TYPE = "Ready"
+REPORTING_CONTROLLER = "inference-picker"  # every Event's reportingController; and its
+# reportingInstance where the picker has no name of its own (the API server refuses an empty one)
 
 
 class PoolState(enum.Enum):
     """What the picker makes of its pool (closed set; picker/pool/status.py decides it)."""
 
-    STARTING = "starting"  # the picker has no view of its pool yet
     READY = "ready"  # at least one endpoint takes new work
     DEGRADED = "degraded"  # none does: every request waits or is refused (503 rejected-no-endpoints)
     STOPPING = "stopping"  # the picker is shutting down
@@ -27,7 +28,6 @@ class PoolState(enum.Enum):
 class PoolReason(enum.Enum):
     """The condition's `reason` (closed set)."""
 
-    STARTING = "Starting"
     READY = "Ready"
     NO_READY_ENDPOINTS = "NoReadyEndpoints"  # none listed, or none ready (starting, failing probes)
     ALL_DRAINING = "AllDraining"  # every listed endpoint drains (a rollout or scale-down took them all)
@@ -35,9 +35,9 @@ class PoolReason(enum.Enum):
     STOPPING = "Stopping"
 
 
-# The condition's `status` for each state: metav1.ConditionStatus values.
+# The condition's `status` for each state: metav1.ConditionStatus values (no Unknown: the writer
+# starts after the source's first load or first attempt, and an empty view is a reading too).
 CONDITION_STATUS = {
-    PoolState.STARTING: "Unknown",
     PoolState.READY: "True",
     PoolState.DEGRADED: "False",
     PoolState.STOPPING: "False",
@@ -67,4 +67,13 @@ STATE_EVENT = {
     PoolState.READY: PoolEvent.READY,
     PoolState.DEGRADED: PoolEvent.DEGRADED,
     PoolState.STOPPING: PoolEvent.STOPPING,
+}
+
+# The Event's `action`: what the picker did or saw.
+EVENT_ACTION = {
+    PoolEvent.READY: "ReportHealth",
+    PoolEvent.DEGRADED: "ReportHealth",
+    PoolEvent.STOPPING: "ReportHealth",
+    PoolEvent.DRAINING: "Drain",
+    PoolEvent.ROLLED_BACK: "Rollback",
 }

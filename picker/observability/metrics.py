@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Mapping
@@ -419,9 +420,10 @@ AUTOSCALING_QUERIES: dict[str, tuple[str, str]] = {
         'sum(picker_flow_queue_size{pool="$POOL"})',
     ),
     "picker_pool_predicted_wait_seconds": (
-        "A request arriving now: the demand beyond the ready slots (the queue where slots are "
-        "unknown) over the pool's completions per second (autoscaling.rate_window_s); 0 with a free "
-        "slot, +Inf when requests wait and none ended",
+        "A request arriving now: the queue and the requests on READY endpoints beyond the ready "
+        "slots (the queue where slots are unknown), plus one, over the pool's completions per second "
+        "(autoscaling.rate_window_s); 0 with a free ready slot; absent when requests wait and none "
+        "ended (never +Inf)",
         'max(picker_pool_predicted_wait_seconds{pool="$POOL"})',
     ),
     "picker_pool_removable_replicas": (
@@ -448,7 +450,7 @@ class _CapacityCollector(Collector):
             ("picker_pool_removable_replicas", figures.removable),
         ):
             family = GaugeMetricFamily(name, AUTOSCALING_QUERIES[name][0], labels=["pool"])
-            if value is not None:
+            if value is not None and math.isfinite(value):  # unknown or unbounded: no sample
                 family.add_metric([self._pool], value)
             yield family
 
@@ -561,7 +563,7 @@ class _PeersCollector(Collector):
 class Metrics:
     """The picker's metrics; construct once per picker and pass it down."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, pool: str = "default") -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *, pool: str) -> None:
         self.registry = registry or CollectorRegistry()
         self.pool = pool  # the `pool` label of the per-pool gauges (PickerConfig.pool_label)
         r = self.registry

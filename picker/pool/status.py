@@ -3,9 +3,10 @@ writes it): a pure reading of the view and of where the process is in its life, 
 
 READY while at least one endpoint takes new work; DEGRADED when none does (none listed, none ready,
 or every one draining: the reason says which, since "a rollout drained them all" and "the pods never
-became ready" call for different fixes); STOPPING once the picker shuts down; STARTING before it has
-a view. A source that cannot be trusted (a missing or invalid InferencePool) is DEGRADED too, whatever
-the last view says.
+became ready" call for different fixes); STOPPING once the picker shuts down. No "starting" reading:
+the writer starts after the endpoint source's first load or first attempt (an empty view reads
+NoReadyEndpoints). A source that cannot be trusted (a missing or invalid InferencePool) is DEGRADED
+too, whatever the last view says.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from picker.pool.endpoint import Endpoint, EndpointState
 class Phase(enum.Enum):
     """Where the picker process is in its life (closed set)."""
 
-    STARTING = "starting"
     SERVING = "serving"
     STOPPING = "stopping"
 
@@ -67,8 +67,6 @@ def pool_health(endpoints: Iterable[Endpoint], phase: Phase, problem: str | None
             return PoolHealth(
                 PoolState.STOPPING, PoolReason.STOPPING, f"the picker is shutting down ({tally})", **counts
             )
-        case Phase.STARTING:
-            return PoolHealth(PoolState.STARTING, PoolReason.STARTING, "the picker is starting", **counts)
         case Phase.SERVING:
             pass
         case other:

@@ -131,7 +131,7 @@ class ProxyApp:
         self._stopping = True
         self.ready = False
         if self.core.pool_status is not None:
-            await self.core.pool_status.stopping(self.config.kube.request_timeout_s)
+            await self.core.pool_status.stopping(self.config.kube.pool_status_stopping_timeout_s)
 
     def _source_problem(self, problem: str | None) -> None:
         """/ready follows whether the endpoint source can be trusted (never up again once stopping)."""

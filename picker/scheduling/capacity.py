@@ -116,29 +116,27 @@ def removable_replicas(
 
     A replica is a pod (`instance`: its data-parallel ranks leave together) or, where the source
     names none, an endpoint. The largest go first, so the count holds whichever the ReplicaSet
-    controller takes. None when a ready endpoint's slot count is unknown (the guard cannot judge)."""
+    controller takes. None when a ready endpoint's slot count is unknown (the guard cannot judge).
+
+    One pass (it runs at every scrape): the guard's rule drain after drain is "a READY endpoint is
+    left, and what stays READY holds the demand x (1 + headroom), or nothing is asked", with a
+    demand that a drain does not change; so the slots taken are summed as the replicas go, largest
+    first, and the count stops at the first drain the guard would refuse."""
     listed = list(endpoints)
-    if ready_capacity(listed, engine_slots) is None:
+    capacity = ready_capacity(listed, engine_slots)
+    if capacity is None:
         return None
-    replicas: dict[str, list[Endpoint]] = {}
+    replicas: dict[str, list[int]] = {}
     for endpoint in listed:
         if endpoint.state is EndpointState.READY:
-            replicas.setdefault(endpoint.instance or endpoint.address, []).append(endpoint)
-    largest_first = sorted(
-        replicas.values(), key=lambda group: -sum(slots_of(e, engine_slots) or 0 for e in group)
-    )
-    gone: frozenset[str] = frozenset()
-    for count, replica in enumerate(largest_first):
-        for endpoint in replica:
-            verdict = drain_verdict(
-                listed,
-                endpoint.address,
-                queued=queued,
-                engine_slots=engine_slots,
-                headroom=headroom,
-                drained_elsewhere=gone,
-            )
-            if not verdict.allowed:
+            slots = slots_of(endpoint, engine_slots) or 0  # known: ready_capacity said so
+            replicas.setdefault(endpoint.instance or endpoint.address, []).append(slots)
+    load = demand(listed, queued)
+    needed = load * (1.0 + headroom)
+    ready_left, left = sum(len(ranks) for ranks in replicas.values()), capacity
+    for count, ranks in enumerate(sorted(replicas.values(), key=lambda ranks: -sum(ranks))):
+        for slots in ranks:  # a pod's ranks one after another, as the guard is asked for each
+            ready_left, left = ready_left - 1, left - slots
+            if ready_left <= 0 or (load > 0 and left < needed):
                 return count
-            gone |= {endpoint.address}
-    return len(largest_first)
+    return len(replicas)

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from picker.pool.endpoint import Endpoint
+from picker.pool.endpoint import Endpoint, EndpointState
 from picker.scheduling.capacity import demand, ready_capacity, removable_replicas
 
 
@@ -25,7 +25,7 @@ class PoolFigures:
     demand: float  # requests in flight on every endpoint (every picker's) + this picker's queue
     saturation: float | None  # demand / ready capacity (see `saturation`)
     removable: int | None  # replicas a scale-down could take now, the guard allowing each
-    predicted_wait_s: float | None  # a newcomer's wait for a slot (see `predicted_wait_s`)
+    predicted_wait_s: float | None  # a newcomer's wait for a ready slot (see `predicted_wait_s`)
 
 
 def saturation(load: float, capacity: int | None) -> float | None:
@@ -39,18 +39,27 @@ def saturation(load: float, capacity: int | None) -> float | None:
     return load / capacity if capacity > 0 else load
 
 
-def predicted_wait_s(load: float, capacity: int | None, queued: int, per_s: float | None) -> float | None:
-    """A request arriving now waits behind the demand beyond the ready slots (this picker's queue
-    where the slot count is unknown) until that many requests end, at the pool's recent rate.
+def predicted_wait_s(busy: float, capacity: int | None, queued: int, per_s: float | None) -> float | None:
+    """A request arriving now waits until a READY slot is free: behind the requests beyond the ready
+    slots (this picker's queue where the slot count is unknown), until that many and one more end,
+    at the pool's recent rate. `busy`: the queue and the requests in flight on READY endpoints (a
+    draining replica's streams hold no slot a newcomer could get, and are not ahead of it).
 
-    0 when nothing is ahead; +Inf when requests are ahead and none ended over the window; None
-    before a window has passed."""
-    ahead = max(0.0, load - capacity) if capacity is not None else float(queued)
-    if ahead <= 0:
-        return 0.0
-    if per_s is None:
+    0 while a ready slot is free (slots unknown: nothing queued). None before a window has passed,
+    and when requests wait and none ended over the window: a wait without bound is no figure (never
+    +Inf, which an autoscaler cannot use), as any unknown one."""
+    if capacity is None:
+        if queued <= 0:
+            return 0.0
+        ahead = float(queued)
+    else:
+        if busy < capacity:
+            return 0.0
+        ahead = busy - capacity
+    if per_s is None or per_s <= 0:
         return None
-    return (ahead + 1) / per_s if per_s > 0 else math.inf
+    wait = (ahead + 1) / per_s
+    return wait if math.isfinite(wait) else None
 
 
 class Completions:
@@ -96,10 +105,11 @@ def pool_figures(
     listed = list(endpoints)
     capacity = ready_capacity(listed, engine_slots)
     load = demand(listed, queued)
+    busy = demand((e for e in listed if e.state is EndpointState.READY), queued)
     return PoolFigures(
         ready_capacity=capacity,
         demand=load,
         saturation=saturation(load, capacity),
         removable=removable_replicas(listed, queued=queued, engine_slots=engine_slots, headroom=headroom),
-        predicted_wait_s=predicted_wait_s(load, capacity, queued, completions.per_s(listed)),
+        predicted_wait_s=predicted_wait_s(busy, capacity, queued, completions.per_s(listed)),
     )

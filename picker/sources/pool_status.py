@@ -11,16 +11,23 @@ one. The list is atomic: read, replace that entry, write back under the read's r
 (pool_status_api.py says why a merge patch and not server-side apply).
 
 Bounded: a write only when the (state, reason) to show differs from what the entry says, after the
-view has held still for `debounce_s` (a burst of pod changes is one look); every `resync_s` the
-entry is read again and rewritten only if someone removed or changed it. Events: one per change of
+view has held still for `debounce_s` (a burst of pod changes is one look; a change of the endpoint
+source's problem wakes it too); every `resync_s` the entry is read again and rewritten only if
+someone removed or changed it. A write that a controller races (409) is read and tried again at once,
+once. Events: one per change of
 state, one per drain this picker sees start (at most `_MAX_DRAIN_EVENTS` a look, the rest summed up
 in one), one per rollback of this picker's canary.
 
 One writer per pool, as kube.deletion_cost (deletion_cost.writer_gate): the Lease's holder, or the
-first of the linked peers; the others stand by. Permission: asked at start (SelfSubjectAccessReview)
-for `patch inferencepools/status` and `create events`; with neither the picker refuses to start
-(PoolStatusRefused); with one, it does what that one allows and says so once (no condition: events
-only, as the issue asks where the status cannot be written).
+first of the linked peers; the others stand by, looking at the gate every `_STANDBY_CHECK_S` (a look
+that stands by does no I/O), so a new writer writes within about a second of a handover. At shutdown
+the writer writes `Stopping` only when no other picker can take over (no linked peer, no leader
+election); otherwise it records the `PickerStopping` event and leaves the condition to its successor.
+
+Permission: asked at start (SelfSubjectAccessReview) for `patch inferencepools/status` and `create
+events`; with neither the picker refuses to start (PoolStatusRefused); with one, it does what that
+one allows and says so once (no condition: events only, as the issue asks where the status cannot be
+written).
 """
 
 from __future__ import annotations
@@ -31,22 +38,20 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from picker.config.model import ConfigError
-from picker.contract.pool_status import CONDITION_TYPE, EVENT_TYPE, STATE_EVENT, PoolEvent, PoolState
+from picker.contract.pool_status import CONDITION_TYPE, STATE_EVENT, PoolEvent, PoolState
 from picker.pool import Pool
 from picker.pool.status import Phase, PoolHealth, pool_health
 from picker.sources.kube import SourceError
+from picker.sources.pool_status_body import condition, event_body, parent_ref, same_ref, shows
 
 log = logging.getLogger(__name__)
 
-CONTROLLER = "inference-picker"  # the Event's reportingController
-POOL_API = "inference.networking.k8s.io/v1"
 _MAX_DRAIN_EVENTS = 5
-_NOTE_MAX = 1024  # events.k8s.io/v1: note is at most 1 kB
 _MAX_PARENTS = 32  # the CRD's maxItems
+_STANDBY_CHECK_S = 1.0  # a picker standing by looks at the writer gate this often (no I/O)
 
 
 class PoolStatusRefused(ConfigError):
@@ -107,26 +112,6 @@ def _grants(namespace: str, status: tuple[bool, str], events: tuple[bool, str]) 
     return Grants(status[0], events[0])
 
 
-def parent_ref(spec: Mapping[str, Any], pool: str, namespace: str) -> dict[str, str]:
-    """The picker's own entry in `status.parents`: the pool's `endpointPickerRef` (a Service by default)."""
-    ref = spec.get("endpointPickerRef") if isinstance(spec.get("endpointPickerRef"), Mapping) else {}
-    name = ref.get("name") if isinstance(ref.get("name"), str) and ref.get("name") else f"{pool}-epp"
-    kind = ref.get("kind") if isinstance(ref.get("kind"), str) and ref.get("kind") else "Service"
-    group = ref.get("group") if isinstance(ref.get("group"), str) else ""
-    return {"group": group, "kind": kind, "name": name, "namespace": namespace}
-
-
-def _same_ref(entry: Mapping[str, Any], ref: Mapping[str, str]) -> bool:
-    theirs = entry.get("parentRef") if isinstance(entry.get("parentRef"), Mapping) else {}
-    defaults = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "namespace": ref["namespace"]}
-    # a key left out takes the CRD's default; the core group "" is a value, not an absence
-    return all(theirs.get(key, defaults.get(key, "")) == ref[key] for key in ref)
-
-
-def _stamp(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class PoolStatusWriter:
     """Looks at the pool when it changes (debounced) and writes what changed; counts it all."""
 
@@ -140,6 +125,7 @@ class PoolStatusWriter:
         debounce_s: float,
         resync_s: float,
         writing: Callable[[], bool] = lambda: True,
+        successor: Callable[[], bool] = lambda: False,
         grants: Grants | None = Grants(True, True),
         problem: Callable[[], str | None] = lambda: None,
         drained_by: Callable[[], Mapping[str, Sequence[object]]] = dict,
@@ -147,17 +133,21 @@ class PoolStatusWriter:
         wall: Callable[[], float] = time.time,
     ) -> None:
         self._api, self._pool, self.name = api, pool, name
-        self.identity = identity[:128]
+        self.identity = identity
+        self.uid = ""  # the pool's, from its last read: the events' `regarding.uid`
         self.debounce_s, self.resync_s = debounce_s, resync_s
-        self._writing, self.grants, self._problem = writing, grants, problem
+        self._writing, self._successor = writing, successor
+        self.grants, self._problem = grants, problem
         self._drained_by, self._rollbacks, self._wall = drained_by, rollbacks, wall
         self.phase = Phase.SERVING
+        self.handing_over = False  # stopping, with a successor to write the condition
         self.writer = False
         self.shown: tuple[PoolState, str] | None = None  # (state, reason) the entry says, as last read
         self.announced: PoolState | None = None  # the state the last state event said
         self._drains: set[tuple[str, float]] = self._open_drains()
         self._rolled_back = rollbacks()[0]
         self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()  # one look at a time: run()'s and stopping()'s
         pool.on_change(self._wake.set)
         self.writes: Counter[str] = Counter()  # written | unchanged | conflict | failed
         self.events: Counter[str] = Counter()  # created | failed
@@ -171,8 +161,17 @@ class PoolStatusWriter:
     def health(self) -> PoolHealth:
         return pool_health(self._pool.endpoints(), self.phase, self._problem())
 
+    def wake(self) -> None:
+        """A look soon (debounced): something the pool view does not show changed (the source's problem,
+        the writer gate)."""
+        self._wake.set()
+
     async def step(self, *, resync: bool = False) -> bool:
         """One look: events for what happened, the condition if it must change. True: written."""
+        async with self._lock:
+            return await self._look(resync)
+
+    async def _look(self, resync: bool) -> bool:
         if not self._writing():
             if self.writer:
                 log.info("kube.pool_status: another picker writes the pool's status now; standing by")
@@ -188,62 +187,59 @@ class PoolStatusWriter:
         health = self.health()
         if self.grants is not None and self.grants.events:
             await self._announce(health)
-        if self.grants is None or not self.grants.status:
+        if self.grants is None or not self.grants.status or self.handing_over:
             return False
         if not resync and self.shown == (health.state, health.reason.value):
             return False
         return await self._write(health)
 
     async def _write(self, health: PoolHealth) -> bool:
-        try:
-            parents, version, _, generation, spec = await self._api.read(self.name)
-            ref = parent_ref(spec, self.name, self._api.namespace)
-            ours = next((p for p in parents if _same_ref(p, ref)), None)
-            condition = self._condition(health, generation, ours)
-            if ours is not None and _shows(ours, condition):
-                self.shown = (health.state, health.reason.value)
-                self.writes["unchanged"] += 1
+        """The entry written if it must change; a conflict (a controller wrote meanwhile) is read and
+        tried again at once, once (then left to the next look)."""
+        for attempt in range(2):
+            try:
+                written = await self._write_once(health)
+            except SourceError as exc:
+                conflict = exc.kind == "conflict"
+                self.writes["conflict" if conflict else "failed"] += 1
+                if conflict and attempt == 0:
+                    continue
+                if not conflict:
+                    self._failed(exc)
                 return False
-            others = [p for p in parents if p is not ours]
-            if len(others) >= _MAX_PARENTS:
-                self._failed(f"InferencePool {self.name} has {len(others)} parents: no room for the picker's")
-                self.writes["failed"] += 1
+            if written is None:  # no room for the entry: no state shown
                 return False
-            await self._api.write(
-                self.name, [*others, {"parentRef": ref, "conditions": [condition]}], version
-            )
-        except SourceError as exc:
-            self.writes["conflict" if exc.kind == "conflict" else "failed"] += 1
-            if exc.kind != "conflict":
-                self._failed(exc)
-            return False
-        self.shown = (health.state, health.reason.value)
-        self.writes["written"] += 1
-        self.problem = None
-        log.info(
-            "kube.pool_status: InferencePool %s %s=%s reason=%s",
-            self.name,
-            CONDITION_TYPE,
-            health.status,
-            health.reason.value,
-        )
-        return True
+            self.shown = (health.state, health.reason.value)
+            if written:
+                self.writes["written"] += 1
+                self.problem = None
+                log.info(
+                    "kube.pool_status: InferencePool %s %s=%s reason=%s",
+                    self.name,
+                    CONDITION_TYPE,
+                    health.status,
+                    health.reason.value,
+                )
+            return written
+        return False
 
-    def _condition(
-        self, health: PoolHealth, generation: int, ours: Mapping[str, Any] | None
-    ) -> dict[str, Any]:
-        before = _ready_condition(ours) if ours is not None else None
-        since = before.get("lastTransitionTime") if before is not None else None
-        if before is None or before.get("status") != health.status or not isinstance(since, str):
-            since = _stamp(self._wall())  # the status moved: a new transition (a reason alone does not)
-        return {
-            "type": CONDITION_TYPE,
-            "status": health.status,
-            "reason": health.reason.value,
-            "message": health.message[:1024],
-            "lastTransitionTime": since,
-            "observedGeneration": generation,
-        }
+    async def _write_once(self, health: PoolHealth) -> bool | None:
+        """Read, replace the picker's entry, write back under the read's version. False: the entry says
+        it already; None: there is no room for it (SourceError from the API)."""
+        parents, version, self.uid, generation, spec = await self._api.read(self.name)
+        ref = parent_ref(spec, self.name, self._api.namespace)
+        ours = next((p for p in parents if same_ref(p, ref)), None)
+        wanted = condition(health, generation, ours, self._wall())
+        if ours is not None and shows(ours, wanted):
+            self.writes["unchanged"] += 1
+            return False
+        others = [p for p in parents if p is not ours]
+        if len(others) >= _MAX_PARENTS:
+            self._failed(f"InferencePool {self.name} has {len(others)} parents: no room for the picker's")
+            self.writes["failed"] += 1
+            return None
+        await self._api.write(self.name, [*others, {"parentRef": ref, "conditions": [wanted]}], version)
+        return True
 
     async def _announce(self, health: PoolHealth) -> None:
         now = self._open_drains()
@@ -258,40 +254,32 @@ class PoolStatusWriter:
             note = f"endpoint {address} draining (cause {why}{f', by {held}' if held else ''})"
             if record is not None:
                 note += f", {record.in_flight_at_start} request(s) in flight"
-            await self._event(PoolEvent.DRAINING, "Drain", note)
+            await self._event(PoolEvent.DRAINING, note)
         if len(fresh) > _MAX_DRAIN_EVENTS:
             rest = [a for a, _ in fresh[_MAX_DRAIN_EVENTS:]]
-            await self._event(
-                PoolEvent.DRAINING, "Drain", f"{len(rest)} more endpoints draining: {', '.join(rest)}"
-            )
+            await self._event(PoolEvent.DRAINING, f"{len(rest)} more endpoints draining: {', '.join(rest)}")
         count, reason = self._rollbacks()
         if count > self._rolled_back:
             self._rolled_back = count
-            await self._event(PoolEvent.ROLLED_BACK, "Rollback", f"canary rolled back: {reason or 'aborted'}")
+            await self._event(PoolEvent.ROLLED_BACK, f"canary rolled back: {reason or 'aborted'}")
         if health.state is not self.announced and health.state in STATE_EVENT:  # after its causes
             self.announced = health.state
             note = f"{health.reason.value}: {health.message}"
-            await self._event(STATE_EVENT[health.state], "ReportHealth", note)
+            await self._event(STATE_EVENT[health.state], note)
 
-    async def _event(self, reason: PoolEvent, action: str, note: str) -> None:
-        at = self._wall()
-        body = {
-            "metadata": {"name": f"{self.name}.{int(at * 1e9):x}", "namespace": self._api.namespace},
-            "eventTime": datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "reportingController": CONTROLLER,
-            "reportingInstance": self.identity,
-            "action": action,
-            "reason": reason.value,
-            "type": EVENT_TYPE[reason],
-            "note": note[:_NOTE_MAX],
-            "regarding": {
-                "apiVersion": POOL_API,
-                "kind": "InferencePool",
-                "name": self.name,
-                "namespace": self._api.namespace,
-            },
-        }
+    async def _event(self, reason: PoolEvent, note: str) -> None:
         try:
+            if not self.uid:  # the pool's uid, read once (a status write reads it too)
+                self.uid = (await self._api.read(self.name))[2]
+            body = event_body(
+                reason,
+                note,
+                pool=self.name,
+                namespace=self._api.namespace,
+                uid=self.uid,
+                instance=self.identity,
+                at=self._wall(),
+            )
             await self._api.record(body)
         except SourceError as exc:
             self.events["failed"] += 1
@@ -319,26 +307,30 @@ class PoolStatusWriter:
         self.problem = text
 
     async def stopping(self, timeout_s: float) -> None:
-        """Shutdown's first step: the pool's entry says Stopping (within `timeout_s`) before this
-        picker hands over (a standby's first write says what it sees)."""
+        """Shutdown's first step, within `timeout_s`, while still the writer: with a successor (a linked
+        peer, a standby for the Lease) the `PickerStopping` event alone, the condition left to it (its
+        first look writes what it sees); without one, the entry says Stopping too."""
         self.phase = Phase.STOPPING
+        self.handing_over = self._successor()
         try:
             await asyncio.wait_for(self.step(), timeout_s)
         except TimeoutError:
             log.warning("kube.pool_status: Stopping not written within %.1f s", timeout_s)
 
     async def run(self) -> None:
-        """Forever: a look after each change of the pool once it held still for `debounce_s`, and a
-        re-read every `resync_s`. A look that raises is logged; the next one runs."""
+        """Forever: a look after each change of the pool once it held still for `debounce_s`, a re-read
+        every `resync_s`, and while standing by a look at the writer gate every `_STANDBY_CHECK_S`. A
+        look that raises is logged; the next one runs."""
         resync = True
         while True:
+            self._wake.clear()  # before the look: a change while it awaits the API server gets the next
             try:
                 await self.step(resync=resync)
             except Exception:
                 log.exception("kube.pool_status look failed; the next one runs on the next change")
-            self._wake.clear()
+            wait_s = self.resync_s if self.writer else min(self.resync_s, _STANDBY_CHECK_S)
             try:
-                await asyncio.wait_for(self._wake.wait(), self.resync_s)
+                await asyncio.wait_for(self._wake.wait(), wait_s)
                 resync = False
             except TimeoutError:
                 resync = True
@@ -351,16 +343,3 @@ class PoolStatusWriter:
                     await asyncio.wait_for(self._wake.wait(), self.debounce_s)
                 except TimeoutError:
                     break
-
-
-def _ready_condition(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    conditions = entry.get("conditions") if isinstance(entry.get("conditions"), list) else []
-    return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == CONDITION_TYPE), None)
-
-
-def _shows(entry: Mapping[str, Any], condition: Mapping[str, Any]) -> bool:
-    """Whether the entry already says what `condition` would (message aside: counts move)."""
-    current = _ready_condition(entry)
-    if current is None or len(entry.get("conditions") or []) != 1:
-        return False
-    return all(current.get(k) == condition[k] for k in ("status", "reason", "observedGeneration"))

@@ -42,7 +42,8 @@ class Parts(Protocol):
 
 def open_pool_status(core: Parts) -> PoolStatusWriter:
     """The writer of the pool's Ready condition and events, one per pool (the same gate as
-    kube.deletion_cost's), named for this picker ($POD_NAME, its peer name, its host)."""
+    kube.deletion_cost's), named for this picker ($POD_NAME, its peer name, its host), woken by the
+    endpoint source's problem as by the pool's changes."""
     kube, sources, peering = core.config.kube, core.sources, core.path.peering
     assert sources.status_api is not None and kube.pool_name is not None
     rollout = core.rollout
@@ -57,6 +58,13 @@ def open_pool_status(core: Parts) -> PoolStatusWriter:
         drains = core.drains
         return dict(drains.drained_by()) if drains is not None else {}
 
+    def successor() -> bool:
+        """Whether another picker can take over the pool's status: a standby for the Lease, or a
+        linked peer (then a Stopping condition would say "not ready" while the others serve)."""
+        if core.leader is not None:
+            return True
+        return peering is not None and bool(set(peering.peers) - set(peering.unlinked()))
+
     writer = PoolStatusWriter(
         sources.status_api,
         core.pool,
@@ -65,10 +73,12 @@ def open_pool_status(core: Parts) -> PoolStatusWriter:
         debounce_s=kube.pool_status_debounce_s,
         resync_s=kube.pool_status_resync_s,
         writing=writer_gate(core.leader, peering),
+        successor=successor,
         grants=sources.status_grants,
         problem=lambda: sources.problem,
         drained_by=drained_by,
         rollbacks=rollbacks,
     )
     core.metrics.register_pool_status(writer.figures)
+    sources.on_problem(lambda _: writer.wake())  # EndpointSourceUnavailable, and back, without delay
     return writer

@@ -31,6 +31,26 @@ def with_overlay(name: str) -> Manifests:
     return m
 
 
+def apply_json6902(obj: dict[str, Any], ops: list[dict[str, Any]]) -> None:
+    """The JSON6902 operations the overlays use, as kustomize makes them: `add` (a value, or `-` to
+    append to a list) and `remove` (the path must exist: kustomize fails otherwise)."""
+    for op in ops:
+        *parents, last = op["path"].lstrip("/").split("/")
+        target: Any = obj
+        for key in parents:
+            target = target[int(key)] if isinstance(target, list) else target[key]
+        if op["op"] == "add":
+            if isinstance(target, list):
+                target.append(op["value"]) if last == "-" else target.insert(int(last), op["value"])
+            else:
+                target[last] = op["value"]
+        elif op["op"] == "remove":
+            assert last in target, f"remove {op['path']}: no such path (kustomize fails)"
+            del target[int(last) if isinstance(target, list) else last]
+        else:
+            raise AssertionError(f"an operation the overlays do not use: {op['op']}")
+
+
 def serve_config(m: Manifests, monkeypatch: pytest.MonkeyPatch) -> PickerConfig:
     """What `picker serve` reads from the picker container's args and environment."""
     args = [a.replace("$(POD_NAMESPACE)", "default") for a in m.picker["args"]]

@@ -17,7 +17,7 @@ from picker.drain.manifests import format_path
 from picker.observability.families import exported_names
 from picker.observability.metrics import AUTOSCALING_QUERIES
 from tests.drain.autoscale_variants import OVERLAY, overlay_doc, with_hpa, with_scaled_object
-from tests.drain.overlays import serve_config
+from tests.drain.overlays import apply_json6902, serve_config
 from tests.drain.test_check import Manifests, check, ids
 from tests.drain.test_manifests import KUBERNETES_VERSION
 
@@ -30,12 +30,12 @@ def test_the_overlay_is_the_base_plus_keda_with_matching_slot_counts(
     kustomization = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
     assert kustomization["resources"] == ["..", "scaledobject.yaml"]  # never the HPA beside it
     m = Manifests()
+    assert m.model_server["spec"]["replicas"] == 4  # the base's count
     for patch in kustomization["patches"]:
-        (op,) = yaml.safe_load(patch["patch"])
-        assert op["op"] == "add" and op["path"] == "/spec/template/spec/containers/0/args/-"
-        m.obj(patch["target"]["kind"], patch["target"]["name"])["spec"]["template"]["spec"]["containers"][0][
-            "args"
-        ].append(op["value"])
+        target = m.obj(patch["target"]["kind"], patch["target"]["name"])
+        apply_json6902(target, yaml.safe_load(patch["patch"]))
+    # the autoscaler owns the count: an `apply -k` that set it would undo every scaling
+    assert "replicas" not in m.model_server["spec"]
     with_scaled_object(m)
     assert ids(check(m.write(tmp_path))) == set()
     max_num_seqs = next(a for a in m.vllm["args"] if a.startswith("--max-num-seqs="))
@@ -43,9 +43,19 @@ def test_the_overlay_is_the_base_plus_keda_with_matching_slot_counts(
     assert serve_config(m, monkeypatch).pool_label() == POOL  # the label the queries select
 
 
-@pytest.mark.parametrize("name", ["hpa.yaml", "prometheus-adapter.yaml"])
-def test_the_core_kinds_match_the_kubernetes_schema(name: str) -> None:
-    kubernetes_validate.validate(overlay_doc(name), KUBERNETES_VERSION, strict=True)
+def test_the_hpa_matches_the_kubernetes_schema() -> None:
+    kubernetes_validate.validate(overlay_doc("hpa.yaml"), KUBERNETES_VERSION, strict=True)
+
+
+def test_the_adapter_rule_is_a_values_fragment_not_a_configmap_that_would_replace_the_adapters() -> None:
+    """Applied, a ConfigMap named as the adapter's would replace every rule it has: the rule ships
+    as a Helm values fragment (prometheus-community/prometheus-adapter: rules.external), to merge."""
+    assert not (OVERLAY / "prometheus-adapter.yaml").exists()
+    values = overlay_doc("prometheus-adapter-values.yaml")
+    assert "kind" not in values and "apiVersion" not in values
+    assert set(values) == {"rules"} and set(values["rules"]) == {"external"}
+    kustomization = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
+    assert "prometheus-adapter-values.yaml" not in kustomization["resources"]
 
 
 def test_the_hpa_schema_check_can_fail() -> None:
@@ -89,8 +99,8 @@ def test_the_queries_are_the_documented_ones_and_name_exported_metrics() -> None
     assert query == AUTOSCALING_QUERIES["picker_pool_saturation"][1].replace("$POOL", POOL)
     external = overlay_doc("hpa.yaml")["spec"]["metrics"][0]["external"]["metric"]
     assert external == {"name": "picker_pool_saturation", "selector": {"matchLabels": {"pool": POOL}}}
-    adapter: dict[str, Any] = yaml.safe_load(overlay_doc("prometheus-adapter.yaml")["data"]["config.yaml"])
-    (rule,) = adapter["externalRules"]
+    adapter: dict[str, Any] = overlay_doc("prometheus-adapter-values.yaml")
+    (rule,) = adapter["rules"]["external"]
     assert rule["name"]["as"] == external["name"]
     assert rule["seriesQuery"].startswith(external["name"] + "{")
     assert "by (pool)" in rule["metricsQuery"] and "<<.LabelMatchers>>" in rule["metricsQuery"]

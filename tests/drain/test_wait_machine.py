@@ -312,7 +312,9 @@ async def test_the_hooks_drain_is_a_prestop_drain() -> None:
     ).endswith("move_streams=true&cause=operator")
     pool = Pool()
     pool.reconcile({"10.0.0.1:8000": EndpointState.READY, "10.0.0.2:8000": EndpointState.READY}, "kube")
-    client = TestClient(TestServer(admin_app(pool, Metrics(), move_streams=lambda _: 2), host="127.0.0.1"))
+    client = TestClient(
+        TestServer(admin_app(pool, Metrics(pool="default"), move_streams=lambda _: 2), host="127.0.0.1")
+    )
     await client.start_server()
     try:
         url = str(client.make_url("/admin/endpoints/10.0.0.1:8000/drain?move_streams=true"))

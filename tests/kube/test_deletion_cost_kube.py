@@ -74,7 +74,7 @@ async def open_sources(kubeconfig: Path) -> AsyncIterator[Callable[..., Any]]:
     opened: list[EndpointSources] = []
 
     async def start(path: Path = kubeconfig, **kube: Any) -> EndpointSources:
-        sources = EndpointSources(config_of(path, **kube), Pool(), Metrics())
+        sources = EndpointSources(config_of(path, **kube), Pool(), Metrics(pool="default"))
         await sources.start()
         opened.append(sources)
         return sources
@@ -210,7 +210,7 @@ async def test_the_picker_refuses_to_start_without_patch_on_pods(
 ) -> None:
     fake = pool_pods
     fake.rbac()
-    sources = EndpointSources(config_of(kubeconfig), Pool(), Metrics())
+    sources = EndpointSources(config_of(kubeconfig), Pool(), Metrics(pool="default"))
     with pytest.raises(DeletionCostRefused, match=r"may not patch pods in namespace default") as refused:
         await sources.start()
     assert isinstance(refused.value, ConfigError)

@@ -32,7 +32,7 @@ async def test_kube_source_loads_before_start_returns_and_follows_changes(
     fake: FakeApiServer, kubeconfig: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake.put_slice("vllm-a", [endpoint("10.0.0.1"), endpoint("10.0.0.2")])
-    pool, metrics = Pool(), Metrics()
+    pool, metrics = Pool(), Metrics(pool="default")
     sources = EndpointSources(load_config(overrides=kube_config(kubeconfig)), pool, metrics)
     await sources.start()
     try:
@@ -59,7 +59,7 @@ async def test_kube_source_starts_even_when_the_api_is_not_there_yet(
     fake.put_slice("vllm-a", [endpoint("10.0.0.1")])
     fake.fail_next(3, 503)
     pool = Pool()
-    sources = EndpointSources(load_config(overrides=kube_config(kubeconfig)), pool, Metrics())
+    sources = EndpointSources(load_config(overrides=kube_config(kubeconfig)), pool, Metrics(pool="default"))
     await sources.start()
     try:
         assert len(pool) == 0
@@ -71,7 +71,9 @@ async def test_kube_source_starts_even_when_the_api_is_not_there_yet(
 def test_unreadable_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
     import asyncio
 
-    sources = EndpointSources(load_config(overrides=kube_config(tmp_path / "missing")), Pool(), Metrics())
+    sources = EndpointSources(
+        load_config(overrides=kube_config(tmp_path / "missing")), Pool(), Metrics(pool="default")
+    )
     with pytest.raises(ConfigError, match="missing"):
         asyncio.run(sources.start())
 
@@ -81,7 +83,7 @@ async def test_file_source_and_its_errors(tmp_path: Path) -> None:
     path.write_text("- 10.0.0.1:8000\n")
     pool = Pool()
     overrides = {"pool": {"endpoints_file": str(path), "endpoints_file_poll_s": 0.02}}
-    sources = EndpointSources(load_config(overrides=overrides), pool, Metrics())
+    sources = EndpointSources(load_config(overrides=overrides), pool, Metrics(pool="default"))
     await sources.start()
     try:
         assert sources.name == "file" and [e.address for e in pool.ready()] == ["10.0.0.1:8000"]
@@ -92,14 +94,16 @@ async def test_file_source_and_its_errors(tmp_path: Path) -> None:
     finally:
         await sources.aclose()
     path.write_text("- broken")
-    broken = EndpointSources(load_config(overrides=overrides), Pool(), Metrics())
+    broken = EndpointSources(load_config(overrides=overrides), Pool(), Metrics(pool="default"))
     with pytest.raises(ConfigError, match=r"pool\.endpoints_file: .*entry #0"):
         await broken.start()
 
 
 async def test_static_list_needs_no_task() -> None:
     pool = Pool()
-    sources = EndpointSources(load_config(overrides={"pool": {"endpoints": "10.0.0.1:80"}}), pool, Metrics())
+    sources = EndpointSources(
+        load_config(overrides={"pool": {"endpoints": "10.0.0.1:80"}}), pool, Metrics(pool="default")
+    )
     await sources.start()
     await sources.aclose()
     assert sources.name == "static" and pool.source == "static" and len(pool.ready()) == 1
@@ -115,7 +119,7 @@ async def test_an_unexpected_exit_is_logged(
     path = tmp_path / "endpoints.yaml"
     path.write_text("- 10.0.0.1:8000\n")
     sources = EndpointSources(
-        load_config(overrides={"pool": {"endpoints_file": str(path)}}), Pool(), Metrics()
+        load_config(overrides={"pool": {"endpoints_file": str(path)}}), Pool(), Metrics(pool="default")
     )
     with caplog.at_level(logging.ERROR):
         await sources.start()
@@ -129,7 +133,7 @@ async def test_pool_source_loads_its_pods_before_start_returns_and_reports_a_mis
 ) -> None:
     fake.put_pool("vllm", ports=(8000, 8001))
     fake.put_pod("vllm-0", "10.0.0.1")
-    pool, metrics = Pool(), Metrics()
+    pool, metrics = Pool(), Metrics(pool="default")
     config = load_config(
         overrides={"kube": {"pool_name": "vllm", "kubeconfig": str(kubeconfig), "backoff_initial_s": 0.02}}
     )

@@ -58,7 +58,7 @@ async def serve() -> AsyncIterator[Serve]:
     async def make(peer: str | None = "10.9.9.9", **options: object) -> TestClient:
         pool = Pool()
         pool.reconcile({"10.0.0.1:8000": EndpointState.READY}, source="kube")
-        app = admin_app(pool, Metrics(), **options)  # type: ignore[arg-type]
+        app = admin_app(pool, Metrics(pool="default"), **options)  # type: ignore[arg-type]
         if peer is not None:
 
             @web.middleware

@@ -66,7 +66,7 @@ async def open_sources(kubeconfig: Path) -> AsyncIterator[Callable[..., Any]]:
     opened: list[EndpointSources] = []
 
     async def start(path: Path = kubeconfig) -> EndpointSources:
-        sources = EndpointSources(config_of(path), Pool(), Metrics())
+        sources = EndpointSources(config_of(path), Pool(), Metrics(pool="default"))
         opened.append(sources)
         await sources.start()
         return sources
@@ -146,8 +146,12 @@ async def test_degraded_within_2_s_of_the_last_ready_endpoint_draining_and_ready
         ]  # fmt: skip
         notes = [e["note"] for e in fake.events if e["reason"] == "EndpointDraining"]
         assert notes[0].startswith("endpoint 10.0.0.1:8000 draining (cause source")
-        assert all(
-            e["regarding"]["name"] == "vllm" and e["reportingInstance"] == "picker-a" for e in fake.events
+        uid = fake.objects(selector="", resource="inferencepools")[0]["metadata"]["uid"]
+        assert uid and all(
+            e["regarding"]["name"] == "vllm"
+            and e["regarding"]["uid"] == uid
+            and e["reportingInstance"] == "picker-a"
+            for e in fake.events
         )
         assert len(status_patches(fake)) == 3  # Ready, Degraded, Ready: one write per change of state
         assert parents(fake)[0] == GATEWAY and len(parents(fake)) == 2
@@ -214,7 +218,7 @@ async def test_the_picker_refuses_to_start_with_no_grant_and_with_events_alone_w
 ) -> None:
     fake = pool_pods
     fake.rbac()
-    refused = EndpointSources(config_of(kubeconfig), Pool(), Metrics())
+    refused = EndpointSources(config_of(kubeconfig), Pool(), Metrics(pool="default"))
     with pytest.raises(PoolStatusRefused, match=r"may neither patch inferencepools/status nor create events"):
         await refused.start()
     await refused.aclose()

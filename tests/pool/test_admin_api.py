@@ -10,8 +10,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from picker.admin.api import admin_app
+from picker.config.model import PickerConfig
 from picker.observability.metrics import Metrics
 from picker.pool import DrainEnd, EndpointState, Pool
+
+WINDOW_S = PickerConfig().autoscaling.rate_window_s  # the shipped default
 
 TOKEN = "s3cret-admin-token-0123"
 Factory = Callable[..., Awaitable[TestClient]]
@@ -38,7 +41,7 @@ async def make_client(pool: Pool) -> AsyncIterator[Factory]:
     async def make(
         token: str | None = None, peer: str | None = None, trust_loopback: bool = False
     ) -> TestClient:
-        metrics = Metrics()
+        metrics = Metrics(pool="default")
         metrics.register_pool(pool)
         app = admin_app(pool, metrics, token=token, trust_loopback=trust_loopback)
         if peer is not None:  # requests as if from another host (the test server only has loopback)
@@ -212,9 +215,11 @@ async def test_two_drains_at_once_are_judged_one_after_the_other(pool: Pool) -> 
             await asyncio.sleep(0.05)  # a store's round trip (the ConfigMap's): the window the race had
             return await super().drain(address, **options)
 
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_pool(pool)
-    guard = CapacityGuard(pool, lambda: 0, engine_slots=4, headroom=0.0, wait_max_s=0.0)
+    guard = CapacityGuard(
+        pool, lambda: 0, engine_slots=4, headroom=0.0, wait_max_s=0.0, rate_window_s=WINDOW_S
+    )
     app = admin_app(pool, metrics, drains=SlowDrains(pool), guard=guard)
     client = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()

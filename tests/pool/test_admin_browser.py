@@ -65,7 +65,7 @@ async def client_for(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Test
     )
     runner = RolloutRunner(Canary(CanaryPlan.of(RolloutConfig(candidate="v2")), pool.now()), pool, 1.0)
     runner.store = LocalDrains(pool)
-    app = admin_app(pool, Metrics(), token=token, drains=runner.store, rollout=runner)
+    app = admin_app(pool, Metrics(pool="default"), token=token, drains=runner.store, rollout=runner)
     client = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
     try:
@@ -135,6 +135,6 @@ async def test_the_status_page_s_own_request_and_a_plain_client_still_drain(
 
 
 def test_no_get_route_changes_state() -> None:
-    app = admin_app(Pool(), Metrics())
+    app = admin_app(Pool(), Metrics(pool="default"))
     gets = {r.resource.canonical for r in app.router.routes() if r.method == "GET" and r.resource is not None}
     assert all(not path.endswith(("/drain", "/undrain")) and "{verb}" not in path for path in gets)

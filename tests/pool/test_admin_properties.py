@@ -13,12 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from picker.admin.api import CapacityGuard, admin_app
-from picker.config.model import RolloutConfig
+from picker.config.model import PickerConfig, RolloutConfig
 from picker.observability.metrics import Metrics
 from picker.pool import EndpointState, Pool
 from picker.rollout import Canary, CanaryPlan
 from picker.rollout.runner import RolloutRunner
 from picker.sources.drain_store import LocalDrains
+
+WINDOW_S = PickerConfig().autoscaling.rate_window_s  # the shipped default
 
 TOKEN = "s3cret-admin-token-0123"
 READY = ["10.0.0.1:8000", "10.0.0.2:8000", "[fd00::1]:8000"]
@@ -49,14 +51,16 @@ async def ask(
     """One request to a fresh admin app; (status, content type, body, state changed)."""
     pool = Pool()
     pool.reconcile(dict.fromkeys(READY, EndpointState.READY), "file", labels={READY[2]: {"v": "v2"}})
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_pool(pool)
     drains = LocalDrains(pool)
     runner = RolloutRunner(
         Canary(CanaryPlan.of(RolloutConfig(candidate="v2", group_label="v")), 0.0), pool, 1.0
     )
     runner.store = drains
-    guard = CapacityGuard(pool, lambda: 0, engine_slots=4, headroom=0.1, wait_max_s=0.05)
+    guard = CapacityGuard(
+        pool, lambda: 0, engine_slots=4, headroom=0.1, wait_max_s=0.05, rate_window_s=WINDOW_S
+    )
     app = admin_app(pool, metrics, token=TOKEN, drains=drains, guard=guard, rollout=runner)
 
     @web.middleware

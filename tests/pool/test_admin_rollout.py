@@ -37,7 +37,7 @@ def pool() -> Pool:
 async def served(pool: Pool) -> AsyncIterator[tuple[TestClient, RolloutRunner]]:
     runner = RolloutRunner(Canary(CanaryPlan.of(RolloutConfig(candidate="v2")), pool.now()), pool, 1.0)
     runner.store = LocalDrains(pool)
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_rollout(runner.canary)
     app = admin_app(pool, metrics, token=TOKEN, drains=runner.store, rollout=runner)
 
@@ -99,7 +99,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def test_without_a_rollout_the_routes_say_so(pool: Pool) -> None:
-    client = TestClient(TestServer(admin_app(pool, Metrics()), host="127.0.0.1"))
+    client = TestClient(TestServer(admin_app(pool, Metrics(pool="default")), host="127.0.0.1"))
     await client.start_server()
     try:
         assert (await (await client.get("/admin/rollout")).json()) == {"rollout": None}

@@ -32,7 +32,7 @@ def test_every_end_reason_is_mapped(reason: EndReason) -> None:
 
 @pytest.mark.parametrize("reason", list(EndReason))
 def test_end_reason_lands_in_the_drain_record(reason: EndReason) -> None:
-    pool, metrics = Pool(), Metrics()
+    pool, metrics = Pool(), Metrics(pool="default")
     metrics.register_pool(pool)
     pool.apply(ready=["10.0.0.1:8000"])
     path = RequestPath(pool, metrics, fallback_count=0)

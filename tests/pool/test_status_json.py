@@ -14,7 +14,7 @@ A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 
 
 async def _client(pool: Pool, **options: object) -> TestClient:
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_pool(pool)
     client = TestClient(TestServer(admin_app(pool, metrics, **options), host="127.0.0.1"))  # type: ignore[arg-type]
     await client.start_server()

@@ -18,7 +18,7 @@ ERROR = b'data: {"error":{"message":"boom","code":500}}\n\ndata: [DONE]\n\n'
 def started(stream: bool = True) -> tuple[RequestPath, Pool, Metrics, RequestRecord]:
     pool = Pool()
     pool.apply(ready=["a:1", "b:1"])
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     path = RequestPath(pool, metrics, fallback_count=1, schedule=lambda delay, fn: lambda: None)
     request = InferenceRequest(method="POST", path="/v1/completions", model="m", stream=stream)
     record = path.admit(request).payload
@@ -60,7 +60,7 @@ def test_a_stalled_stream_that_ends_cut_counts_as_stalled() -> None:
 def test_retries_are_counted_against_who_served() -> None:
     pool = Pool()
     pool.apply(ready=["a:1", "b:1"])
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     path = RequestPath(pool, metrics, fallback_count=1, schedule=lambda delay, fn: lambda: None)
     record = path.admit(InferenceRequest(method="POST", path="/v1/completions", model="m")).payload
     primary, fallback = record.picked

@@ -47,7 +47,7 @@ async def test_a_source_task_that_dies_is_a_problem_for_good(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(static_file.EndpointsFile, "run", dies)
-    sources = EndpointSources(file_config(tmp_path), Pool(), Metrics())
+    sources = EndpointSources(file_config(tmp_path), Pool(), Metrics(pool="default"))
     heard: list[str | None] = []
     sources.on_problem(heard.append)
     with caplog.at_level(logging.DEBUG, logger="picker.sources.endpoints"):

@@ -33,7 +33,7 @@ class Harness:
     ) -> None:
         self.pool = Pool()
         self.pool.apply(ready=endpoints)
-        self.metrics = Metrics()
+        self.metrics = Metrics(pool="default")
         self.metrics.register_pool(self.pool)
         self.path = RequestPath(self.pool, self.metrics, fallback_count=2, **path_options)  # type: ignore[arg-type]
         self.service = ExtProcService(

@@ -18,7 +18,7 @@ def series_for(metrics: Metrics, address: str) -> list[str]:
 
 
 def test_a_forgotten_endpoints_series_are_removed_and_the_rest_stay() -> None:
-    pool, metrics = Pool(), Metrics()
+    pool, metrics = Pool(), Metrics(pool="default")
     metrics.register_pool(pool)
     path = RequestPath(pool, metrics, fallback_count=0, schedule=lambda delay, fn: lambda: None)
     for generation in range(50):  # a rollout replacing the pod each time
@@ -39,7 +39,7 @@ def test_a_forgotten_endpoints_series_are_removed_and_the_rest_stay() -> None:
 
 
 def test_an_endpoint_still_finishing_keeps_its_series_until_its_last_request_ends() -> None:
-    pool, metrics = Pool(), Metrics()
+    pool, metrics = Pool(), Metrics(pool="default")
     metrics.register_pool(pool)
     path = RequestPath(pool, metrics, fallback_count=0, schedule=lambda delay, fn: lambda: None)
     pool.apply(ready=["a:1"])
@@ -53,7 +53,7 @@ def test_an_endpoint_still_finishing_keeps_its_series_until_its_last_request_end
 def test_an_endpoint_forgotten_then_back_is_counted_again() -> None:
     """An address the pool forgot and sees again (a reused pod IP) shows its picks anew: the request
     path's children are not kept past `forget_endpoint`."""
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.count_pick("10.0.0.9:8000", 0.001)
     metrics.forget_endpoint("10.0.0.9:8000")
     metrics.count_pick("10.0.0.9:8000", 0.001)
@@ -61,7 +61,7 @@ def test_an_endpoint_forgotten_then_back_is_counted_again() -> None:
 
 
 def test_a_nan_observation_lands_in_no_bucket() -> None:
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.observe_ttft("m", float("nan"))
     metrics.observe_ttft("m", 0.02)
     bucket = metrics.registry.get_sample_value(

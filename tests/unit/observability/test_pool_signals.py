@@ -26,20 +26,31 @@ def samples(metrics: Metrics) -> dict[str, tuple[dict[str, str], float]]:
 
 def test_the_gauges_carry_the_pool_label_only() -> None:
     metrics = Metrics(pool="vllm-llama")
-    metrics.register_capacity(lambda: PoolFigures(12, 9.0, 0.75, 1, math.inf))
+    metrics.register_capacity(lambda: PoolFigures(12, 9.0, 0.75, 1, 2.5))
     seen = samples(metrics)
     assert seen == {
         "picker_pool_ready_capacity": ({"pool": "vllm-llama"}, 12.0),
         "picker_pool_demand": ({"pool": "vllm-llama"}, 9.0),
         "picker_pool_saturation": ({"pool": "vllm-llama"}, 0.75),
         "picker_pool_removable_replicas": ({"pool": "vllm-llama"}, 1.0),
-        "picker_pool_predicted_wait_seconds": ({"pool": "vllm-llama"}, math.inf),
+        "picker_pool_predicted_wait_seconds": ({"pool": "vllm-llama"}, 2.5),
+    }
+
+
+def test_a_non_finite_figure_is_never_exported() -> None:
+    """An autoscaler cannot use +Inf or NaN (prometheus-adapter: int64(v * 1000)): left out."""
+    metrics = Metrics(pool="vllm-llama")
+    metrics.register_capacity(lambda: PoolFigures(12, 9.0, math.nan, 1, math.inf))
+    assert set(samples(metrics)) == {
+        "picker_pool_ready_capacity",
+        "picker_pool_demand",
+        "picker_pool_removable_replicas",
     }
 
 
 def test_unknown_figures_are_absent_not_zero() -> None:
     """An autoscaler reading 0 for "unknown" would scale the pool down: the series is left out."""
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_capacity(lambda: PoolFigures(None, 3.0, None, None, None))
     assert samples(metrics) == {"picker_pool_demand": ({"pool": "default"}, 3.0)}
 
@@ -51,7 +62,7 @@ def test_the_figures_are_read_at_scrape_time_only() -> None:
         reads.append(1)
         return PoolFigures(4, float(len(reads)), 0.25, 0, 0.0)
 
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_capacity(read)
     assert reads == []
     assert samples(metrics)["picker_pool_demand"][1] == 1.0

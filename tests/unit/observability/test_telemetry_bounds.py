@@ -12,7 +12,7 @@ MIB = 1024 * 1024
 def exposition_size_after(models: list[str], endpoint: str) -> tuple[int, str]:
     pool = Pool()
     pool.apply(ready=["10.0.0.1:8000"])
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_pool(pool)
     for model in models:
         metrics.observe_ttft(model, 0.1)

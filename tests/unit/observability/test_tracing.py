@@ -34,7 +34,7 @@ def traced(**options: object) -> tuple[RequestPath, Pool, InMemorySpanExporter]:
     pool.apply(ready=["a:1", "b:1"])
     path = RequestPath(
         pool,
-        Metrics(),
+        Metrics(pool="default"),
         fallback_count=1,
         schedule=lambda delay, fn: lambda: None,
         tracing=Tracing(provider),
@@ -107,7 +107,9 @@ def test_a_refused_request_ends_its_trace_with_the_outcome() -> None:
 def test_without_tracing_no_trace_and_no_header() -> None:
     pool = Pool()
     pool.apply(ready=["a:1"])
-    path = RequestPath(pool, Metrics(), fallback_count=0, schedule=lambda delay, fn: lambda: None)
+    path = RequestPath(
+        pool, Metrics(pool="default"), fallback_count=0, schedule=lambda delay, fn: lambda: None
+    )
     routed = path.settle(path.admit(REQUEST, trace_context={"traceparent": TRACEPARENT}))
     assert isinstance(routed, Routed)
     assert routed.record.trace is None and routed.headers == ()

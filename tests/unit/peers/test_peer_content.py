@@ -145,7 +145,7 @@ async def test_a_malformed_drains_answer_is_counted_and_the_pool_view_still_answ
     pool = Pool()
     pool.apply(ready=[E1, E2])
     drains = PoolDrains(Peering(members[0], members, pool), SECRET)
-    app = admin_app(pool, Metrics(), pool_drains=drains)
+    app = admin_app(pool, Metrics(pool="default"), pool_drains=drains)
     client = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
     try:
@@ -155,7 +155,7 @@ async def test_a_malformed_drains_answer_is_counted_and_the_pool_view_still_answ
         await client.close()
     assert response.status == 200, body  # before: a 500
     assert [d["address"] for d in body["drains"]] == [E1] and drains.rejected == {"bad-field": 1}
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_rejections("peer_drain_answers", lambda: drains.rejected)
     assert 'picker_peer_drain_answers_rejected_total{reason="bad-field"} 1.0' in metrics.exposition().decode()
 

@@ -47,7 +47,9 @@ class Side:
 
     async def listen(self, read_every_s: float = 0.01) -> str:
         self.probe = Peering("127.0.0.1:1", (), self.pool)  # renamed once the port is known
-        self.path = RequestPath(self.pool, Metrics(), fallback_count=0, schedule=lambda d, f: lambda: None)
+        self.path = RequestPath(
+            self.pool, Metrics(pool="default"), fallback_count=0, schedule=lambda d, f: lambda: None
+        )
         self.service = PeerInbox(self.probe, self.path, self.token, lambda: DRAIN_RECORDS, read_every_s)
         port = await self.service.listen("127.0.0.1", 0)
         self.tasks.append(asyncio.create_task(self.service.run()))
@@ -63,7 +65,11 @@ class Side:
     def join(self, members: list[str], resolver: object | None = None) -> PeerLinks:
         self.peering = Peering(self.name, members, self.pool)
         self.path = RequestPath(
-            self.pool, Metrics(), fallback_count=0, schedule=lambda d, f: lambda: None, peering=self.peering
+            self.pool,
+            Metrics(pool="default"),
+            fallback_count=0,
+            schedule=lambda d, f: lambda: None,
+            peering=self.peering,
         )
         assert self.service is not None
         self.service._peering, self.service._path = self.peering, self.path  # the wired objects

@@ -45,7 +45,9 @@ async def listening(per_source: int = 8, total: int = 64) -> Listening:
     pool = Pool()
     pool.apply(ready=[E1, E2])
     peering = Peering(A, (A, B), pool)
-    path = RequestPath(pool, Metrics(), fallback_count=0, schedule=lambda d, f: lambda: None, peering=peering)
+    path = RequestPath(
+        pool, Metrics(pool="default"), fallback_count=0, schedule=lambda d, f: lambda: None, peering=peering
+    )
     inbox = PeerInbox(
         peering,
         path,
@@ -141,7 +143,7 @@ async def test_unauthenticated_connections_are_capped_in_all(opened: list[Any]) 
     opened.append(refused)
     assert await refused.read() is None
     assert listener.refused == {"too-many-unauthenticated": 1}
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_rejections("peer_connections", lambda: listener.inbox.connections_refused)
     assert (
         metrics.registry.get_sample_value(

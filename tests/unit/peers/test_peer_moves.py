@@ -249,7 +249,7 @@ async def test_the_pool_move_counts_every_pickers_streams_and_names_who_was_not_
     assert own == [E1] and 0.45 <= took < 2.0  # the silent peer held it for its timeout, no longer
     assert moves.rejected == {"bad-count": 1}
     assert silent.hellos[0][0] == MOVES and garbled.asks == [[MOVE_ASK, E1]]
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     metrics.register_rejections("peer_move_answers", lambda: moves.rejected)
     assert 'picker_peer_move_answers_rejected_total{reason="bad-count"} 1.0' in metrics.exposition().decode()
 
@@ -279,7 +279,9 @@ async def test_the_admin_answer_carries_the_pool_move() -> None:
             "moved_streams_unreached": {},
         }
 
-    app = admin_app(pool, Metrics(), move_streams=lambda x: own.append(x) or 2, pool_moves=pool_moves)
+    app = admin_app(
+        pool, Metrics(pool="default"), move_streams=lambda x: own.append(x) or 2, pool_moves=pool_moves
+    )
     client = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
     try:

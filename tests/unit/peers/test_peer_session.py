@@ -227,7 +227,9 @@ async def test_a_link_to_a_listener_that_cannot_prove_itself_sends_nothing() -> 
     pool = Pool()
     pool.apply(ready=[E1])
     peering = Peering("127.0.0.1:1", ("127.0.0.1:1", address), pool)
-    path = RequestPath(pool, Metrics(), fallback_count=0, schedule=lambda d, f: lambda: None, peering=peering)
+    path = RequestPath(
+        pool, Metrics(pool="default"), fallback_count=0, schedule=lambda d, f: lambda: None, peering=peering
+    )
     refused: Counter[str] = Counter()
     links = PeerLinks(peering, path, SECRET, refused=refused)
     task = asyncio.create_task(links.run())

@@ -29,7 +29,7 @@ class Picker:
     ) -> None:
         self.pool = Pool(clock=clock)
         self.pool.apply(ready=[E1, E2])
-        self.metrics = Metrics()
+        self.metrics = Metrics(pool="default")
         self.metrics.register_pool(self.pool)
         self.peering = Peering(name, members, self.pool, clock=clock)
         self.path = RequestPath(

@@ -35,7 +35,7 @@ def path_of(*endpoints: str, **affinity: object) -> tuple[RequestPath, Pool]:
     config = AffinityConfig(**{"prefix": "approximate", **affinity})  # type: ignore[arg-type]
     path = RequestPath(
         pool,
-        Metrics(),
+        Metrics(pool="default"),
         fallback_count=1,
         schedule=lambda d, f: lambda: None,
         affinity=config,

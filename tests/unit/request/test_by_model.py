@@ -61,7 +61,9 @@ def path_with_cards() -> tuple[RequestPath, Pool]:
         endpoint = pool.get(address)
         assert endpoint is not None
         endpoint.served = served
-    path = RequestPath(pool, Metrics(), fallback_count=2, schedule=lambda d, f: lambda: None, by_model=True)
+    path = RequestPath(
+        pool, Metrics(pool="default"), fallback_count=2, schedule=lambda d, f: lambda: None, by_model=True
+    )
     return path, pool
 
 

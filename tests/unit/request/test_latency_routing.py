@@ -77,7 +77,7 @@ def path_with_model(
     pool.apply(ready=[FAST, SLOW])
     path = RequestPath(
         pool,
-        Metrics(),
+        Metrics(pool="default"),
         fallback_count=1,
         schedule=lambda d, f: lambda: None,
         affinity=AffinityConfig(prefix="off", latency=True),
@@ -153,7 +153,7 @@ async def test_queued_requests_with_a_ttft_objective_go_first_when_room_frees() 
     pool.apply(ready=[FAST])
     path = RequestPath(
         pool,
-        Metrics(),
+        Metrics(pool="default"),
         fallback_count=0,
         schedule=lambda d, f: lambda: None,
         affinity=AffinityConfig(prefix="off", latency=True),

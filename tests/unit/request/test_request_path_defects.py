@@ -24,7 +24,7 @@ def full_pool(*addresses: str) -> tuple[RequestPath, Pool]:
     pool.apply(ready=list(addresses))
     path = RequestPath(
         pool,
-        Metrics(),
+        Metrics(pool="default"),
         fallback_count=0,
         load_policy=LoadPolicy(use_metrics=False),
         flow_limits=FlowLimits(max_queued=10, ttl_s=30),
@@ -82,7 +82,9 @@ async def test_a_head_limited_to_full_endpoints_does_not_block_requests_that_fit
 def test_a_fallback_onto_an_endpoint_that_drained_after_the_pick_is_no_pick_after_the_drain() -> None:
     pool = Pool()
     pool.apply(ready=["a:1", "b:1"])
-    path = RequestPath(pool, Metrics(), fallback_count=1, schedule=lambda delay, fn: lambda: None)
+    path = RequestPath(
+        pool, Metrics(pool="default"), fallback_count=1, schedule=lambda delay, fn: lambda: None
+    )
     record = path.admit(REQUEST).payload
     _, fallback = record.picked
     pool.drain(fallback)  # the fallback starts draining after the pick ...
@@ -101,7 +103,9 @@ def test_a_fallback_picked_after_the_drain_started_still_counts() -> None:
     pool = Pool()
     pool.apply(ready=["a:1", "b:1"])
     pool.drain("b:1")
-    path = RequestPath(pool, Metrics(), fallback_count=1, schedule=lambda delay, fn: lambda: None)
+    path = RequestPath(
+        pool, Metrics(pool="default"), fallback_count=1, schedule=lambda delay, fn: lambda: None
+    )
     record = path.admit(REQUEST).payload
     assert record.picked == ("a:1",)  # a draining endpoint is never listed
     record.picked = ("a:1", "b:1")  # as if it had been (the defect this figure exists to catch)

@@ -35,7 +35,7 @@ def setup(ready: list[str]) -> tuple[Clock, Pool, Metrics, RequestPath, list[Req
     clock = Clock()
     pool = Pool(clock)
     pool.apply(ready=ready)
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     path = RequestPath(pool, metrics, fallback_count=0, clock=clock, stall_after_s=5.0,
                        schedule=lambda delay, fn: lambda: None)  # fmt: skip
     moved: list[RequestRecord] = []

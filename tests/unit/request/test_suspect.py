@@ -125,7 +125,7 @@ def test_a_pool_of_suspects_still_gets_a_primary() -> None:
 def path_over(pool: Pool, clock: Clock, fallbacks: int = 2) -> RequestPath:
     return RequestPath(
         pool,
-        Metrics(),
+        Metrics(pool="default"),
         fallback_count=fallbacks,
         clock=clock,
         rng=random.Random(7),

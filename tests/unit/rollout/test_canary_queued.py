@@ -30,7 +30,7 @@ async def test_a_request_queued_for_the_candidate_goes_to_stable_after_a_rollbac
     )
     path = RequestPath(
         pool,
-        Metrics(),
+        Metrics(pool="default"),
         fallback_count=0,
         load_policy=LoadPolicy(engine_slots=1),
         flow_limits=FlowLimits(ttl_s=60.0),

@@ -44,7 +44,7 @@ def _placement(loads: dict[str, int], ranks: ScaleDownRanks | None) -> tuple[Poo
         assert endpoint is not None
         record_sample(endpoint, running, 0, 0.1, 0.0)
     pool.scale_down = ranks
-    return pool, Placement(pool, AffinityConfig(latency="off"), Metrics(), None)
+    return pool, Placement(pool, AffinityConfig(latency="off"), Metrics(pool="default"), None)
 
 
 def _primary(pool: Pool, placement: Placement, max_tokens: int | None, seed: int) -> str | None:

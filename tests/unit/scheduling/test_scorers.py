@@ -101,7 +101,7 @@ def test_a_pick_builds_each_row_once_and_the_choice_reads_only_rows(monkeypatch:
     pool.apply(ready=["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"])
     for n, endpoint in enumerate(pool.endpoints()):
         record_sample(endpoint, running=n, waiting=0, kv_usage=0.1, now=0.0)
-    placement = Placement(pool, AffinityConfig(latency=True), Metrics(), None)
+    placement = Placement(pool, AffinityConfig(latency=True), Metrics(pool="default"), None)
     request = InferenceRequest(
         method="POST", path="/v1/completions", model="m", stream=True, prompt=b"x" * 4000
     )

@@ -9,10 +9,13 @@ import math
 import pytest
 
 from picker.admin.capacity_guard import CapacityGuard
+from picker.config.model import PickerConfig
 from picker.pool import EndpointState, Pool
 from picker.pool.endpoint import Endpoint
 from picker.scheduling.capacity import drain_verdict, removable_replicas
 from picker.scheduling.signals import Completions, predicted_wait_s, saturation
+
+WINDOW_S = PickerConfig().autoscaling.rate_window_s  # the shipped default
 
 READY, DRAINING, NOT_READY = EndpointState.READY, EndpointState.DRAINING, EndpointState.NOT_READY
 
@@ -40,7 +43,7 @@ def test_saturation_leaves_draining_and_starting_endpoints_out_of_the_capacity()
     guard_pool.reconcile({e.address: e.state for e in endpoints}, source="static")
     for endpoint in endpoints:
         guard_pool.get(endpoint.address).in_flight = endpoint.in_flight  # type: ignore[union-attr]
-    figures = CapacityGuard(guard_pool, lambda: 2, 4, 0.1, 0.0).figures()
+    figures = CapacityGuard(guard_pool, lambda: 2, 4, 0.1, 0.0, WINDOW_S).figures()
     assert figures.ready_capacity == 8  # two READY endpoints of 4 slots
     assert figures.demand == 4 + 4 + 4 + 3 + 2  # every endpoint's streams and the queue
     assert figures.saturation == pytest.approx(17 / 8)
@@ -92,9 +95,35 @@ def test_a_pod_with_several_ranks_leaves_whole_and_the_largest_go_first() -> Non
 def test_the_predicted_wait_is_the_demand_beyond_the_slots_over_the_recent_rate() -> None:
     assert predicted_wait_s(6.0, 8, 0, None) == 0.0  # a free slot: no wait, rate or not
     assert predicted_wait_s(10.0, 8, 2, 3.0) == pytest.approx(1.0)  # 2 ahead, the newcomer third
+    assert predicted_wait_s(8.0, 8, 0, 2.0) == pytest.approx(0.5)  # every slot busy: one must end
     assert predicted_wait_s(10.0, 8, 2, None) is None  # no window yet
-    assert predicted_wait_s(10.0, 8, 2, 0.0) == math.inf  # waiting, and nothing ended
     assert predicted_wait_s(50.0, None, 3, 2.0) == pytest.approx(2.0)  # slots unknown: the queue
+    assert predicted_wait_s(50.0, None, 0, None) == 0.0
+
+
+def test_a_wait_without_bound_is_no_figure_never_a_non_finite_one() -> None:
+    """prometheus-adapter turns a value into int64(v * 1000) and KEDA may read +Inf as no value at
+    all: a wait with nothing ending over the window is left out, as any unknown figure is."""
+    assert predicted_wait_s(10.0, 8, 2, 0.0) is None  # waiting, and nothing ended
+    assert predicted_wait_s(0.0, 0, 0, 0.0) is None  # nothing ready, nothing ended
+    for busy, capacity, queued, rate in [(10.0, 8, 2, 1e-300), (1e308, 1, 0, 1e-10), (9.0, 8, 1, 0.0)]:
+        wait = predicted_wait_s(busy, capacity, queued, rate)
+        assert wait is None or math.isfinite(wait)
+
+
+def test_a_draining_replicas_streams_are_not_ahead_of_a_newcomer() -> None:
+    """Two replicas of 2 slots, one draining with 2 streams, the ready one with 1: a newcomer gets
+    the free ready slot at once, though the demand (3) is above the ready capacity (2)."""
+    pool = Pool()
+    pool.reconcile({"10.0.0.1:8000": READY, "10.0.0.2:8000": DRAINING}, source="static")
+    pool.get("10.0.0.1:8000").in_flight = 1  # type: ignore[union-attr]
+    pool.get("10.0.0.2:8000").in_flight = 2  # type: ignore[union-attr]
+    guard = CapacityGuard(pool, lambda: 0, 2, 0.1, 0.0, WINDOW_S)
+    figures = guard.figures()
+    assert figures.demand == 3 and figures.ready_capacity == 2 and figures.saturation == 1.5
+    assert figures.predicted_wait_s == 0.0
+    pool.get("10.0.0.1:8000").in_flight = 2  # type: ignore[union-attr]
+    assert guard.figures().predicted_wait_s is None  # full, and nothing ended yet: no figure
 
 
 def test_completions_per_second_over_the_window() -> None:

@@ -114,9 +114,9 @@ def gauge(metrics: Metrics) -> float | None:
 
 
 def test_a_uniform_pool_is_left_alone_its_picks_those_of_off() -> None:
-    auto_metrics = Metrics()
+    auto_metrics = Metrics(pool="default")
     auto, auto_pool, now = placement_of("auto", auto_metrics)
-    off, off_pool, _ = placement_of("off", Metrics())
+    off, off_pool, _ = placement_of("off", Metrics(pool="default"))
     assert auto.latency is not None
     for t in range(0, 20):
         now[0] = float(t)
@@ -130,7 +130,7 @@ def test_a_uniform_pool_is_left_alone_its_picks_those_of_off() -> None:
 def test_a_pool_that_is_not_uniform_engages_after_the_hold_then_releases(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     placement, pool, now = placement_of("auto", metrics)
     assert placement.latency is not None and not placement.engaged
     caplog.set_level("INFO", logger="picker.request.placement")

@@ -97,7 +97,7 @@ def test_a_resumed_stream_moves_with_its_slot_even_where_the_load_looks_full() -
     for endpoint in pool.endpoints():
         endpoint.load = LoadSample(0.0, 0.0, 0.0, 99.0, 0, 0)
     path = RequestPath(
-        pool, Metrics(), fallback_count=2, load_policy=LoadPolicy(), clock=lambda: clock[0],
+        pool, Metrics(pool="default"), fallback_count=2, load_policy=LoadPolicy(), clock=lambda: clock[0],
         rng=random.Random(3), schedule=lambda delay, fn: lambda: None,
     )  # fmt: skip
     record = path.admit(

@@ -161,7 +161,7 @@ def test_stalls_are_counted_and_a_gone_engines_stream_is_let_go() -> None:
     clock = Clock()
     pool = Pool(clock)
     pool.apply(ready=["a:1", "b:1"])
-    metrics = Metrics()
+    metrics = Metrics(pool="default")
     path = RequestPath(
         pool,
         metrics,
