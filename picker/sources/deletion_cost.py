@@ -34,6 +34,7 @@ from picker.pool import Pool
 from picker.pool.deletion_cost import CostPolicy, PodRef, Stream, pod_work, times_per_token
 from picker.pool.deletion_rank import Ranker, RankPolicy, ScaleDownRanks, next_to_go
 from picker.request.live_work import live_streams
+from picker.sources.cancel import raise_if_cancelled
 from picker.sources.kube import SourceError
 from picker.streams import RequestRecord
 
@@ -264,6 +265,7 @@ class DeletionCostWriter:
         """Forever; a step that raises is logged and the next one runs. The patcher is the endpoint
         source's (picker/sources/endpoints.py): it closes it."""
         while True:
+            raise_if_cancelled()  # one the HTTP client swallowed (picker/sources/cancel.py)
             try:
                 await self.step()
             except Exception:

@@ -29,6 +29,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from picker.pool import Pool
 from picker.pool.slices import SliceStore, TargetPort
+from picker.sources.cancel import raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,7 @@ class ListWatch:
         async with self._collection.watch(self.version, self._settings.watch_timeout_s) as events:
             iterator = aiter(events)
             while True:
+                raise_if_cancelled()
                 try:
                     async with asyncio.timeout(deadline):
                         event = await anext(iterator, None)
@@ -204,6 +206,7 @@ class ListWatch:
         """Forever: `sync_once`, with exponential backoff and jitter after failures."""
         settings = self._settings
         while True:
+            raise_if_cancelled()  # one the HTTP client swallowed (picker/sources/cancel.py)
             retrying = AsyncRetrying(
                 retry=retry_if_exception_type(Exception),
                 wait=wait_exponential(multiplier=settings.backoff_initial_s, max=settings.backoff_max_s)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from picker.sources.cancel import raise_if_cancelled
 from picker.sources.kube import ApiFailure, Disconnected, SourceError
 from picker.sources.kube_drains import WriteConflict
 
@@ -184,6 +185,7 @@ class Election:
         """Until released (or cancelled)."""
         while not self._released:
             await self.step()
+            raise_if_cancelled()  # one the HTTP client swallowed (picker/sources/cancel.py)
             await asyncio.sleep(self._retry_period_s)  # the campaign's period, not a synchronisation
 
     async def step(self) -> None:

@@ -44,6 +44,7 @@ from picker.config.model import ConfigError
 from picker.contract.pool_status import CONDITION_TYPE, STATE_EVENT, PoolEvent, PoolState
 from picker.pool import Pool
 from picker.pool.status import Phase, PoolHealth, pool_health
+from picker.sources.cancel import raise_if_cancelled
 from picker.sources.kube import SourceError
 from picker.sources.pool_status_body import condition, event_body, parent_ref, same_ref, shows
 
@@ -323,6 +324,7 @@ class PoolStatusWriter:
         look that raises is logged; the next one runs."""
         resync = True
         while True:
+            raise_if_cancelled()  # one the HTTP client swallowed (picker/sources/cancel.py)
             self._wake.clear()  # before the look: a change while it awaits the API server gets the next
             try:
                 await self.step(resync=resync)

@@ -21,6 +21,7 @@ import aiohttp
 from picker.config.model import LoadConfig
 from picker.pool import Endpoint, EndpointState, Pool
 from picker.pool.scrapes import record_engine_info, record_failure, record_sample
+from picker.sources.cancel import raise_if_cancelled
 from picker.sources.vllm_metrics import EngineGauges, GaugeScanner, MetricsPageError, gauge_names
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Scraper:
         """Scrape forever on the configured interval (cancel to stop); the shorter one while some
         data plane hides responses' ends (`blind`): the engines' gauges are the books there."""
         while True:
+            raise_if_cancelled()  # one the HTTP client swallowed (picker/sources/cancel.py)
             started = self._clock()
             await self.scrape_round()
             config = self._config

@@ -18,6 +18,7 @@ import aiohttp
 
 from picker.pool import EndpointState, Pool
 from picker.pool.served import parse_models
+from picker.sources.cancel import raise_if_cancelled
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class ModelCards:
     async def run(self) -> None:
         """Forever (cancel to stop)."""
         while True:
+            raise_if_cancelled()  # one the HTTP client swallowed (picker/sources/cancel.py)
             await self.read_due()
             await asyncio.sleep(_TICK_S)  # the poll's period, not a synchronisation
 
