@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from loadtest.scale_down import report
+from loadtest.scale_down.picture import picture
 from loadtest.scale_down.run import TIME_SCALE, Options, mixed_arrivals, run_arm
 
 
@@ -38,10 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grace", type=float, default=d.grace_s, help="terminationGracePeriodSeconds here")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of the arrivals and the simulator")
     parser.add_argument("--workdir", type=Path, help="keep logs and configs here, not in a temp dir")
+    parser.add_argument(
+        "--png", type=Path, default=Path("scale-down-timeline.png"), help="where to draw the picture"
+    )
     return parser
 
 
-async def run(options: Options, workdir: Path) -> list[report.ArmRun]:
+async def run(options: Options, workdir: Path, png: Path | None = None) -> list[report.ArmRun]:
     arrivals = mixed_arrivals(options)
     long = sum(1 for a in arrivals if a.max_tokens >= options.long_tokens[0])
     print(
@@ -75,6 +79,8 @@ async def run(options: Options, workdir: Path) -> list[report.ArmRun]:
         "\n(b) the picker's own counters:",
         ", ".join(f"{k} {v:g}" for k, v in sorted(picker_run.picker_metrics.items())),
     )
+    if png is not None:
+        print(f"\nwrote {await asyncio.to_thread(picture, runs, options, png)}")
     return runs
 
 
@@ -96,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
     )
     if args.workdir is not None:
-        asyncio.run(run(options, args.workdir))
+        asyncio.run(run(options, args.workdir, args.png))
     else:
         with tempfile.TemporaryDirectory(prefix="scale-down-") as tmp:
-            asyncio.run(run(options, Path(tmp)))
+            asyncio.run(run(options, Path(tmp), args.png))
     return 0
 
 

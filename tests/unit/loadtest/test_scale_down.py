@@ -4,10 +4,12 @@ arrivals, and the figures read from what the clients saw."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from loadtest.rollout.load import LoadReport, Outcome
 from loadtest.scale_down.cluster import Deletion, stamp
+from loadtest.scale_down.picture import panel, picture
 from loadtest.scale_down.replicaset import DELETION_COST, victims
 from loadtest.scale_down.report import best_drains, drains, writes_per_window
 from loadtest.scale_down.run import ArmRun, Options, mixed_arrivals
@@ -130,3 +132,28 @@ def test_the_best_choice_is_read_from_how_every_pods_streams_really_ended() -> N
     ]
     run = ArmRun("t", True, load, deletions, [], 0)
     assert best_drains(run, grace_s=6.0) == [1.0, 3.0]  # p3 and p2: nothing cut
+
+
+def test_the_picture_draws_each_victims_lane_ready_draining_and_gone(tmp_path: Path) -> None:
+    options = Options(warmup_s=15.0, grace_s=6.0, settle_s=12.0)
+    initial = {f"p{n}": f"127.0.0.1:{n}" for n in range(1, 5)}
+    later = {"p1": "127.0.0.1:1", "p2": "127.0.0.1:2", "p5": "127.0.0.1:5", "p6": "127.0.0.1:6"}
+    cut = outcome(14.5, 40.0, "127.0.0.1:4", finish="abort")
+    load = LoadReport([outcome(14.0, 17.0, "127.0.0.1:3"), cut])
+    deletions = [
+        Deletion("p3", "127.0.0.1:3", 15.0, "0", addresses=initial),
+        Deletion("p4", "127.0.0.1:4", 15.0, "0", addresses=initial),
+        Deletion("p5", "127.0.0.1:5", 15.0 + options.cycle_s, "0", addresses=later),
+    ]
+    drawn = panel(ArmRun("the picker's pod-deletion-cost", True, load, deletions, [], 0), options, "(b)")
+    states = sorted((e.replica, e.t, e.state) for e in drawn.events if e.kind == "state")
+    assert ("127.0.0.1:3", 15.0, "draining") in states and ("127.0.0.1:3", 17.0, "gone") in states
+    assert ("127.0.0.1:4", 21.0, "gone") in states  # cut at the grace period
+    born = 15.0 + options.grace_s + 1.0  # the scale-up after the first scale-down
+    assert ("127.0.0.1:5", born, "ready") in states and ("127.0.0.1:1", 0.0, "ready") in states
+    marks = sorted((e.replica, e.label) for e in drawn.events if e.kind == "mark")
+    assert ("127.0.0.1:4", "SIGKILL") in marks and ("127.0.0.1:3", "SIGKILL") not in marks
+    assert "1 streams cut" in drawn.note
+    default = ArmRun("default", False, load, deletions, [], 0)
+    path = picture([default, default], options, tmp_path / "p.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
