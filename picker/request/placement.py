@@ -60,7 +60,12 @@ class Placement:
         self.latency = LatencyModel(config.latency_half_life_s) if config.latency != "off" else None
         self.engaged = config.latency == "on"
         self.uniformity = (
-            Uniformity(config.latency_engage_ratio, config.latency_release_ratio, config.latency_hold_s)
+            Uniformity(
+                config.latency_engage_ratio,
+                config.latency_release_ratio,
+                config.latency_engage_after_s,
+                config.latency_release_after_s,
+            )
             if config.latency == "auto"
             else None
         )

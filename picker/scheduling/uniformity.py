@@ -9,10 +9,11 @@ noisy neighbour) and costs a uniform pool prefix hits and a few microseconds a p
   typical one: a thousand prefill tokens, the tokens a stream produces lately, a batch as busy as
   the pool's) over the quickest's; a replica counts once it has observations of its own on both
   figures (one that got no traffic lately has none: it tells nothing either way);
-- engaged once the spread has stayed at or above `engage_ratio` for `hold_s`; released once it has
-  stayed below `release_ratio` (lower) for `hold_s`. Between the two, or with fewer than two
-  measured replicas, the state holds: a slow replica the pick stopped sending work to does not
-  switch it off by going unmeasured.
+- engaged once the spread has stayed at or above `engage_ratio` for `engage_after_s`; released once
+  it has stayed below `release_ratio` (lower) for `release_after_s` (longer: a pool that is not
+  uniform costs more while the switch is off than a uniform one while it is on). Between the two
+  ratios, or with fewer than two measured replicas, the state holds: a slow replica the pick stopped
+  sending work to does not switch it off by going unmeasured.
 Checked after the scrapes (about once a second), never per request. Pure: no clock, no I/O.
 """
 
@@ -49,7 +50,8 @@ class Uniformity:
 
     engage_ratio: float = 1.5
     release_ratio: float = 1.25
-    hold_s: float = 5.0
+    engage_after_s: float = 2.0
+    release_after_s: float = 10.0
     engaged: bool = False
     last_spread: float | None = None
     _contrary_since: float | None = None  # since when the spread says the other state
@@ -68,7 +70,7 @@ class Uniformity:
             return False
         if self._contrary_since is None:
             self._contrary_since = now
-        if now - self._contrary_since < self.hold_s:
+        if now - self._contrary_since < (self.release_after_s if self.engaged else self.engage_after_s):
             return False
         self.engaged = not self.engaged
         self._contrary_since = None
