@@ -369,12 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     baseline: tuple[float, float] | None = None
     with tempfile.TemporaryDirectory(prefix="bench-shapes-") as tmp:
-        for name in names:
-            (Path(tmp) / name).mkdir()
+        for index, name in enumerate(names):  # a row may come twice (interleaved rounds)
+            folder = Path(tmp) / f"{index}-{name}"
+            folder.mkdir()
             extra = tuple(args.picker_args.split())
             shape, _, variant = name.partition("@")
             env = {k: v.replace("BASELINE", args.baseline) for k, v in VARIANTS[variant].items()} or None
-            outcome = asyncio.run(run_row(ROWS[shape], requests, args.seconds, Path(tmp) / name, extra, env))
+            outcome = asyncio.run(run_row(ROWS[shape], requests, args.seconds, folder, extra, env))
             if not ROWS[shape].picker and not ROWS[shape].shim:  # Envoy alone: the better of them
                 ttft90, tpot90 = ttft_tpot_p90(outcome)
                 baseline = (ttft90, tpot90) if baseline is None else (

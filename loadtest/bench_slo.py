@@ -440,7 +440,12 @@ async def phase_a(
     for name, setup in setups.items():
         if not setup.admin or name.endswith("off"):
             continue
-        print(f"\n(d) prediction error after (a), {name}: MAPE per replica (TTFT, TPOT)")
+        async with aiohttp.ClientSession() as session, session.get(f"{setup.admin}/metrics") as response:
+            page = parse_metrics(await response.text())
+        engaged = page.get(("picker_latency_engaged", ()), float("nan"))
+        spread = page.get(("picker_latency_spread", ()), float("nan"))
+        print(f"\n(d) {name}: latency engaged {engaged:.0f} (spread {spread:.2f}) after (a)")
+        print(f"  prediction error after (a), {name}: MAPE per replica (TTFT, TPOT)")
         for address, figures in sorted((await model_errors(setup.admin)).items()):
             ttft, tpot = (figures.get(f"{k}_mape", float("nan")) * 100 for k in ("ttft", "tpot"))
             print(f"  {names.get(address, address):<11} ttft {ttft:5.1f}%  tpot {tpot:5.1f}%")

@@ -584,16 +584,16 @@ class AffinityConfig(_Group):
         "they wait in the picker, bound late to the first slot that frees, the earliest due first)",
     )
     latency_engage_ratio: float = Field(
-        1.5,
+        1.6,
         gt=1,
         description="auto: engaged when the slowest measured replica's predicted time for the same request "
-        "is at least this many times the quickest's, for latency_engage_after_s",
+        "is at least this many times the median replica's, for latency_engage_after_s",
     )
     latency_engage_after_s: float = Field(
-        2.0, ge=0, description="auto: how long the pool must look not uniform before it engages"
+        3.0, ge=0, description="auto: how long the pool must look not uniform before it engages"
     )
     latency_release_ratio: float = Field(
-        1.25, gt=1, description="auto: released when it is below this many times, for latency_release_after_s"
+        1.3, gt=1, description="auto: released when it is below this many times, for latency_release_after_s"
     )
     latency_release_after_s: float = Field(
         10.0, ge=0, description="auto: how long the pool must look uniform before it is released"
