@@ -11,6 +11,8 @@ of `--num-gpu-blocks`, and decodes at 5 ms a token. The same seeded Poisson arri
             deploys vLLM: --enable-prompt-tokens-details --enable-force-include-usage)
   approx0   the same without that correction (affinity.engine_feedback false), in (a)
   precise   `picker proxy --prefix-affinity precise`: the replicas' KV events and their /tokenize
+  main      with --baseline PATH: the default configuration of the picker found there (an export of
+            another revision), beside approx
 The routing decisions are the picker's own core, the same in `picker serve` behind Envoy; the
 proxy carries the bytes here so that two cores are left for the simulated engines and the client.
 Workloads:
@@ -291,14 +293,19 @@ def window_p99(out: Outcome, start: float, end: float) -> float:
 
 
 def start_proxy(
-    workdir: Path, name: str, replicas: Sequence[str], *extra: str, env: dict[str, str] | None = None
+    workdir: Path,
+    name: str,
+    replicas: Sequence[str],
+    *extra: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> tuple[Proc, str]:
     port, metrics = free_port(), free_port()
     argv = [
         sys.executable, "-m", "picker", "proxy", "--bind-address", "127.0.0.1", "--port", str(port),
         "--metrics-port", str(metrics), "--endpoints", ",".join(replicas), "--log-level", "WARNING", *extra,
     ]  # fmt: skip
-    proc = Proc(f"proxy-{name}", argv, workdir / f"proxy-{name}.log", env=env)
+    proc = Proc(f"proxy-{name}", argv, workdir / f"proxy-{name}.log", env=env, cwd=cwd)
     proc.wait_ready(lambda: "picker proxy ready" in proc.log_text() and port_open(port))
     ADMIN[f"http://127.0.0.1:{port}"] = f"http://127.0.0.1:{metrics}"
     return proc, f"http://127.0.0.1:{port}"
@@ -336,6 +343,11 @@ async def run(args: argparse.Namespace) -> None:
             proxies["approx0"], urls["approx0"] = start_proxy(
                 workdir, "approx0", replicas, env={"PICKER_AFFINITY__ENGINE_FEEDBACK": "false"}
             )
+            if args.baseline:  # the default configuration of another picker (`-m picker` finds it there)
+                proxies["main"], urls["main"] = start_proxy(
+                    workdir, "main", replicas, cwd=Path(args.baseline)
+                )
+            main = ("main",) if args.baseline else ()
             turn = iter(range(10**9))
             routes: dict[str, Route] = {
                 "rr": lambda group: f"http://{replicas[next(turn) % REPLICAS]}",
@@ -350,10 +362,10 @@ async def run(args: argparse.Namespace) -> None:
                 f"each phase: {warmup:.0f} s warm-up + {measure:.0f} s measured; same seeded arrivals per row"
             )
             levels = [15.0, 65.0] if args.quick else [15.0, 30.0, 65.0, 130.0]
-            for rate in levels:
+            for rate in levels if "a" in args.only else ():
                 print(f"\n(a) 32 groups x 4,000-token system prompts + short questions, {rate:.0f} req/s")
                 print(HEADER)
-                for name in ("rr", "oracle", "load", "approx0", "approx", "precise"):
+                for name in ("rr", "oracle", "load", "approx0", *main, "approx", "precise"):
                     outcome = await phase(
                         routes[name], Groups(32, 4000, seed=1), rate, warmup, measure, replicas, seed=2
                     )
@@ -362,14 +374,14 @@ async def run(args: argparse.Namespace) -> None:
                 "\n(b) multi-turn chats (24 conversations, up to 8 turns, the whole chat each turn), 20 req/s"
             )
             print(HEADER)
-            for name in ("rr", "oracle", "load", "approx", "precise"):
+            for name in ("rr", "oracle", "load", *main, "approx", "precise") if "b" in args.only else ():
                 outcome = await phase(
                     routes[name], Conversations(24, seed=3), 20.0, warmup, measure, replicas, 4
                 )
                 print(outcome.line(name), flush=True)
             print("\n(c) one hot group takes half the traffic (32 groups), 40 req/s: skew = max/mean running")
             print(HEADER)
-            for name in ("rr", "oracle", "load", "approx", "precise"):
+            for name in ("rr", "oracle", "load", *main, "approx", "precise") if "c" in args.only else ():
                 workload = Groups(32, 4000, seed=5, hot=0.5)
                 # a longer window: running counts near 1 swing a lot from one sample to the next
                 outcome = await phase(routes[name], workload, 40.0, warmup, measure * 1.5, replicas, seed=6)
@@ -379,7 +391,7 @@ async def run(args: argparse.Namespace) -> None:
                 f"\n(e) a rolling restart under (a), 30 req/s: each replica drained {hold:.0f} s, back empty"
             )
             print(ROLLOUT_HEADER)
-            for name in ("load", "approx", "precise"):
+            for name in ("load", *main, "approx", "precise") if "e" in args.only else ():
                 url = urls[name]
                 marks: list[float] = []
                 rollout = asyncio.create_task(
@@ -402,7 +414,7 @@ async def run(args: argparse.Namespace) -> None:
                 )
             print("\n(d) decode-heavy: unique 60-word prompts, 128 tokens out, 30 req/s")
             print(HEADER)
-            for name in ("rr", "load", "approx", "precise"):
+            for name in ("rr", "load", *main, "approx", "precise") if "d" in args.only else ():
                 outcome = await phase(routes[name], Unique(seed=7), 30.0, warmup, measure, replicas, seed=8)
                 print(outcome.line(name), flush=True)
         finally:
@@ -414,6 +426,12 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter phases and two load levels")
+    parser.add_argument("--only", default="abcde", help="the phases to run (default: all)")
+    parser.add_argument(
+        "--baseline",
+        default="",
+        help="a row `main`: the default configuration of the picker found at this path (an export of main)",
+    )
     import uvloop
 
     uvloop.run(run(parser.parse_args()))

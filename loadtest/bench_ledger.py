@@ -3,10 +3,13 @@
 One run measures, over the same three simulated replicas (each also publishing KV events), one row
 per configuration, each with its own Envoy + `picker serve` (or `picker proxy`) started only for it:
 
-  shipped      the shipped configuration (prefix affinity approximate, scraping, flow control)
+  shipped      the shipped configuration (prefix affinity approximate, scraping, flow control,
+               affinity.latency auto)
   prefix-off   prefix affinity off (load alone): what approximate affinity costs
   precise      prefix affinity precise (the engines' KV events, token ids from /tokenize)
-  latency      affinity.latency: the per-replica latency model
+  latency      affinity.latency on: the per-replica latency model, every candidate predicted
+  latency-off  affinity.latency off: what the default `auto` (learning, predictions off on a uniform
+               pool) costs over no model at all
   rollout      a canary in its first step (one replica the candidate): the rollout gates
   tracing      --tracing: a trace per request, exported over OTLP to a collector on loopback
   plain        one picker, plaintext Envoy -> picker hop (the reference for `peers`)
@@ -112,6 +115,8 @@ def _start(name: str, folder: Path, replicas: list[str], collector: Collector | 
             args = ("--prefix-affinity", "precise", "--kv-events-port-offset", str(KV_OFFSET))
         case "latency":
             env["PICKER_AFFINITY__LATENCY"] = "true"
+        case "latency-off":
+            env["PICKER_AFFINITY__LATENCY"] = "off"
         case "rollout":
             endpoints, config = folder / "endpoints.json", folder / "picker.json"
             listed = [
@@ -216,7 +221,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    all_rows = "shipped,prefix-off,precise,latency,rollout,tracing,plain,peers,proxy,resume"
+    all_rows = "shipped,prefix-off,precise,latency,latency-off,rollout,tracing,plain,peers,proxy,resume"
     parser.add_argument("--rows", default=all_rows)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=20)

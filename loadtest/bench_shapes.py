@@ -4,19 +4,26 @@ Envoy alone with least request, side by side in one run.
 The pool (issue 45): four simulated replicas, two fast with 16 slots, one half as fast with 16 slots,
 one fast with 8 slots. Poisson arrivals of streaming completions with prompts of 50-2,000 words and
 20-100 tokens (seeded: every row sends the same requests at the same moments). Per row: TTFT p50 and
-p90, requests failed, and how far the picker's books (the occupancy flow control judges from, per
-replica) were from the engines' own running + waiting gauges, sampled together over the run.
+p90, the time per output token p90, both against the better Envoy-alone row above it, requests
+failed, each replica's share of the requests (its own counter), and how far the picker's books (the
+occupancy flow control judges from, per replica) were from the engines' own running + waiting
+gauges, sampled together over the run.
 
-Rows: Envoy alone (least request, no picker); the shipped config (routing + observer filters); the
-lean shape (Envoy's gRPC access log ends requests); the routing filter with STREAMED response bodies;
-Envoy Gateway's buffered shape (response headers only: the picker sees no end); the same with Envoy's
-gRPC access log added; Envoy AI Gateway's FULL_DUPLEX_STREAMED (override_host) and ORIGINAL_DST
-shapes; kgateway (response headers SKIP); NGINX Gateway Fabric's shim client (a gRPC connection per
-request, no response phase), which then sends each request straight to the replica it was given.
+Rows: Envoy alone (least request, or round robin; no picker); the shipped config (routing + observer
+filters); the lean shape (Envoy's gRPC access log ends requests); the routing filter with STREAMED
+response bodies; Envoy Gateway's buffered shape (response headers only: the picker sees no end); the
+same with Envoy's gRPC access log added; Envoy AI Gateway's FULL_DUPLEX_STREAMED (override_host) and
+ORIGINAL_DST shapes; kgateway (response headers SKIP); NGINX Gateway Fabric's shim client (a gRPC
+connection per request, no response phase), which then sends each request straight to the replica it
+was given.
 
 Bounded: each row sends `rate * seconds` requests and stops at its deadline.
 
     python -m loadtest.bench_shapes [--rate 55] [--seconds 15] [--rows eg-buffered,ngf-shim,...]
+
+A picker row may name a variant, `row@on` (affinity.latency on), `row@off`, and with `--baseline PATH`
+`row@main` / `row@main-on` (the picker found at PATH, e.g. an export of main; run from a directory
+without a `picker` package).
 """
 
 from __future__ import annotations
@@ -62,7 +69,8 @@ class Row:
     observer: bool = True
     routing_response_body: str = "NONE"
     picker_access_log: bool = False
-    picker: bool = True  # False: Envoy alone, least request
+    picker: bool = True  # False: Envoy alone, least request (or `lb_policy`)
+    lb_policy: str = "LEAST_REQUEST"  # Envoy alone: its pool cluster's balancer
     shim: bool = False  # NGINX Gateway Fabric's shim client instead of Envoy
 
 
@@ -70,6 +78,7 @@ ROWS: dict[str, Row] = {
     row.name: row
     for row in (
         Row("envoy-least-request", shape="eg-buffered", picker=False),
+        Row("envoy-round-robin", shape="eg-buffered", picker=False, lb_policy="ROUND_ROBIN"),
         Row("shipped-observer"),
         Row("lean-access-log", observer=False),
         Row("streamed", observer=False, routing_response_body="STREAMED"),
@@ -83,12 +92,23 @@ ROWS: dict[str, Row] = {
 }
 
 
+# a picker row's variant (row@variant): the picker's environment
+VARIANTS: dict[str, dict[str, str]] = {
+    "": {},
+    "off": {"PICKER_AFFINITY__LATENCY": "off"},
+    "on": {"PICKER_AFFINITY__LATENCY": "on"},
+    "main": {"PYTHONPATH": "BASELINE"},
+    "main-on": {"PYTHONPATH": "BASELINE", "PICKER_AFFINITY__LATENCY": "true"},
+}
+
+
 @dataclass
 class Outcome:
     stats: list[StreamStats] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)  # |books - engine| per replica per sample
     modes: str = ""
     at_scrapes: dict[float, float] = field(default_factory=dict)  # the picker's histogram, le -> count
+    served: list[float] = field(default_factory=list)  # requests each replica completed (its counter)
 
 
 def plan(rate: float, seconds: float, seed: int) -> list[tuple[float, str, int]]:
@@ -145,8 +165,8 @@ async def drive(send: Send, requests: list[tuple[float, str, int]]) -> list[Stre
     return list(await asyncio.gather(*(one(*r) for r in requests)))
 
 
-def baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, int]:
-    """The gateway's config without the ext_proc filter, its pool cluster least request."""
+def baseline_envoy(stack: Stack, workdir: Path, lb_policy: str = "LEAST_REQUEST") -> tuple[Proc, int]:
+    """The gateway's config without the ext_proc filter, its pool cluster least request (or `lb_policy`)."""
     listen, admin = free_port(), free_port()
     params = stack.envoy_params()
     params = params.__class__(**{**params.__dict__, "listen_port": listen, "admin_port": admin, "eds": False})
@@ -155,7 +175,7 @@ def baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, int]:
     hcm["http_filters"] = [f for f in hcm["http_filters"] if "ext_proc" not in f["name"]]
     pool = next(c for c in config["static_resources"]["clusters"] if c["name"] == "pool")
     pool.pop("load_balancing_policy", None)
-    pool["lb_policy"] = "LEAST_REQUEST"
+    pool["lb_policy"] = lb_policy
     path = workdir / "envoy-least-request.yaml"
     path.write_text(yaml.safe_dump(config))
     argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--log-level", "warn"]
@@ -192,6 +212,13 @@ def shim_sender(grpc_port: int, tls: bool, pool: ThreadPoolExecutor) -> Send:
     return send
 
 
+async def served(replicas: Sequence[str]) -> list[float]:
+    """Each replica's completed requests, by its own counter."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        pages = [parse_metrics((await client.get(f"http://{r}/metrics")).text) for r in replicas]
+    return [sum(v for (n, _), v in page.items() if n == "vllm:request_success_total") for page in pages]
+
+
 async def data_planes(metrics_port: int) -> str:
     """How the picker says its data-plane connections report ends (`/admin/endpoints`)."""
     async with httpx.AsyncClient(timeout=5) as client:
@@ -219,18 +246,23 @@ async def load(
     sampler = asyncio.create_task(
         sample(stack.replicas, stack.metrics_port if picker else None, until, outcome.gaps)
     )
+    before = await served(stack.replicas)
     try:
         outcome.stats = await drive(send, requests)
     finally:
         sampler.cancel()
+    outcome.served = [b - a for a, b in zip(before, await served(stack.replicas), strict=True)]
     if picker:
         outcome.modes = await data_planes(stack.metrics_port)
         outcome.at_scrapes = await gaps_at_scrapes(stack.metrics_port)
     return outcome
 
 
-def pool_options(row: Row, picker_args: tuple[str, ...] = ()) -> StackOptions:
+def pool_options(
+    row: Row, picker_args: tuple[str, ...] = (), picker_env: dict[str, str] | None = None
+) -> StackOptions:
     return StackOptions(
+        picker_env=picker_env,
         replicas=len(POOL),
         sim_args=SIM_COMMON,
         replica_args=POOL,
@@ -249,14 +281,15 @@ async def run_row(
     seconds: float,
     workdir: Path,
     picker_args: tuple[str, ...] = (),
+    picker_env: dict[str, str] | None = None,
 ) -> Outcome:
-    stack = Stack(workdir, pool_options(row, picker_args))
+    stack = Stack(workdir, pool_options(row, picker_args, picker_env))
     extra: Proc | None = None
     threads = ThreadPoolExecutor(max_workers=128)
     try:
         stack.start_sims()
         if not row.picker:
-            extra, port = baseline_envoy(stack, workdir)
+            extra, port = baseline_envoy(stack, workdir, row.lb_policy)
             return await load(stack, envoy_sender(port), requests, seconds, picker=False)
         stack.start_picker()
         if row.shim:
@@ -272,21 +305,37 @@ async def run_row(
         stack.stop()
 
 
-def report(name: str, outcome: Outcome, baseline_p90: float | None) -> str:
+def ttft_tpot_p90(outcome: Outcome) -> tuple[float, float]:
+    """TTFT p90 and time per output token p90 (ms) of the completed streams."""
+    ok = [s for s in outcome.stats if s.done and s.status == 200 and s.arrivals]
+    ttfts = sorted(s.arrivals[0] - s.started for s in ok)
+    tpots = sorted(
+        (s.arrivals[-1] - s.arrivals[0]) / (len(s.arrivals) - 1) for s in ok if len(s.arrivals) > 1
+    )
+    return percentile(ttfts, 90) * 1000, percentile(tpots, 90) * 1000 if tpots else float("nan")
+
+
+def report(name: str, outcome: Outcome, baseline: tuple[float, float] | None) -> str:
     ok = [s for s in outcome.stats if s.done and s.status == 200 and s.arrivals]
     ttfts = sorted(s.arrivals[0] - s.started for s in ok)
     failed = len(outcome.stats) - len(ok)
     p50, p90 = percentile(ttfts, 50) * 1000, percentile(ttfts, 90) * 1000
+    _, tpot90 = ttft_tpot_p90(outcome)
+    total = sum(outcome.served) or 1.0
+    shares = "/".join(f"{100 * n / total:.0f}" for n in outcome.served)
     gaps = sorted(outcome.gaps)
     books = "-" if not gaps else f"{percentile(gaps, 50):.1f} / {percentile(gaps, 95):.1f} / {gaps[-1]:.0f}"
     within = "-" if not gaps else f"{100 * sum(g <= 1 for g in gaps) / len(gaps):.0f} %"
-    ratio = "" if baseline_p90 is None or not baseline_p90 else f"x{p90 / baseline_p90:.2f}"
+    ratio = "" if not baseline else f"x{p90 / baseline[0]:.2f} / x{tpot90 / baseline[1]:.2f}"
     modes = outcome.modes or "-"
     counts = f"{failed} of {len(outcome.stats)}"
     scrapes = outcome.at_scrapes
     total = scrapes.get(float("inf"), 0.0)
     at = "-" if not total else f"{100 * scrapes.get(1.0, 0.0) / total:.1f} % of {total:.0f}"
-    return f"| {name} | {modes} | {p50:.0f} | {p90:.0f} | {ratio} | {counts} | {books} | {within} | {at} |"
+    return (
+        f"| {name} | {modes} | {p50:.0f} | {p90:.0f} | {tpot90:.1f} | {ratio} | {counts} | {shares} | {books}"
+        f" | {within} | {at} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -298,28 +347,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma list of: {', '.join(ROWS)}")
     parser.add_argument("--seed", type=int, default=45)
     parser.add_argument("--picker-args", default="", help="more arguments for the picker, space-separated")
+    parser.add_argument(
+        "--baseline",
+        default="",
+        help="PYTHONPATH of another picker (an export of main) for rows ending @main or @main-on; run the "
+        "bench from a directory without a picker package, for `-m picker` to find it",
+    )
     args = parser.parse_args(argv)
     names = [n for n in args.rows.split(",") if n]
-    unknown = [n for n in names if n not in ROWS]
+    unknown = [n for n in names if n.split("@")[0] not in ROWS or n.partition("@")[2] not in VARIANTS]
     if unknown:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
     requests = plan(args.rate, args.seconds, args.seed)
     print(f"{len(requests)} requests over {args.seconds:.0f} s ({args.rate:.0f}/s)")
     print("pool: 2 fast x 16 slots, 1 half as fast x 16, 1 fast x 8")
     print(
-        "| row | ends seen by | TTFT p50 ms | TTFT p90 ms | p90 vs Envoy | failed "
-        "| books - engine p50 / p95 / max | within 1 | at the picker's scrapes, within 1 |"
+        "| row | ends seen by | TTFT p50 ms | TTFT p90 ms | TPOT p90 ms | TTFT / TPOT p90 vs the better Envoy"
+        " | failed | share % fast/fast/half-speed/half-slots | books - engine p50 / p95 / max | within 1"
+        " | at the picker's scrapes, within 1 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    baseline: float | None = None
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    baseline: tuple[float, float] | None = None
     with tempfile.TemporaryDirectory(prefix="bench-shapes-") as tmp:
-        for name in names:
-            (Path(tmp) / name).mkdir()
+        for index, name in enumerate(names):  # a row may come twice (interleaved rounds)
+            folder = Path(tmp) / f"{index}-{name}"
+            folder.mkdir()
             extra = tuple(args.picker_args.split())
-            outcome = asyncio.run(run_row(ROWS[name], requests, args.seconds, Path(tmp) / name, extra))
-            if name == "envoy-least-request":
-                ok = sorted(s.arrivals[0] - s.started for s in outcome.stats if s.done and s.arrivals)
-                baseline = percentile(ok, 90) * 1000
+            shape, _, variant = name.partition("@")
+            env = {k: v.replace("BASELINE", args.baseline) for k, v in VARIANTS[variant].items()} or None
+            outcome = asyncio.run(run_row(ROWS[shape], requests, args.seconds, folder, extra, env))
+            if not ROWS[shape].picker and not ROWS[shape].shim:  # Envoy alone: the better of them
+                ttft90, tpot90 = ttft_tpot_p90(outcome)
+                baseline = (ttft90, tpot90) if baseline is None else (
+                    min(baseline[0], ttft90), min(baseline[1], tpot90)
+                )  # fmt: skip
             print(report(name, outcome, baseline), flush=True)
     return 0
 

@@ -5,12 +5,16 @@ decode: twice the base TTFT and the time per token, half the prefill rate) and o
 batch slots; every replica's step grows with its batch (--itl-per-running-ms, 10 % of its time per
 token for each other running request, as real vLLM's does). Mixed prompt lengths with shared
 prefixes (system prompts of 500 to 3,000 tokens, each request a short question), 24 to 40 tokens
-out. The same seeded Poisson arrivals go through two
-`picker proxy` processes over the same replicas:
-  default   load + prefix affinity (the picker's default)
-  latency   the same with affinity.latency on: each replica's TTFT and time per output token learned
-            online, a latency gap and score in the pick; requests wait in the picker for a batch
-            slot (earliest due first), not on an engine
+out. The same seeded Poisson arrivals go through each row (`--rows`), side by side:
+  rr, lr    the client balancing over the replicas itself: round robin (a Kubernetes Service), least
+            requests in flight, the fewer of two at random (Envoy's least-request balancer)
+  off       `picker proxy` with load + prefix affinity alone (affinity.latency off)
+  auto      the same with affinity.latency auto (the default): the model learns always; the pick
+            routes by it once the pool is measurably not uniform
+  on        affinity.latency on: each replica's TTFT and time per output token learned online, a
+            latency gap and score in the pick; requests wait in the picker for a batch slot
+            (earliest due first), not on an engine
+  main-off, main-on   off and on with another picker (`--baseline`: the path of an export of main)
 Phases (each bounded in time and requests; the prefix caches emptied before each row):
   (a) at 80 % of the pool's capacity: TTFT and TPOT p50/p90/p99, prefix hit rate, each replica's share
   (b) uniform replicas at 60 %; one turns twice as slow 8 s in (POST /sim/speed): its share of new
@@ -52,23 +56,24 @@ COMMON = (
     "--block-size", "16", "--num-gpu-blocks", "4000", "--kv-capacity-tokens", "4000000",
     "--max-model-len", "64000", "--enable-prompt-tokens-details", "--enable-force-include-usage",
 )  # fmt: skip
-MIXED = {
-    "normal-1": BASE,
-    "normal-2": BASE,
-    "half-speed": (
-        "--ttft-ms",
-        "30",
-        "--itl-ms",
-        "30",
-        "--itl-per-running-ms",
-        "3",
-        "--prefill-tokens-per-s",
-        "20000",
-        "--max-num-seqs",
-        "6",
-    ),
-    "half-slots": (*BASE[:-1], "3"),
-}
+
+
+def mixed(slots: int = 6) -> dict[str, tuple[str, ...]]:
+    """The mixed pool, each replica with `slots` batch slots (the half-slots one half of them)."""
+    base = (*BASE[:-1], str(slots))
+    half_speed = (
+        "--ttft-ms", "30", "--itl-ms", "30", "--itl-per-running-ms", "3", "--prefill-tokens-per-s", "20000",
+        "--max-num-seqs", str(slots),
+    )  # fmt: skip
+    return {
+        "normal-1": base,
+        "normal-2": base,
+        "half-speed": half_speed,
+        "half-slots": (*BASE[:-1], str(slots // 2)),
+    }
+
+
+MIXED = mixed()
 
 
 def _serves(ttft_s: float, itl_s: float, per_running_s: float, slots: int) -> float:
@@ -77,10 +82,13 @@ def _serves(ttft_s: float, itl_s: float, per_running_s: float, slots: int) -> fl
     return slots / (ttft_s + 32 * (itl_s + per_running_s * (slots - 1)))
 
 
-# What the pool can serve (requests/s), summed over the replicas
-CAPACITY = (
-    2 * _serves(0.015, 0.015, 0.0015, 6) + _serves(0.03, 0.03, 0.003, 6) + _serves(0.015, 0.015, 0.0015, 3)
-)
+def capacity(slots: int = 6) -> float:
+    """What the mixed pool can serve (requests/s), summed over the replicas."""
+    normal, half = _serves(0.015, 0.015, 0.0015, slots), _serves(0.03, 0.03, 0.003, slots)
+    return 2 * normal + half + _serves(0.015, 0.015, 0.0015, slots // 2)
+
+
+CAPACITY = capacity()
 
 
 @dataclass
@@ -127,7 +135,46 @@ class Workload:
         return body, headers, priority
 
 
+class Client:
+    """Where the client sends each request: one URL (a picker), or the replicas themselves by round
+    robin (`rr`, a Kubernetes Service) or by least requests in flight from this client (`lr`, as
+    Envoy's least-request balancer: the fewer of two chosen at random)."""
+
+    def __init__(self, target: str | Sequence[str], how: str = "", seed: int = 0) -> None:
+        self.urls = [target] if isinstance(target, str) else list(target)
+        self.how = how
+        self.turn = 0
+        self.in_flight = dict.fromkeys(self.urls, 0)
+        self.rng = random.Random(seed)
+
+    def take(self) -> str:
+        if self.how == "rr":
+            self.turn += 1
+            url = self.urls[self.turn % len(self.urls)]
+        elif self.how == "lr":
+            a, b = self.rng.sample(self.urls, 2)
+            url = a if self.in_flight[a] <= self.in_flight[b] else b
+        else:
+            url = self.urls[0]
+        self.in_flight[url] += 1
+        return url
+
+    def give(self, url: str) -> None:
+        self.in_flight[url] -= 1
+
+
 async def one(
+    session: aiohttp.ClientSession, client: Client, body: dict[str, object], headers: dict[str, str],
+    priority: int, out: Outcome | None,
+) -> None:  # fmt: skip
+    url = client.take()
+    try:
+        await _one(session, url, body, headers, priority, out)
+    finally:
+        client.give(url)
+
+
+async def _one(
     session: aiohttp.ClientSession, url: str, body: dict[str, object], headers: dict[str, str],
     priority: int, out: Outcome | None,
 ) -> None:  # fmt: skip
@@ -189,12 +236,13 @@ async def post_all(urls: Sequence[str], body: dict[str, object] | None = None) -
 
 
 async def phase(
-    url: str, workload: Workload, rate: float, warmup_s: float, measure_s: float, replicas: Sequence[str],
-    seed: int, event_at: float | None = None, event: object = None,
+    url: str | Client, workload: Workload, rate: float, warmup_s: float, measure_s: float,
+    replicas: Sequence[str], seed: int, event_at: float | None = None, event: object = None,
 ) -> Outcome:  # fmt: skip
     """Poisson arrivals at `rate` (bounded in count and time): a warm-up, then the measured window."""
     await post_all([f"http://{r}/reset_prefix_cache" for r in replicas])
     rng = random.Random(seed)
+    client = url if isinstance(url, Client) else Client(url)
     out = Outcome()
     tasks: set[asyncio.Task[None]] = set()
     timeout = aiohttp.ClientTimeout(total=60)
@@ -215,7 +263,9 @@ async def phase(
                 await asyncio.sleep(next_at - now)  # the arrival schedule, not a synchronisation
                 continue
             body, headers, priority = workload.next()
-            task = asyncio.create_task(one(session, url, body, headers, priority, out if measuring else None))
+            task = asyncio.create_task(
+                one(session, client, body, headers, priority, out if measuring else None)
+            )
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             issued += 1
@@ -238,15 +288,14 @@ def lower(new: list[float], base: list[float]) -> float:
 
 
 def start_proxy(
-    workdir: Path, name: str, replicas: Sequence[str], latency: bool, extra_env: dict[str, str]
+    workdir: Path, name: str, replicas: Sequence[str], env: dict[str, str], cwd: Path | None = None
 ) -> tuple[Proc, str, str]:
     port, metrics = free_port(), free_port()
     argv = [
         sys.executable, "-m", "picker", "proxy", "--bind-address", "127.0.0.1", "--port", str(port),
         "--metrics-port", str(metrics), "--endpoints", ",".join(replicas), "--log-level", "WARNING",
     ]  # fmt: skip
-    env = {"PICKER_AFFINITY__LATENCY": "true", **extra_env} if latency else None
-    proc = Proc(f"proxy-{name}", argv, workdir / f"proxy-{name}.log", env=env)
+    proc = Proc(f"proxy-{name}", argv, workdir / f"proxy-{name}.log", env=env, cwd=cwd)
     proc.wait_ready(lambda: "picker proxy ready" in proc.log_text() and port_open(port))
     return proc, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}"
 
@@ -301,7 +350,47 @@ def pick_cost(picks: int, blocks: int = 10) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-Setups = dict[str, tuple[str, str]]  # row -> (its URL, its admin URL)
+@dataclass
+class Setup:
+    """One row: a picker (its URL and admin URL), or the client balancing over the replicas itself."""
+
+    urls: list[str]
+    admin: str = ""
+    how: str = ""  # "rr", "lr" (the client's own balancing), "" (a picker)
+
+    def client(self) -> Client:
+        return Client(self.urls if self.how else self.urls[0], self.how)
+
+
+Setups = dict[str, Setup]
+
+# The rows --rows may name: the client's own balancing, or a picker with these settings (--baseline
+# adds main-off and main-on: the same settings with the picker found at that path, e.g. a copy of main)
+ROWS: dict[str, dict[str, str] | str] = {
+    "rr": "rr",
+    "lr": "lr",
+    "off": {"PICKER_AFFINITY__LATENCY": "off"},
+    "auto": {},
+    "on": {"PICKER_AFFINITY__LATENCY": "on"},
+    "main-off": {"PICKER_AFFINITY__LATENCY": "false"},
+    "main-on": {"PICKER_AFFINITY__LATENCY": "true"},
+}
+
+
+def start_rows(workdir: Path, replicas: list[str], args: argparse.Namespace, procs: list[Proc]) -> Setups:
+    setups: Setups = {}
+    extra_env = dict(item.split("=", 1) for item in args.latency_env)
+    for name in args.rows.split(","):
+        spec = ROWS[name]
+        if isinstance(spec, str):
+            setups[name] = Setup([f"http://{r}" for r in replicas], how=spec)
+            continue
+        env = {**spec, **(extra_env if name != "off" else {})}
+        cwd = Path(args.baseline) if name.startswith("main-") else None  # `-m picker` finds that copy
+        proc, url, admin = start_proxy(workdir, name, replicas, env, cwd)
+        procs.append(proc)
+        setups[name] = Setup([url], admin)
+    return setups
 
 
 def by_replica(values: list[tuple[str, float]], replicas: Sequence[str], names: dict[str, str]) -> str:
@@ -314,41 +403,63 @@ def by_replica(values: list[tuple[str, float]], replicas: Sequence[str], names: 
 
 
 async def phase_a(
-    setups: Setups, replicas: list[str], names: dict[str, str], windows: tuple[float, float]
+    setups: Setups,
+    replicas: list[str],
+    names: dict[str, str],
+    windows: tuple[float, float],
+    loads: Sequence[float] = (0.8,),
+    pool_capacity: float = CAPACITY,
 ) -> None:
-    rate = 0.8 * CAPACITY
-    print(f"\n(a) 80 % of capacity ({rate:.1f} req/s), mixed prompts with shared prefixes")
-    print("  row        ok fail  TTFT p50  TTFT p90  TTFT p99  TPOT p50  TPOT p90   hit %  share/TTFT p90")
-    rows = {}
-    for name, (url, _) in setups.items():
-        out = rows[name] = await phase(url, Workload(seed=1), rate, *windows, replicas, seed=2)
+    for load in loads:
+        rate = load * pool_capacity
+        print(f"\n(a) {load * 100:.0f} % of capacity ({rate:.1f} req/s), mixed prompts with shared prefixes")
         print(
-            f"  {name:<8} {len(out.ttft):>5} {sum(out.failed.values()):>4} {ms(out.ttft, 50):>8.0f}ms"
-            f" {ms(out.ttft, 90):>7.0f}ms {ms(out.ttft, 99):>7.0f}ms {ms(out.tpot, 50):>7.1f}ms"
-            f" {ms(out.tpot, 90):>7.1f}ms {out.hits * 100:>6.1f}  {by_replica(out.served, replicas, names)}",
-            flush=True,
+            "  row         ok fail  TTFT p50  TTFT p90  TTFT p99  TPOT p50  TPOT p90   hit %  share/TTFT p90"
         )
-    base, new = rows["default"], rows["latency"]
-    print(
-        f"  latency vs default: TTFT p90 {lower(new.ttft, base.ttft):+.0f}% lower,"
-        f" TPOT p90 {lower(new.tpot, base.tpot):+.0f}% lower,"
-        f" hit rate {100 * (new.hits - base.hits):+.1f} points"
-    )
-    print("\n(d) prediction error after (a), latency row: MAPE per replica (TTFT, TPOT)")
-    for address, figures in sorted((await model_errors(setups["latency"][1])).items()):
-        ttft, tpot = (figures.get(f"{k}_mape", float("nan")) * 100 for k in ("ttft", "tpot"))
-        print(f"  {names.get(address, address):<11} ttft {ttft:5.1f}%  tpot {tpot:5.1f}%")
+        rows = {}
+        for name, setup in setups.items():
+            out = rows[name] = await phase(setup.client(), Workload(seed=1), rate, *windows, replicas, seed=2)
+            print(
+                f"  {name:<9} {len(out.ttft):>5} {sum(out.failed.values()):>4} {ms(out.ttft, 50):>8.0f}ms"
+                f" {ms(out.ttft, 90):>7.0f}ms {ms(out.ttft, 99):>7.0f}ms {ms(out.tpot, 50):>7.1f}ms"
+                f" {ms(out.tpot, 90):>7.1f}ms {out.hits * 100:>6.1f}"
+                f"  {by_replica(out.served, replicas, names)}",
+                flush=True,
+            )
+        baselines = [rows[name] for name in ("rr", "lr") if name in rows]
+        if baselines:
+            ttft90 = min(ms(out.ttft, 90) for out in baselines)
+            tpot90 = min(ms(out.tpot, 90) for out in baselines)
+            print("  against the better of rr / lr (p90 ratio; goal <= 0.6):")
+            for name, out in rows.items():
+                if name not in ("rr", "lr"):
+                    print(
+                        f"    {name:<9} TTFT p90 x{ms(out.ttft, 90) / ttft90:.2f}"
+                        f"  TPOT p90 x{ms(out.tpot, 90) / tpot90:.2f}"
+                    )
+    for name, setup in setups.items():
+        if not setup.admin or name.endswith("off"):
+            continue
+        async with aiohttp.ClientSession() as session, session.get(f"{setup.admin}/metrics") as response:
+            page = parse_metrics(await response.text())
+        engaged = page.get(("picker_latency_engaged", ()), float("nan"))
+        spread = page.get(("picker_latency_spread", ()), float("nan"))
+        print(f"\n(d) {name}: latency engaged {engaged:.0f} (spread {spread:.2f}) after (a)")
+        print(f"  prediction error after (a), {name}: MAPE per replica (TTFT, TPOT)")
+        for address, figures in sorted((await model_errors(setup.admin)).items()):
+            ttft, tpot = (figures.get(f"{k}_mape", float("nan")) * 100 for k in ("ttft", "tpot"))
+            print(f"  {names.get(address, address):<11} ttft {ttft:5.1f}%  tpot {tpot:5.1f}%")
 
 
 async def phase_b(setups: Setups, replicas: list[str]) -> None:
     """A uniform pool (every replica as `normal`), one replica twice as slow 8 s in."""
     slow, change_at, window, length = replicas[0], 8.0, 2.0, 20.0
     print("\n(b) one replica turns twice as slow 8 s in, 60 % of capacity: its share of new work (%)")
-    for name, (url, _) in setups.items():
+    for name, setup in setups.items():
         await post_all([f"http://{r}/sim/speed" for r in replicas], {"slowdown": 1.0})
         change = post_all([f"http://{slow}/sim/speed"], {"slowdown": 2.0})
         rate = 0.6 * CAPACITY
-        out = await phase(url, Workload(seed=3), rate, 2.0, length, replicas, 4, change_at, change)
+        out = await phase(setup.client(), Workload(seed=3), rate, 2.0, length, replicas, 4, change_at, change)
         started = min(t for t, _ in out.starts)
         shares = []
         for k in range(int(length / window)):
@@ -380,8 +491,10 @@ async def phase_c(setups: Setups, replicas: list[str], windows: tuple[float, flo
     print("  row      seq    ok  SLO met (of admitted with one)  refused by priority  missed by priority")
     pooled: dict[str, list[int]] = {name: [0, 0] for name in setups}
     for seed in range(seeds):
-        for name, (url, _) in setups.items():
-            out = await phase(url, Workload(seed=5 + seed, slo=True), over, *windows, replicas, seed=6 + seed)
+        for name, setup in setups.items():
+            out = await phase(
+                setup.client(), Workload(seed=5 + seed, slo=True), over, *windows, replicas, seed=6 + seed
+            )
             met = out.slo_met / out.slo_total if out.slo_total else float("nan")
             pooled[name][0] += out.slo_met
             pooled[name][1] += out.slo_total
@@ -399,29 +512,31 @@ async def run(args: argparse.Namespace) -> None:
     windows = (4.0, 10.0) if args.quick else (6.0, args.measure_s)
     with tempfile.TemporaryDirectory(prefix="bench-slo-") as tmp:
         workdir = Path(tmp)
-        ports = {name: free_port() for name in MIXED}
+        pool, pool_capacity = mixed(args.slots), capacity(args.slots)
+        ports = {name: free_port() for name in pool}
         replicas = [f"127.0.0.1:{p}" for p in ports.values()]
         names = {f"127.0.0.1:{p}": name for name, p in ports.items()}
         sims = {
-            name: Proc(f"sim-{name}", sim_argv([port], [*MIXED[name], *COMMON]), workdir / f"sim-{name}.log")
+            name: Proc(f"sim-{name}", sim_argv([port], [*pool[name], *COMMON]), workdir / f"sim-{name}.log")
             for name, port in ports.items()
         }
         proxies: list[Proc] = []
         try:
             for name, sim in sims.items():
                 sim.wait_ready(lambda p=ports[name]: health_ok(p))
-            setups: Setups = {}
-            extra_env = dict(item.split("=", 1) for item in args.latency_env)
-            for name, latency in (("default", False), ("latency", True)):
-                proc, url, admin = start_proxy(workdir, name, replicas, latency, extra_env)
-                proxies.append(proc)
-                setups[name] = (url, admin)
-            print(f"bench_slo: 2 normal replicas, 1 half speed, 1 half slots: ~{CAPACITY:.0f} req/s")
+            setups = start_rows(workdir, replicas, args, proxies)
+            print(
+                f"bench_slo: 2 normal replicas, 1 half speed, 1 half slots, {args.slots} slots each:"
+                f" ~{pool_capacity:.0f} req/s"
+            )
             print(
                 f"each phase: {windows[0]:.0f} s warm-up + {windows[1]:.0f} s measured; same arrivals per row"
             )
             if "a" in args.only:
-                await phase_a(setups, replicas, names, windows)
+                loads = [float(x) for x in args.loads.split(",")]
+                if args.rates:
+                    loads = [float(x) / pool_capacity for x in args.rates.split(",")]
+                await phase_a(setups, replicas, names, windows, loads, pool_capacity)
             if "c" in args.only:
                 await phase_c(setups, replicas, windows, args.sequences)
         finally:
@@ -449,12 +564,7 @@ async def uniform_phase_b(args: argparse.Namespace) -> None:
         try:
             for port in ports:
                 sim.wait_ready(lambda p=port: health_ok(p))
-            setups: Setups = {}
-            extra_env = dict(item.split("=", 1) for item in args.latency_env)
-            for name, latency in (("default", False), ("latency", True)):
-                proc, url, admin = start_proxy(workdir, name, replicas, latency, extra_env)
-                proxies.append(proc)
-                setups[name] = (url, admin)
+            setups = start_rows(workdir, replicas, args, proxies)
             await phase_b(setups, replicas)
         finally:
             for proc in proxies:
@@ -472,7 +582,22 @@ def main() -> None:
         "--latency-env",
         action="append",
         default=[],
-        help="KEY=VALUE for the latency row's picker (a setting)",
+        help="KEY=VALUE for every picker row but off (a setting)",
+    )
+    parser.add_argument(
+        "--rows",
+        default="rr,lr,off,auto,on",
+        help=f"the rows, side by side (of {', '.join(ROWS)}; main-* need --baseline)",
+    )
+    parser.add_argument(
+        "--baseline",
+        default="",
+        help="PYTHONPATH of another picker for the main-off / main-on rows (e.g. an export of main)",
+    )
+    parser.add_argument("--loads", default="0.8", help="(a): shares of the pool's capacity, comma-separated")
+    parser.add_argument("--rates", default="", help="(a): or these request rates (req/s), comma-separated")
+    parser.add_argument(
+        "--slots", type=int, default=6, help="(a), (c): each replica's batch slots (the half-slots one half)"
     )
     import uvloop
 

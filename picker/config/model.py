@@ -619,20 +619,23 @@ class AffinityConfig(_Group):
     latency_engine_queue: int = Field(
         0,
         ge=0,
-        description="with latency on: requests that may wait on an engine for a batch slot (0: they wait "
-        "in the picker, bound late to the first slot that frees, the earliest due first)",
+        description="with latency on (not auto): requests that may wait on an engine for a batch slot (0: "
+        "they wait in the picker, bound late to the first slot that frees, the earliest due first)",
     )
     latency_engage_ratio: float = Field(
-        1.5,
+        1.6,
         gt=1,
         description="auto: engaged when the slowest measured replica's predicted time for the same request "
-        "is at least this many times the quickest's, for latency_hold_s",
+        "is at least this many times the median replica's, for latency_engage_after_s",
+    )
+    latency_engage_after_s: float = Field(
+        3.0, ge=0, description="auto: how long the pool must look not uniform before it engages"
     )
     latency_release_ratio: float = Field(
-        1.25, gt=1, description="auto: released when it is below this many times, for latency_hold_s"
+        1.3, gt=1, description="auto: released when it is below this many times, for latency_release_after_s"
     )
-    latency_hold_s: float = Field(
-        5.0, ge=0, description="auto: how long the pool must look so before the switch (hysteresis)"
+    latency_release_after_s: float = Field(
+        10.0, ge=0, description="auto: how long the pool must look uniform before it is released"
     )
 
     @field_validator("latency", mode="before")

@@ -117,10 +117,6 @@ class RequestPath(ResponseSide):
         self.placement = Placement(pool, affinity, metrics, sessions)
         if self.placement.latency is not None:
             metrics.register_latency(self.placement.latency)
-        # affinity.latency auto: while engaged, requests wait in the picker for a slot as with `on`
-        self._engaged_policy = self._policy
-        if affinity.latency == "auto" and self._policy.engine_queue is None:
-            self._engaged_policy = replace(self._policy, engine_queue=affinity.latency_engine_queue)
         self.tokenizer: Tokenizer | None = None  # precise prefix affinity: set by the wiring
         self._engine_tracked = 0
         # what each data-plane connection shows of responses' ends (the frontends note it)
@@ -155,11 +151,6 @@ class RequestPath(ResponseSide):
         self._idle_listeners: list[Callable[[], None]] = []
         self.on_stall: Callable[[RequestRecord], bool] | None = None
         metrics.register_flow(self.flow)
-
-    @property
-    def _load_policy(self) -> LoadPolicy:
-        """The load policy of a pick now (with `auto`, the engaged one while the predictions are)."""
-        return self._engaged_policy if self.placement.engaged else self._policy
 
     @property
     def engine_gauges(self) -> bool:
@@ -246,7 +237,7 @@ class RequestPath(ResponseSide):
             )
             if never is not None and not self.flow.closed:
                 return self.flow.refuse(record, never)
-        if not self.flow.closed and (shed := self.placement.shed(record, self._pool, self._load_policy, now)):
+        if not self.flow.closed and (shed := self.placement.shed(record, self._pool, self._policy, now)):
             return self.flow.refuse(record, shed)
         objective = slo.ttft_s if slo is not None else None
         ticket = self.flow.submit(
@@ -381,10 +372,10 @@ class RequestPath(ResponseSide):
             return None
         suspects = self._pool.health.suspects() | {failed}
         choice = self.placement.choose(
-            record, candidates, 1, self._rng, self._clock(), self._load_policy, suspects
+            record, candidates, 1, self._rng, self._clock(), self._policy, suspects
         )
         found = choice.destinations if choice is not None and choice.destinations else None
-        found = found or pick(candidates, 1, self._rng, self._clock(), self._load_policy, suspects)
+        found = found or pick(candidates, 1, self._rng, self._clock(), self._policy, suspects)
         # the stream held a slot already: it moves with it even where every replica looks full
         # (or its sample is stale), queued on an engine rather than cut
         target = found[0] if found else min(candidates, key=estimated_load).address
@@ -407,7 +398,7 @@ class RequestPath(ResponseSide):
         """A stalled stream may move: some READY replica it was not on has room for it now (a move
         to a full or absent one would only cut it)."""
         candidates = [e for e in self._resume_candidates(record) if e.address != record.served]
-        return bool(candidates) and bool(pick(candidates, 1, self._rng, self._clock(), self._load_policy))
+        return bool(candidates) and bool(pick(candidates, 1, self._rng, self._clock(), self._policy))
 
     def resumed(self, why: str) -> None:
         """A cut stream continued: counted once, with why it was cut."""
@@ -423,7 +414,7 @@ class RequestPath(ResponseSide):
         started_ns = time.time_ns() if record.trace is not None else 0
         candidates = self._candidates(record)
         count = 1 + (self._fallback_count if record.fallbacks else 0)
-        policy = self._load_policy
+        policy = self._policy
         if without_metrics(candidates, policy):
             policy = self._blind_policy  # no candidate has load data: pick by in-flight counts
             self._metrics.count_pick_without_metrics()

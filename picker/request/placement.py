@@ -66,7 +66,12 @@ class Placement:
         if self.latency is not None:
             self.latency.eager = self.engaged  # auto: fitted after scrapes until it engages
         self.uniformity = (
-            Uniformity(config.latency_engage_ratio, config.latency_release_ratio, config.latency_hold_s)
+            Uniformity(
+                config.latency_engage_ratio,
+                config.latency_release_ratio,
+                config.latency_engage_after_s,
+                config.latency_release_after_s,
+            )
             if config.latency == "auto"
             else None
         )

@@ -197,6 +197,12 @@ class LatencyModel:
         ttft_x = ttft_features(prefill_tokens, queued_ahead * tpot * self.output_tokens / max(1.0, slots))
         return _dot(replica.ttft_params, ttft_x), tpot, ttft_x, tpot_x
 
+    def slowdown(self, address: str, running: float, tokens: float) -> float:
+        """Seconds the `running` streams on `address` lose together to one more request decoding
+        beside them for `tokens` tokens: the time per token grows by e per request running."""
+        replica = self.replicas.get(address) or self.pool
+        return max(0.0, replica.tpot_params[1]) * running * tokens
+
     def _replica(self, address: str) -> ReplicaLatency:
         found = self.replicas.get(address)
         if found is None:

@@ -76,8 +76,9 @@ class Row:
     # prefill tokens it would wait for there: the candidate's backlog plus its own uncached tokens
     prefill: float = 0.0
     room: float = 1.0  # the share of the candidate's cache not yet known to be taken (0-1)
-    # the latency model's predicted seconds to this request's first token, per output token, and to
-    # its last token (TTFT + TPOT x the tokens it asks for: what the pick minimizes); None: not used
+    # the latency model's predicted seconds to this request's first token, per output token, and its
+    # cost there (TTFT + TPOT x the tokens it asks for + what the streams running there lose to it:
+    # what the pick minimizes); None: not used
     ttft_s: float | None = None
     tpot_s: float | None = None
     latency_s: float | None = None
@@ -140,7 +141,15 @@ def build(
         )
         if latency is not None:
             row.ttft_s, row.tpot_s, row.ttft_x, row.tpot_x = predict(latency, c, current, uncached, policy)
-            row.latency_s = row.ttft_s + row.tpot_s * ask.out_tokens
+            # what the request costs there: its own time to its last token, and the time the streams
+            # decoding there lose to it (their remaining tokens, about half a stream, that overlap its
+            # own): a quick replica that is busy costs more than its own prediction says, so a slower
+            # one with room takes work once the quick ones are loaded (what it can serve), not only
+            # when they are full
+            overlap = min(float(ask.out_tokens), latency.output_tokens / 2)
+            running = min(current, _slots(c, current, policy))
+            others = latency.slowdown(address, running, overlap)
+            row.latency_s = row.ttft_s + row.tpot_s * ask.out_tokens + others
         if ask.steer and next_to_go:
             row.stays = ask.steer * next_to_go.get(address, 1.0)  # a pod not ranked: not going
         rows.append(row)

@@ -6,18 +6,22 @@ noisy neighbour) and costs a uniform pool prefix hits and a few microseconds a p
 `auto` the pick uses the predictions only while the pool measurably is not uniform:
 
 - the **spread** is the slowest measured replica's predicted time for the same request (the pool's
-  typical one: a thousand prefill tokens, the tokens a stream produces lately, a batch as busy as
-  the pool's) over the quickest's; a replica counts once it has observations of its own on both
-  figures (one that got no traffic lately has none: it tells nothing either way);
-- engaged once the spread has stayed at or above `engage_ratio` for `hold_s`; released once it has
-  stayed below `release_ratio` (lower) for `hold_s`. Between the two, or with fewer than two
-  measured replicas, the state holds: a slow replica the pick stopped sending work to does not
-  switch it off by going unmeasured.
+  typical one: a thousand prefill tokens, the tokens a stream produces lately, four running beside
+  it) over the median replica's (the quicker's, with two: on bench_affinity's uniform pool of four,
+  the slowest over the quickest swung between 1.1 and 1.7); a replica counts once it has
+  observations of its own on both figures (one that got no traffic lately has none: it tells nothing
+  either way);
+- engaged once the spread has stayed at or above `engage_ratio` for `engage_after_s`; released once
+  it has stayed below `release_ratio` (lower) for `release_after_s` (longer: a pool that is not
+  uniform costs more while the switch is off than a uniform one while it is on). Between the two
+  ratios, or with fewer than two measured replicas, the state holds: a slow replica the pick stopped
+  sending work to does not switch it off by going unmeasured.
 Checked after the scrapes (about once a second), never per request. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
@@ -28,8 +32,8 @@ _PROBE_RUNNING = 4.0  # requests running beside it
 
 
 def spread(model: LatencyModel) -> float | None:
-    """Slowest over quickest predicted time of the typical request, over the measured replicas;
-    None with fewer than two."""
+    """The slowest measured replica's predicted time for the typical request over the median
+    replica's (the quicker's, with two); None with fewer than two measured."""
     ttft_x = ttft_features(_PROBE_PREFILL, 0.0)
     tpot_x = tpot_features(_PROBE_RUNNING)
     tokens = model.output_tokens
@@ -40,16 +44,19 @@ def spread(model: LatencyModel) -> float | None:
     ]
     if len(times) < 2:
         return None
-    return max(times) / min(times)
+    # against the median replica (the quicker of two): one replica's noisy fit (a prefill queue, a
+    # time per token learned from a few short streams) must not make a uniform pool look uneven
+    return max(times) / (min(times) if len(times) == 2 else statistics.median(times))
 
 
 @dataclass(slots=True)
 class Uniformity:
     """The `auto` switch with hysteresis: `check` after the model changed; `engaged` is the state."""
 
-    engage_ratio: float = 1.5
-    release_ratio: float = 1.25
-    hold_s: float = 5.0
+    engage_ratio: float = 1.6
+    release_ratio: float = 1.3
+    engage_after_s: float = 3.0
+    release_after_s: float = 10.0
     engaged: bool = False
     last_spread: float | None = None
     _contrary_since: float | None = None  # since when the spread says the other state
@@ -68,7 +75,7 @@ class Uniformity:
             return False
         if self._contrary_since is None:
             self._contrary_since = now
-        if now - self._contrary_since < self.hold_s:
+        if now - self._contrary_since < (self.release_after_s if self.engaged else self.engage_after_s):
             return False
         self.engaged = not self.engaged
         self._contrary_since = None

@@ -42,15 +42,15 @@ def test_the_spread_is_none_until_two_replicas_are_measured() -> None:
     assert spread(model) == pytest.approx(2.0, rel=0.15)
 
 
-def test_engages_only_after_the_spread_held_for_the_hold_time() -> None:
-    switch = Uniformity(engage_ratio=1.5, release_ratio=1.25, hold_s=5.0)
+def test_engages_only_after_the_spread_held_for_engage_after_s() -> None:
+    switch = Uniformity(engage_ratio=1.5, release_ratio=1.25, engage_after_s=5.0, release_after_s=8.0)
     assert not switch.check(2.0, 0.0)
     assert not switch.check(2.0, 4.9) and not switch.engaged
     assert switch.check(2.0, 5.0) and switch.engaged
 
 
 def test_a_passing_spread_does_not_engage() -> None:
-    switch = Uniformity(hold_s=5.0)
+    switch = Uniformity(engage_after_s=5.0)
     switch.check(2.0, 0.0)
     switch.check(1.1, 3.0)  # uniform again: the clock restarts
     assert not switch.check(2.0, 6.0)
@@ -59,7 +59,7 @@ def test_a_passing_spread_does_not_engage() -> None:
 
 
 def test_hysteresis_between_the_two_ratios_holds_either_state() -> None:
-    switch = Uniformity(engage_ratio=1.5, release_ratio=1.25, hold_s=1.0)
+    switch = Uniformity(engage_ratio=1.5, release_ratio=1.25, engage_after_s=1.0, release_after_s=3.0)
     for t in range(10):
         assert not switch.check(1.4, float(t))  # below engage: stays released
     switch.check(1.6, 10.0)
@@ -69,7 +69,8 @@ def test_hysteresis_between_the_two_ratios_holds_either_state() -> None:
         assert not switch.check(None, float(t) + 0.5)  # nothing measured: holds
     assert switch.engaged
     switch.check(1.2, 30.0)
-    assert switch.check(1.2, 31.0) and not switch.engaged
+    assert not switch.check(1.2, 32.9) and switch.engaged  # released only after release_after_s
+    assert switch.check(1.2, 33.0) and not switch.engaged
 
 
 def test_release_above_engage_is_a_configuration_error() -> None:
@@ -87,7 +88,7 @@ def placement_of(latency: str, metrics: Metrics) -> tuple[Placement, Pool, list[
     now = [0.0]
     pool = Pool(clock=lambda: now[0])
     pool.apply(ready=[A, B, C])
-    config = AffinityConfig(latency=latency, latency_hold_s=3.0)  # type: ignore[arg-type]
+    config = AffinityConfig(latency=latency, latency_engage_after_s=3.0, latency_release_after_s=6.0)  # type: ignore[arg-type]
     return Placement(pool, config, metrics, None), pool, now
 
 
@@ -127,7 +128,7 @@ def test_a_uniform_pool_is_left_alone_its_picks_those_of_off() -> None:
     assert not auto.engaged and gauge(auto_metrics) == 0.0
 
 
-def test_a_pool_that_is_not_uniform_engages_after_the_hold_then_releases(
+def test_a_pool_that_is_not_uniform_engages_after_a_while_then_releases(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     metrics = Metrics(pool="default")
@@ -141,7 +142,7 @@ def test_a_pool_that_is_not_uniform_engages_after_the_hold_then_releases(
             learn(placement.latency, address, slow if address == C else 1.0, now[0], times=2)
         placement.tune()
         if t < 3:
-            assert not placement.engaged  # not for the first hold_s
+            assert not placement.engaged  # not for the first engage_after_s
     assert placement.engaged and gauge(metrics) == 1.0
     assert any(reason == "score" for _, reason in picks(placement, pool, now[0]))
     assert all(C not in destinations[:1] for destinations, _ in picks(placement, pool, now[0]))
