@@ -22,7 +22,7 @@ QUICK, SLOW = ("10.0.0.1:8000", "10.0.0.2:8000"), "10.0.0.3:8000"
 def placement_with(running_on_quick: int) -> tuple[Placement, Pool]:
     pool = Pool()
     pool.apply(ready=[*QUICK, SLOW])
-    placement = Placement(pool, AffinityConfig(prefix="off", latency="on"), Metrics(), None)
+    placement = Placement(pool, AffinityConfig(prefix="off", latency="on"), Metrics(pool="default"), None)
     model = placement.latency
     assert model is not None
     for address, speed in ((QUICK[0], 1.0), (QUICK[1], 1.0), (SLOW, 2.0)):
