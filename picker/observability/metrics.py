@@ -674,7 +674,7 @@ class Metrics:
         self._latency_spread = Gauge(
             "picker_latency_spread",
             "affinity.latency auto: the slowest measured replica's predicted time for the same request over "
-            "the quickest's, at the last check (0: fewer than two measured)",
+            "the median replica's (the quicker of two), at the last check (0: fewer than two measured)",
             registry=r,
         )
         self._placed_cached = _Histogram(

@@ -147,15 +147,19 @@ class ScaleDownRanks:
 
 
 def next_to_go(pods: Sequence[PodRef], value: Callable[[PodRef], int | None]) -> dict[str, float]:
-    """Each pod's endpoints by where a scale-down would take it: 0.0 for the pod the ReplicaSet
+    """Each pod's endpoints by where a scale-down would take it: 0.0 for the pods the ReplicaSet
     controller deletes first (the lowest annotation value; none counts as 0, as the controller
-    reads it), 1.0 for the last; pods already being deleted left out. The placement steers long
-    requests away from the low end (scheduling, `steer`), so the next victims stay light."""
-    ranked = sorted((pod for pod in pods if not pod.deleting), key=lambda pod: (value(pod) or 0, pod.key))
-    if not ranked:
+    reads it), 1.0 for the last; equal values share a place (the controller breaks those ties by
+    node and age, not by anything the picker knows); pods already being deleted left out; empty when
+    no pod has a value (nothing to steer by: a slice source before the first write). The placement
+    steers long requests away from the low end (scheduling, `steer`), so the next victims stay light."""
+    live = [(pod, value(pod)) for pod in pods if not pod.deleting]
+    if not any(found is not None for _, found in live):
         return {}
-    step = 1.0 / max(1, len(ranked) - 1)
-    return {address: index * step for index, pod in enumerate(ranked) for address in pod.addresses}
+    values = sorted({found or 0 for _, found in live})
+    step = 1.0 / max(1, len(values) - 1)
+    place = {found: index * step for index, found in enumerate(values)}
+    return {address: place[found or 0] for pod, found in live for address in pod.addresses}
 
 
 class Ranker:

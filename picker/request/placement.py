@@ -133,7 +133,7 @@ class Placement:
         lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
         latency = self.latency if self.engaged else None
         ranked = self._pool.scale_down  # kube.deletion_cost: where each pod stands in a scale-down
-        steers = steer(record.max_tokens, ranked.steer_tokens) if ranked is not None else 0.0
+        steers = steer(record.max_tokens, ranked.steer_tokens) if ranked and ranked.next_to_go else 0.0
         if keys is None and not lora and latency is None and not steers:
             return None
         slo = record.slo
@@ -175,7 +175,8 @@ class Placement:
             if keys is not None and keys.blocks:
                 record.predicted_blocks = round(found.cached * len(keys.blocks))
             record.prefill = ask.size * (1.0 - found.cached)
-            self._metrics.count_placement(choice.reason, found.cached)
+            if keys is not None or lora or latency is not None:  # not a pick the steer alone made
+                self._metrics.count_placement(choice.reason, found.cached)
         return choice
 
     def learns_from(
@@ -287,6 +288,8 @@ class Placement:
         self._metrics.observe_latency_prediction(
             record.picked[0], "ttft", record.predicted_ttft, ttft, record.slo
         )
+        if tracker.first_byte_at - self._refreshed_at >= 1.0:  # no scrape came to do it (load.scrape off)
+            self.tune()
 
     def prefilled(self, record: RequestRecord) -> None:
         """Its first token came (or it ended): its prompt no longer waits in its endpoint's prefill."""
@@ -354,7 +357,7 @@ class Placement:
         if self.uniformity.check(measured, now):
             self.engaged = self.latency.eager = self.uniformity.engaged
             log.info(
-                "affinity.latency auto: %s (the slowest replica's predicted time %.2f x the quickest's)",
+                "affinity.latency auto: %s (the slowest replica's predicted time %.2f x the median one's)",
                 "engaged: the pool is not uniform" if self.engaged else "released: the pool is uniform",
                 measured or 0.0,
             )

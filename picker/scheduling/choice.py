@@ -136,7 +136,10 @@ def _primary(rows: list[Row], policy: AffinityPolicy, slo: Slo | None, predicted
             return sticky, "sticky"
     if lora:
         return within[0], "lora"
-    limit = filters.load_limit(rows, policy) if policy.scale_down_weight else float("inf")
+    # the load gap of the rows in the running (with predictions, the latency gap's: a slow replica
+    # it dropped must not make the quick ones look far above the least load)
+    running = within if predicted else rows
+    limit = filters.load_limit(running, policy) if policy.scale_down_weight else float("inf")
     spans = Spans.of(rows, within, predicted, limit)
     weighted = policy.scored_predicted if predicted else policy.scored
 

@@ -179,8 +179,9 @@ class LatencyModel:
         self.replicas: dict[str, ReplicaLatency] = {}
         self.output_tokens = 64.0  # tokens a stream produces, on average lately (the slot wait's unit)
         # fit at every observation (the pick routes by the predictions); False (auto, not engaged):
-        # observations only add up, and `refresh` (after a scrape, at most once a second) fits them:
-        # two Gaussian eliminations a request are most of a learning's 38 us
+        # observations only add up, unclipped (the fit they would be clipped by may be a second
+        # old), and `refresh` (at most once a second) fits them: two Gaussian eliminations a request
+        # are most of a learning's 38 us
         self.eager = True
 
     def predict(
@@ -227,8 +228,8 @@ class LatencyModel:
         predicted = _dot(replica.ttft_params, x)
         if replica.ttft.weight >= _PRIOR_WEIGHT:  # past its start from the pool's figures
             replica.ttft_error.add(predicted, seconds)
-        replica.ttft.observe(x, seconds, now, predicted)
-        self.pool.ttft.observe(x, seconds, now, _dot(self.pool.ttft_params, x))
+        replica.ttft.observe(x, seconds, now, predicted if self.eager else None)
+        self.pool.ttft.observe(x, seconds, now, _dot(self.pool.ttft_params, x) if self.eager else None)
         if self.eager:
             self.pool.ttft_params = self.pool.ttft.solve(STARTING_TTFT, now)
             replica.ttft_params = replica.ttft.solve(self.pool.ttft_params, now)
@@ -246,8 +247,8 @@ class LatencyModel:
         predicted = _dot(replica.tpot_params, x)
         if replica.tpot.weight >= _PRIOR_WEIGHT:
             replica.tpot_error.add(predicted, seconds)
-        replica.tpot.observe(x, seconds, now, predicted)
-        self.pool.tpot.observe(x, seconds, now, _dot(self.pool.tpot_params, x))
+        replica.tpot.observe(x, seconds, now, predicted if self.eager else None)
+        self.pool.tpot.observe(x, seconds, now, _dot(self.pool.tpot_params, x) if self.eager else None)
         if self.eager:
             self.pool.tpot_params = self.pool.tpot.solve(STARTING_TPOT, now)
             replica.tpot_params = replica.tpot.solve(self.pool.tpot_params, now)

@@ -38,7 +38,7 @@ class Ask:
     out_tokens: int = DEFAULT_OUTPUT_TOKENS  # the output it is expected to ask for
     slo: tuple[float | None, float | None] | None = None  # its (TTFT, TPOT) objectives, seconds
     # 0-1: how far it keeps off the pods a scale-down takes next (kube.deletion_cost): its expected
-    # run against scale_down.steer_s; 0 for a short one, or with nothing ranked
+    # run against scale_down.steer_s (a short one little); 0 with nothing ranked
     steer: float = 0.0
 
     @property
@@ -103,7 +103,7 @@ def build(
     *,
     suspects: frozenset[str] = frozenset(),
     stagger: Stagger | None = None,
-    window_s: float = 2.0,
+    window_s: float,
     latency: LatencyModel | None = None,
     next_to_go: Mapping[str, float] | None = None,
 ) -> list[Row]:
@@ -151,7 +151,7 @@ def build(
             others = latency.slowdown(address, running, overlap)
             row.latency_s = row.ttft_s + row.tpot_s * ask.out_tokens + others
         if ask.steer and next_to_go:
-            row.stays = ask.steer * next_to_go.get(address, 1.0)  # a pod not ranked: not going
+            row.stays = ask.steer * next_to_go.get(address, 0.0)  # not ranked yet: none reads as 0
         rows.append(row)
     rows.sort(key=_order)
     return rows

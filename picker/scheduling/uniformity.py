@@ -53,10 +53,10 @@ def spread(model: LatencyModel) -> float | None:
 class Uniformity:
     """The `auto` switch with hysteresis: `check` after the model changed; `engaged` is the state."""
 
-    engage_ratio: float = 1.6
-    release_ratio: float = 1.3
-    engage_after_s: float = 3.0
-    release_after_s: float = 10.0
+    engage_ratio: float  # the settings (affinity.latency_*; their defaults: config/model.py)
+    release_ratio: float
+    engage_after_s: float
+    release_after_s: float
     engaged: bool = False
     last_spread: float | None = None
     _contrary_since: float | None = None  # since when the spread says the other state

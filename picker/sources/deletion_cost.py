@@ -199,6 +199,7 @@ class DeletionCostWriter:
             log.info("kube.deletion_cost: this picker writes the pool's pod-deletion-cost annotations")
         self.writer = True
         if not self.allowed and not await self._ask():
+            self._steer(self._pods(), lambda pod: pod.value, self._streams())  # as the pods say
             return 0
         pods = self._pods()
         now = self._clock()

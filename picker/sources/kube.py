@@ -187,6 +187,7 @@ class ListWatch:
 
     async def sync_once(self) -> None:
         """Relist if needed, then watch until the stream ends. Raises what a pause should follow."""
+        raise_if_cancelled()  # the retries of a failing relist run here, not in run()'s loop
         if self.version is None:
             await self.relist()
         try:

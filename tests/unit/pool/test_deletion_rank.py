@@ -141,3 +141,19 @@ def test_next_to_go_orders_endpoints_as_the_controller_would_delete_their_pods()
     order = next_to_go(listed, lambda pod: written.get(pod.key, pod.value))
     assert order["10.0.0.2:8000"] == 1.0 and order["10.0.0.3:8000"] == 0.0
     assert next_to_go([], lambda pod: pod.value) == {}
+
+
+def test_next_to_go_ties_share_a_place_and_no_value_at_all_steers_nothing() -> None:
+    """The controller breaks equal costs by node and age, not by name: equal values, one place; a
+    pool with no value yet (a slice source before the first write) gives nothing to steer by."""
+    listed = [
+        PodRef("ns", n, (f"10.0.0.{i}:8000",), value=v)
+        for i, (n, v) in enumerate([("a", 5), ("b", 5), ("c", 9)], start=1)
+    ]
+    assert next_to_go(listed, lambda pod: pod.value) == {
+        "10.0.0.1:8000": 0.0,
+        "10.0.0.2:8000": 0.0,
+        "10.0.0.3:8000": 1.0,
+    }
+    unknown = [PodRef("ns", n, (f"{n}:8000",)) for n in ("a", "b", "c")]
+    assert next_to_go(unknown, lambda pod: pod.value) == {}

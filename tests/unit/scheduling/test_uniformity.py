@@ -50,7 +50,7 @@ def test_engages_only_after_the_spread_held_for_engage_after_s() -> None:
 
 
 def test_a_passing_spread_does_not_engage() -> None:
-    switch = Uniformity(engage_after_s=5.0)
+    switch = Uniformity(engage_ratio=1.6, release_ratio=1.3, engage_after_s=5.0, release_after_s=10.0)
     switch.check(2.0, 0.0)
     switch.check(1.1, 3.0)  # uniform again: the clock restarts
     assert not switch.check(2.0, 6.0)
