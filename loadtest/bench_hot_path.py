@@ -117,21 +117,12 @@ def _routed(answer: ep.ProcessingResponse) -> tuple[str, str]:
 
 
 def _core() -> tuple[object, object]:
+    """The shipped `picker serve` core and ext_proc service, as PickerApp builds them (nothing started)."""
+    from picker.app import PickerApp
     from picker.config.model import PickerConfig
-    from picker.extproc.service import ExtProcService, ResponseEnd
-    from picker.wiring import build_core
 
-    config = PickerConfig.model_validate({"pool": {"endpoints": list(ENDPOINTS)}})
-    core = build_core(config)
-    service = ExtProcService(
-        core.path,
-        max_body_bytes=config.requests.max_body_bytes,
-        observer_attach_grace_s=config.streams.observer_attach_grace_s,
-        response_end=ResponseEnd(config.streams.response_end),
-        fallbacks=config.scheduling.fallbacks,
-        session_header=config.affinity.session_header,
-    )
-    return core, service
+    app = PickerApp(PickerConfig.model_validate({"pool": {"endpoints": list(ENDPOINTS)}}))
+    return app.core, app.service
 
 
 def _fresh_gauges(core: object) -> None:

@@ -13,11 +13,10 @@ from typing import Any
 
 from loadtest import http_client
 from picker.app import PickerApp
-from picker.config.sources import load_config
 from picker.pool import EndpointState
 from picker.sources.drain_record import DATA_KEY
 from tests.kube.fake_apiserver import FakeApiServer
-from tests.kube.test_shared_drains_kube import until
+from tests.kube.test_shared_drains_kube import apps_config, until
 
 NAME = "vllm-picker-drains"
 VERSION = "app.kubernetes.io/version"
@@ -55,19 +54,7 @@ async def test_a_resume_after_a_restart_lifts_only_its_rollbacks_drains(
     for name, ip in (("vllm-x", "10.0.0.3"), ("vllm-y", "10.0.0.4"), ("vllm-z", "10.0.0.5")):
         fake.put_pod(name, ip, labels={"app": "vllm", VERSION: "v2"})
     fake.put_pool("vllm")
-    config = load_config(
-        overrides={
-            "server": {"grpc_port": 0, "health_port": 0, "metrics_port": 0, "secure_serving": False},
-            "kube": {
-                "pool_name": "vllm",
-                "kubeconfig": str(kubeconfig),
-                "backoff_initial_s": 0.02,
-                "drains_configmap": NAME,
-            },
-            "load": {"scrape": False},
-            "rollout": {"candidate": "v2", "stable": "v1", "tick_s": 60},
-        }
-    )
+    config = apps_config(kubeconfig, NAME, rollout={"candidate": "v2", "stable": "v1", "tick_s": 60})
     first, second = PickerApp(config), PickerApp(config)
     one = Admin(first, (await first.start()).metrics)
     try:

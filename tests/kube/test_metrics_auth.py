@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from loadtest.procs import async_wait_until
 from picker.admin.api import admin_app
 from picker.observability.metrics import Metrics
 from picker.pool import EndpointState, Pool
@@ -164,7 +165,7 @@ async def test_concurrent_requests_with_one_token_share_one_review(
     fake.grant(fake.user_of(prometheus))
     release = fake.hold_reviews()
     waiting = [asyncio.create_task(reviewer.review(prometheus)) for _ in range(20)]
-    await until(lambda: fake.token_reviews == 1 and reviewer.joined == 19)
+    await async_wait_until(lambda: fake.token_reviews == 1 and reviewer.joined == 19, 5.0)
     release.set()
     assert set(await asyncio.gather(*waiting)) == {Access.ALLOWED}
     assert (fake.token_reviews, fake.access_reviews) == (1, 1)
@@ -174,7 +175,7 @@ async def test_concurrent_requests_with_one_token_share_one_review(
     release = fake.hold_reviews()
     client = await serve(metrics_reviewer=reviewer.review)
     scrapes = [asyncio.create_task(_get(client, other)) for _ in range(20)]
-    await until(lambda: fake.token_reviews == 2 and reviewer.joined == 38)
+    await async_wait_until(lambda: fake.token_reviews == 2 and reviewer.joined == 38, 5.0)
     release.set()
     assert await asyncio.gather(*scrapes) == [200] * 20
     assert (fake.token_reviews, fake.access_reviews) == (2, 2)
@@ -243,13 +244,6 @@ async def test_the_fake_validates_an_access_review_as_the_api_server(fake: FakeA
             "/apis/authorization.k8s.io/v1/subjectaccessreviews", json=body, headers={"Authorization": ""}
         )
         assert anonymous.status_code == 401
-
-
-async def until(condition: Callable[[], bool], deadline_s: float = 5.0) -> None:
-    """Until `condition` holds (a poll with a deadline: the reviewer has no event to wait on)."""
-    async with asyncio.timeout(deadline_s):
-        while not condition():  # noqa: ASYNC110
-            await asyncio.sleep(0.005)
 
 
 async def test_a_picker_with_metrics_auth_reviews_its_readers(fake: FakeApiServer, kubeconfig: Path) -> None:

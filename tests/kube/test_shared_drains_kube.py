@@ -13,6 +13,7 @@ import pytest
 
 from loadtest import http_client
 from picker.app import PickerApp
+from picker.config.model import PickerConfig
 from picker.config.sources import load_config
 from picker.pool import EndpointConflict, EndpointState, Pool, UnknownEndpoint
 from picker.sources.drain_causes import OPERATOR, PRESTOP, CauseKind, rollback
@@ -145,23 +146,29 @@ async def test_an_api_outage_is_reported_not_hidden(
     assert replica.state(A) is EndpointState.READY  # nothing recorded, nothing applied
 
 
-async def test_two_picker_apps_share_admin_drains(fake: FakeApiServer, kubeconfig: Path) -> None:
-    """The wiring: `kube.drains_configmap` makes each PickerApp's admin API write the ConfigMap."""
-    fake.put_pod("vllm-0", "10.0.0.1")
-    fake.put_pod("vllm-1", "10.0.0.2")
-    fake.put_pool("vllm")
-    config = load_config(
+def apps_config(kubeconfig: Path, configmap: str = NAME, **more: object) -> PickerConfig:
+    """A PickerApp on pool `vllm` sharing its drains through `configmap`, on ports of its own."""
+    return load_config(
         overrides={
             "server": {"grpc_port": 0, "health_port": 0, "metrics_port": 0, "secure_serving": False},
             "kube": {
                 "pool_name": "vllm",
                 "kubeconfig": str(kubeconfig),
                 "backoff_initial_s": 0.02,
-                "drains_configmap": NAME,
+                "drains_configmap": configmap,
             },
             "load": {"scrape": False},
+            **more,
         }
     )
+
+
+async def test_two_picker_apps_share_admin_drains(fake: FakeApiServer, kubeconfig: Path) -> None:
+    """The wiring: `kube.drains_configmap` makes each PickerApp's admin API write the ConfigMap."""
+    fake.put_pod("vllm-0", "10.0.0.1")
+    fake.put_pod("vllm-1", "10.0.0.2")
+    fake.put_pool("vllm")
+    config = apps_config(kubeconfig)
     first, second = PickerApp(config), PickerApp(config)
     first_ports = await first.start()
     try:
