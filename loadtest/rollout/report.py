@@ -54,17 +54,25 @@ def verdict(run: SetupRun) -> str:
     )
 
 
+def side_by_side(
+    titles: Sequence[str], columns: Sequence[dict[str, str]], rows: Sequence[tuple[str, str]], min_cell: int
+) -> str:
+    """A legend naming each column (a), (b), ..., then one line per (key, label) with every
+    column's figure: the layout every side-by-side benchmark prints."""
+    heads = [f"({chr(ord('a') + i)})" for i in range(len(columns))]
+    width = max(len(key) for key, _ in rows) + 2
+    cell = max(min_cell, *(len(col[key]) + 2 for col in columns for key, _ in rows))
+    lines = [" " * width + "".join(h.ljust(cell) for h in heads)]
+    for key, label in rows:
+        lines.append(key.ljust(width) + "".join(col[key].ljust(cell) for col in columns) + f"  {label}")
+    legend = [f"  {h} {title}" for h, title in zip(heads, titles, strict=True)]
+    return "\n".join([*legend, "", *lines])
+
+
 def clients_table(runs: Sequence[SetupRun]) -> str:
     """One column per setup, one row per kind of outcome."""
     columns = [client_view(run.load) for run in runs]
-    heads = [f"({chr(ord('a') + i)})" for i in range(len(runs))]
-    width = max(len(label) for label, _ in _ROWS) + 2
-    cell = max(14, *(len(col[key]) + 2 for col in columns for key, _ in _ROWS))
-    lines = [" " * width + "".join(h.ljust(cell) for h in heads)]
-    for key, label in _ROWS:
-        lines.append(key.ljust(width) + "".join(col[key].ljust(cell) for col in columns) + f"  {label}")
-    legend = [f"  {h} {run.title}" for h, run in zip(heads, runs, strict=True)]
-    return "\n".join([*legend, "", *lines])
+    return side_by_side([run.title for run in runs], columns, _ROWS, 14)
 
 
 def drains_table(run: SetupRun) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loadtest.rollout.load import Outcome
+from loadtest.rollout.report import side_by_side
 from loadtest.scale_down.cluster import Deletion
 from loadtest.scale_down.run import TIME_SCALE, ArmRun
 
@@ -134,14 +135,7 @@ LABELS = (
 
 def table(runs: Sequence[ArmRun], interval_s: float, grace_s: float) -> str:
     columns = [rows(run, interval_s, grace_s) for run in runs]
-    heads = [f"({chr(ord('a') + i)})" for i in range(len(runs))]
-    width = max(len(key) for key, _ in LABELS) + 2
-    cell = max(16, *(len(col[key]) + 2 for col in columns for key, _ in LABELS))
-    lines = [" " * width + "".join(h.ljust(cell) for h in heads)]
-    for key, label in LABELS:
-        lines.append(key.ljust(width) + "".join(col[key].ljust(cell) for col in columns) + f"  {label}")
-    legend = [f"  {h} {run.title}" for h, run in zip(heads, runs, strict=True)]
-    return "\n".join([*legend, "", *lines])
+    return side_by_side([run.title for run in runs], columns, LABELS, 16)
 
 
 def deletions_detail(run: ArmRun, grace_s: float) -> str:
