@@ -109,6 +109,7 @@ class Outcome:
     modes: str = ""
     at_scrapes: dict[float, float] = field(default_factory=dict)  # the picker's histogram, le -> count
     served: list[float] = field(default_factory=list)  # requests each replica completed (its counter)
+    latency: str = ""  # affinity.latency at the end: engaged or not, and the spread auto judged by
 
 
 def plan(rate: float, seconds: float, seed: int) -> list[tuple[float, str, int]]:
@@ -226,15 +227,20 @@ async def data_planes(metrics_port: int) -> str:
     return ",".join(sorted(set(listed.get("data_planes", {}).values())))
 
 
-async def gaps_at_scrapes(metrics_port: int) -> dict[float, float]:
-    """The picker's own books-gap histogram (picker_books_gap_requests): le -> scrapes at or below."""
+async def gaps_at_scrapes(metrics_port: int) -> tuple[dict[float, float], str]:
+    """The picker's own books-gap histogram (picker_books_gap_requests): le -> scrapes at or below;
+    and whether its latency routing was engaged at the end, with the spread `auto` judged by."""
     async with httpx.AsyncClient(timeout=5) as client:
         text = (await client.get(f"http://127.0.0.1:{metrics_port}/metrics")).text
-    buckets = {}
+    buckets, latency = {}, {}
     for (name, labels), value in parse_metrics(text).items():
         if name == "picker_books_gap_requests_bucket":
             buckets[float(dict(labels)["le"])] = value
-    return buckets
+        elif name in ("picker_latency_engaged", "picker_latency_spread"):
+            latency[name] = value
+    engaged = "engaged" if latency.get("picker_latency_engaged") else "not engaged"
+    spread = latency.get("picker_latency_spread")
+    return buckets, f"{engaged}, {spread:.2f}x" if spread else engaged
 
 
 async def load(
@@ -254,7 +260,7 @@ async def load(
     outcome.served = [b - a for a, b in zip(before, await served(stack.replicas), strict=True)]
     if picker:
         outcome.modes = await data_planes(stack.metrics_port)
-        outcome.at_scrapes = await gaps_at_scrapes(stack.metrics_port)
+        outcome.at_scrapes, outcome.latency = await gaps_at_scrapes(stack.metrics_port)
     return outcome
 
 
@@ -334,7 +340,7 @@ def report(name: str, outcome: Outcome, baseline: tuple[float, float] | None) ->
     at = "-" if not total else f"{100 * scrapes.get(1.0, 0.0) / total:.1f} % of {total:.0f}"
     return (
         f"| {name} | {modes} | {p50:.0f} | {p90:.0f} | {tpot90:.1f} | {ratio} | {counts} | {shares} | {books}"
-        f" | {within} | {at} |"
+        f" | {within} | {at} | {outcome.latency or '-'} |"
     )
 
 
@@ -364,9 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "| row | ends seen by | TTFT p50 ms | TTFT p90 ms | TPOT p90 ms | TTFT / TPOT p90 vs the better Envoy"
         " | failed | share % fast/fast/half-speed/half-slots | books - engine p50 / p95 / max | within 1"
-        " | at the picker's scrapes, within 1 |"
+        " | at the picker's scrapes, within 1 | latency routing at the end |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     baseline: tuple[float, float] | None = None
     with tempfile.TemporaryDirectory(prefix="bench-shapes-") as tmp:
         for index, name in enumerate(names):  # a row may come twice (interleaved rounds)

@@ -76,6 +76,12 @@ class DecayedFit:
         if self.weight > _MEMORY:  # a busy replica's fit follows its last observations, not its first
             self._scale(_MEMORY / self.weight)
 
+    def mean(self, i: int, default: float) -> float:
+        """Feature `i`'s mean over the observations, weighted as the fit weighs them (the first
+        feature is the constant 1); `default` with none."""
+        total = self.xx[0][0]
+        return self.xx[0][i] / total if total > 1e-9 else default
+
     def _scale(self, factor: float) -> None:
         for row in self.xx:
             for j in range(self.size):

@@ -6,11 +6,14 @@ noisy neighbour) and costs a uniform pool prefix hits and a few microseconds a p
 `auto` the pick uses the predictions only while the pool measurably is not uniform:
 
 - the **spread** is the slowest measured replica's predicted time for the same request (the pool's
-  typical one: a thousand prefill tokens, the tokens a stream produces lately, four running beside
-  it) over the median replica's (the quicker's, with two: on bench_affinity's uniform pool of four,
-  the slowest over the quickest swung between 1.1 and 1.7); a replica counts once it has
+  typical one: the prefill tokens and the requests running beside it that the pool was measured at
+  lately, the tokens a stream produces lately) over the median replica's (the quicker's, with
+  two: on bench_affinity's uniform pool of four, the slowest over the quickest swung between 1.1
+  and 1.7); a replica counts once it has
   observations of its own on both figures (one that got no traffic lately has none: it tells nothing
-  either way);
+  either way). Compared where the pool runs, not at a fixed load: a fit is right where it was
+  measured, and a pool near its capacity is measured only there (13-16 running on bench_shapes:
+  compared at four, a replica twice as slow looked 1.24x);
 - engaged once the spread has stayed at or above `engage_ratio` for `engage_after_s`; released once
   it has stayed below `release_ratio` (lower) for `release_after_s` (longer: a pool that is not
   uniform costs more while the switch is off than a uniform one while it is on). Between the two
@@ -27,15 +30,16 @@ from dataclasses import dataclass
 from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
 
 MEASURED = 3.0  # a replica's own observations (decayed weight) before it counts, on each figure
-_PROBE_PREFILL = 1000.0  # prefill tokens of the typical request compared
-_PROBE_RUNNING = 4.0  # requests running beside it
+_PROBE_PREFILL = 1000.0  # prefill tokens of the typical request compared, before any observation
+_PROBE_RUNNING = 4.0  # requests running beside it, before any observation
 
 
 def spread(model: LatencyModel) -> float | None:
     """The slowest measured replica's predicted time for the typical request over the median
     replica's (the quicker's, with two); None with fewer than two measured."""
-    ttft_x = ttft_features(_PROBE_PREFILL, 0.0)
-    tpot_x = tpot_features(_PROBE_RUNNING)
+    pool = model.pool
+    ttft_x = ttft_features(pool.ttft.mean(1, _PROBE_PREFILL / 1000.0) * 1000.0, 0.0)
+    tpot_x = tpot_features(pool.tpot.mean(1, _PROBE_RUNNING))
     tokens = model.output_tokens
     times = [
         model.ttft(address, ttft_x) + model.tpot(address, tpot_x) * tokens

@@ -155,3 +155,20 @@ def test_a_pool_that_is_not_uniform_engages_after_a_while_then_releases(
     assert not placement.engaged and gauge(metrics) == 0.0
     switches = [r.getMessage() for r in caplog.records if "affinity.latency auto" in r.getMessage()]
     assert len(switches) == 2 and "engaged" in switches[0] and "released" in switches[1]
+
+
+def test_a_loaded_pool_is_compared_where_its_replicas_run() -> None:
+    """Replicas measured only with 13-16 requests running beside each (a pool near its capacity,
+    bench_shapes): two at 12 ms a token, one at 24. Each fit is right where it was measured, but its
+    intercept leans on the pool's prior and its slope makes up for it: compared at four running (an
+    extrapolation) the slow one looked 1.24x the median and auto never engaged. Compared at the
+    running the pool was measured at, it is twice as slow."""
+    model = LatencyModel()
+    for step in range(40):
+        now = step * 0.05
+        for address, tpot in ((A, 0.012), (B, 0.012), (C, 0.024)):
+            prefill = 300.0 + 100 * (step % 5)
+            model.learn_ttft(address, ttft_features(prefill, 0.0), 0.02 + prefill / 5e4, now)
+            model.learn_tpot(address, tpot_features(13 + step % 4), tpot, now, 60)
+        model.refresh(now)
+    assert spread(model) == pytest.approx(2.0, rel=0.15)
