@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
+from picker.scheduling.latency import DecayedFit, LatencyModel, tpot_features, ttft_features
 
 FAST, SLOW = "10.0.0.1:8000", "10.0.0.2:8000"
 
@@ -102,3 +102,31 @@ def test_a_model_not_routed_by_fits_at_refresh_not_at_every_observation() -> Non
     eager.refresh(0.4)
     assert lazy.replicas["a"].ttft_params == pytest.approx(eager.replicas["a"].ttft_params, rel=0.05)
     assert lazy.replicas["a"].tpot_params == pytest.approx(eager.replicas["a"].tpot_params, rel=0.05)
+
+
+def test_ageing_and_the_memory_cap_keep_the_fit_of_scaling_every_sum() -> None:
+    """The sums are aged and capped through one scale (picker/scheduling/latency.py `DecayedFit`):
+    the fit is the one that scales every sum at every observation, through a long silence (the scale
+    folded into the sums) and past the memory cap."""
+    fit = DecayedFit(2, 5.0)
+    plain_xx, plain_xy, plain_w, at = [[0.0, 0.0], [0.0, 0.0]], [0.0, 0.0], 0.0, 0.0
+    for k in range(120):
+        now = k * 0.1 if k < 60 else 300.0 + k * 0.1  # a 294 s silence: 59 half-lives
+        x, y = (1.0, float(1 + k % 5)), 0.01 + 0.002 * (k % 5)
+        factor = 0.5 ** ((now - at) / 5.0)
+        plain_xx = [[v * factor for v in row] for row in plain_xx]
+        plain_xy, plain_w, at = [v * factor for v in plain_xy], plain_w * factor, now
+        plain_xx = [[plain_xx[i][j] + x[i] * x[j] for j in range(2)] for i in range(2)]
+        plain_xy, plain_w = [plain_xy[i] + x[i] * y for i in range(2)], plain_w + 1.0
+        if plain_w > 30.0:
+            cap = 30.0 / plain_w
+            plain_xx = [[v * cap for v in row] for row in plain_xx]
+            plain_xy, plain_w = [v * cap for v in plain_xy], 30.0
+        fit.observe(x, y, now, None)
+        assert fit.weight == pytest.approx(plain_w)
+    ridge = 5.0
+    a = [[plain_xx[i][j] + (ridge if i == j else 0.0) for j in range(2)] for i in range(2)]
+    det = a[0][0] * a[1][1] - a[0][1] * a[1][0]
+    b = [plain_xy[0] + ridge * 0.02, plain_xy[1]]
+    expected = ((b[0] * a[1][1] - a[0][1] * b[1]) / det, (a[0][0] * b[1] - a[1][0] * b[0]) / det)
+    assert fit.solve((0.02, 0.0), at) == pytest.approx(expected)
