@@ -23,11 +23,8 @@ class Spans:
 
     low: float  # the lowest load score
     span: float  # the highest less the lowest
-    # the lowest predicted time to the last token among the rows in the running (0: no
-    # predictions): a slow replica the latency gap left out must not stretch the span the quick
-    # ones are told apart by
-    quickest: float
-    spread: float  # the slowest in the running less the quickest
+    quickest: float  # the lowest predicted time to the last token (0: no predictions)
+    spread: float  # the slowest less the quickest
     near: frozenset[int]  # id() of the rows within the load gap: only their cache earns a score
     load_limit: float = float("inf")  # the load gap's bound (requests): steering keeps within it
 
@@ -36,8 +33,8 @@ class Spans:
         cls, rows: Sequence[Row], near: Sequence[Row], predicted: bool, load_limit: float = float("inf")
     ) -> Spans:
         low, high = rows[0].cost, max(row.cost for row in rows)
-        quickest = min((row.latency_s or 0.0) for row in near) if predicted else 0.0
-        slowest = max((row.latency_s or 0.0) for row in near) if predicted else 0.0
+        quickest = min((row.latency_s or 0.0) for row in rows) if predicted else 0.0
+        slowest = max((row.latency_s or 0.0) for row in rows) if predicted else 0.0
         near_ids = frozenset(id(row) for row in near)
         return cls(low, high - low, quickest, slowest - quickest, near_ids, load_limit)
 

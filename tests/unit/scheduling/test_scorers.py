@@ -122,17 +122,3 @@ def test_a_pick_builds_each_row_once_and_the_choice_reads_only_rows(monkeypatch:
     assert choice.destinations[0] == choice.primary.address == "10.0.0.1:8000"  # the least loaded
     again = choose([choice.primary], 1, placement.policy)
     assert again.destinations == [choice.primary.address]
-
-
-def test_the_latency_score_spans_the_replicas_in_the_running_not_the_slow_one_left_out() -> None:
-    """bench_shapes' mixed pool: two quick replicas with 12 requests of their 16 slots, the quick one
-    with 8 slots full (one more waits 64 ms for a slot), and the half-speed one. The half-speed one is
-    out (beyond the latency gap), so the latency score must rank the three quick ones among
-    themselves: spanned up to the half-speed one's 1.1 s, the 64 ms wait scored 0.89 of the best and
-    the fewer requests of the small replica won (its queue set the TTFT tail: p90 163 ms against 110)."""
-    policy = AffinityPolicy.of(AffinityConfig(latency="on"))
-    slow = row("slow", cost=3.0, load=3.0, ttft_s=0.08, tpot_s=0.016, latency_s=1.1)
-    small = row("small", cost=8.0, load=8.0, ttft_s=0.124, tpot_s=0.008, latency_s=0.594)
-    quick = [row(name, cost=12.0, load=12.0, ttft_s=0.06, tpot_s=0.008, latency_s=0.53) for name in "ab"]
-    choice = choose([slow, small, *quick], 1, policy)
-    assert choice.destinations[0] in ("a", "b")
