@@ -49,15 +49,20 @@ from loadtest.stack import Stack, StackOptions, health_ok, parse_metrics
 from loadtest.traffic import percentile
 from picker.cli.envoyconf import envoy_binary, render, shape_template
 
-# (name, simulator arguments): fast = 12 ms a token, slow = twice that
-FAST = ("--ttft-ms", "20", "--itl-ms", "12", "--ttft-per-prompt-token-ms", "0.02")
-SLOW = ("--ttft-ms", "40", "--itl-ms", "24", "--ttft-per-prompt-token-ms", "0.04")
-POOL: tuple[tuple[str, ...], ...] = (
-    (*FAST, "--max-num-seqs", "16"),
-    (*FAST, "--max-num-seqs", "16"),
-    (*SLOW, "--max-num-seqs", "16"),
-    (*FAST, "--max-num-seqs", "8"),
-)
+
+def pool(itl_ms: float = 12.0) -> tuple[tuple[str, ...], ...]:
+    """The mixed pool's simulator arguments: fast replicas `itl_ms` a token, the slow one twice that."""
+    fast = ("--ttft-ms", "20", "--itl-ms", f"{itl_ms:g}", "--ttft-per-prompt-token-ms", "0.02")
+    slow = ("--ttft-ms", "40", "--itl-ms", f"{2 * itl_ms:g}", "--ttft-per-prompt-token-ms", "0.04")
+    return (
+        (*fast, "--max-num-seqs", "16"),
+        (*fast, "--max-num-seqs", "16"),
+        (*slow, "--max-num-seqs", "16"),
+        (*fast, "--max-num-seqs", "8"),
+    )
+
+
+POOL = pool()
 SIM_COMMON = ("--max-model-len", "16384", "--no-enable-prefix-caching")
 WORDS = ("alpha", "bravo", "delta", "gamma", "kilo", "lima", "oscar", "tango", "victor", "zulu")
 
@@ -265,13 +270,16 @@ async def load(
 
 
 def pool_options(
-    row: Row, picker_args: tuple[str, ...] = (), picker_env: dict[str, str] | None = None
+    row: Row,
+    picker_args: tuple[str, ...] = (),
+    picker_env: dict[str, str] | None = None,
+    replica_args: tuple[tuple[str, ...], ...] = POOL,
 ) -> StackOptions:
     return StackOptions(
         picker_env=picker_env,
-        replicas=len(POOL),
+        replicas=len(replica_args),
         sim_args=SIM_COMMON,
-        replica_args=POOL,
+        replica_args=replica_args,
         picker_args=("--log-level", "WARNING", *picker_args),
         shape=row.shape,
         envoy_picker_tls=row.shape == "shipped",
@@ -288,8 +296,9 @@ async def run_row(
     workdir: Path,
     picker_args: tuple[str, ...] = (),
     picker_env: dict[str, str] | None = None,
+    replica_args: tuple[tuple[str, ...], ...] = POOL,
 ) -> Outcome:
-    stack = Stack(workdir, pool_options(row, picker_args, picker_env))
+    stack = Stack(workdir, pool_options(row, picker_args, picker_env, replica_args))
     extra: Proc | None = None
     threads = ThreadPoolExecutor(max_workers=128)
     try:
@@ -352,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0, help="how long each row sends")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma list of: {', '.join(ROWS)}")
     parser.add_argument("--seed", type=int, default=45)
+    parser.add_argument(
+        "--itl-ms", type=float, default=12.0, help="the fast replicas' time per token (the slow one's twice)"
+    )
     parser.add_argument("--picker-args", default="", help="more arguments for the picker, space-separated")
     parser.add_argument(
         "--baseline",
@@ -366,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
     requests = plan(args.rate, args.seconds, args.seed)
     print(f"{len(requests)} requests over {args.seconds:.0f} s ({args.rate:.0f}/s)")
-    print("pool: 2 fast x 16 slots, 1 half as fast x 16, 1 fast x 8")
+    print(f"pool: 2 fast x 16 slots ({args.itl_ms:g} ms a token), 1 half as fast x 16, 1 fast x 8")
     print(
         "| row | ends seen by | TTFT p50 ms | TTFT p90 ms | TPOT p90 ms | TTFT / TPOT p90 vs the better Envoy"
         " | failed | share % fast/fast/half-speed/half-slots | books - engine p50 / p95 / max | within 1"
@@ -381,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
             extra = tuple(args.picker_args.split())
             shape, _, variant = name.partition("@")
             env = {k: v.replace("BASELINE", args.baseline) for k, v in VARIANTS[variant].items()} or None
-            outcome = asyncio.run(run_row(ROWS[shape], requests, args.seconds, folder, extra, env))
+            outcome = asyncio.run(
+                run_row(ROWS[shape], requests, args.seconds, folder, extra, env, pool(args.itl_ms))
+            )
             if not ROWS[shape].picker and not ROWS[shape].shim:  # Envoy alone: the better of them
                 ttft90, tpot90 = ttft_tpot_p90(outcome)
                 baseline = (ttft90, tpot90) if baseline is None else (
