@@ -64,20 +64,27 @@ def _run_serve(config: PickerConfig) -> None:
 def _run_workers(config: PickerConfig) -> int:
     """`picker serve --workers N`: the parent's exit code (picker/lifecycle/workers.py)."""
     import secrets
+    import tempfile
 
     from picker.config.model import ConfigError
-    from picker.lifecycle.workers import Workers, ports_problem, worker_configs
+    from picker.lifecycle.workers import Workers, ports_problem, worker_configs, write_endpoints_file
 
-    try:
-        configs = worker_configs(config, secrets.token_hex(32))  # this pod's peer credential
-    except ConfigError as exc:
-        print(f"picker: {exc}", file=sys.stderr)
-        return 2
-    problem = ports_problem(config, configs)
-    if problem is not None:
-        print(f"picker: {problem}", file=sys.stderr)
-        return 2
-    return Workers(configs).run()
+    with tempfile.TemporaryDirectory(prefix="picker-workers-") as directory:
+        try:
+            shared = (
+                write_endpoints_file(Path(directory), config.pool.endpoints)
+                if config.pool.endpoints
+                else None
+            )
+            configs = worker_configs(config, secrets.token_hex(32), shared)  # this pod's peer credential
+        except (ConfigError, OSError) as exc:
+            print(f"picker: {exc}", file=sys.stderr)
+            return 2
+        problem = ports_problem(config, configs)
+        if problem is not None:
+            print(f"picker: {problem}", file=sys.stderr)
+            return 2
+        return Workers(configs).run()
 
 
 def run_serve(config: PickerConfig, problem: str | None = None) -> None:

@@ -5,7 +5,10 @@ machinery (docs/benchmarks.md). Rather than a second kind of picker, the workers
 project already runs side by side (picker/peers/): each binds the ext_proc port with SO_REUSEPORT, so
 the kernel hands each new connection to one of them, and all are peers of one another on loopback,
 proving a credential the parent draws for this pod alone. So a request's end reaches the worker that
-routed it and every worker counts the others' requests and drains, exactly as between pods.
+routed it and every worker counts the others' requests and drains, exactly as between pods. Admin
+drains reach the other workers as they reach other pods, through a shared store: the endpoints
+file (static `pool.endpoints` are written to one for the workers to share) or, with a Kubernetes
+source, the drains ConfigMap, which is then required.
 
 Worker i (0-based) keeps the pod's ports where it must differ: the metrics and admin port is
 `server.metrics_port + i`, the peer port `peers.port + i` on 127.0.0.1; worker 0 alone answers
@@ -29,8 +32,10 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
+import yaml
 from pydantic import SecretStr
 
 from picker.config.model import ConfigError, PickerConfig, format_address
@@ -42,12 +47,14 @@ LOOPBACK = "127.0.0.1"
 WORKER_MODULE = "picker.cli.worker"  # `python -m picker.cli.worker`: one worker's entry point
 
 
-def worker_configs(config: PickerConfig, secret: str) -> list[PickerConfig]:
+def worker_configs(config: PickerConfig, secret: str, endpoints_file: Path | None) -> list[PickerConfig]:
     """Each worker's config: the pod's, with its own metrics and peer ports and the pod's peers.
 
+    `endpoints_file`: where the parent wrote static `pool.endpoints` (required then), which every
+    worker watches instead, so that an admin drain through one is applied by all (below).
     ConfigError naming the field when the pod's config cannot be split this way.
     """
-    count, peers = config.server.workers, config.peers
+    count, peers, kube = config.server.workers, config.peers, config.kube
     if peers.members or peers.service is not None:
         raise ConfigError(
             "server.workers > 1 makes a pod's workers peers of one another on loopback; "
@@ -57,6 +64,21 @@ def worker_configs(config: PickerConfig, secret: str) -> list[PickerConfig]:
         raise ConfigError("peers.port: with server.workers > 1, worker i serves its peers on peers.port + i")
     if peers.port + count - 1 > 65535 or config.server.metrics_port + count - 1 > 65535:
         raise ConfigError("server.workers: peers.port or server.metrics_port + workers passes 65535")
+    # The peer channel shares in-flight counts and drain records, not the admin API's drains: those
+    # reach other pickers through a shared store (picker/sources/drain_store.py), as between pods.
+    kube_source = any(
+        v is not None for v in (kube.service, kube.label_selector, kube.pool_name, kube.endpoint_selector)
+    )
+    if kube_source and kube.drains_configmap is None:
+        raise ConfigError(
+            "kube.drains_configmap: with server.workers > 1 an admin drain through one worker must "
+            "reach the others (--drains-configmap)"
+        )
+    pool = config.pool
+    if pool.endpoints:
+        if endpoints_file is None:
+            raise ConfigError("pool.endpoints: with server.workers > 1 they are served from a file")
+        pool = pool.model_copy(update={"endpoints": (), "endpoints_file": endpoints_file})
     members = tuple(format_address(LOOPBACK, peers.port + i) for i in range(count))
     out = []
     for i in range(count):
@@ -76,8 +98,16 @@ def worker_configs(config: PickerConfig, secret: str) -> list[PickerConfig]:
                 "allow_unauthenticated": False,
             }
         )
-        out.append(config.model_copy(update={"server": server, "peers": own}))
+        out.append(config.model_copy(update={"server": server, "peers": own, "pool": pool}))
     return out
+
+
+def write_endpoints_file(directory: Path, endpoints: tuple[str, ...]) -> Path:
+    """Static endpoints as an endpoints file (picker/sources/static_file.py) the workers share: the
+    admin API records a drain there, and each worker reads it within pool.endpoints_file_poll_s."""
+    path = directory / "endpoints.yaml"
+    path.write_text(yaml.safe_dump(list(endpoints), default_flow_style=False))
+    return path
 
 
 def ports_problem(config: PickerConfig, workers: list[PickerConfig]) -> str | None:
