@@ -154,17 +154,29 @@ class Workers:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._forward)
         for index, config in enumerate(self._configs):
+            if self._stopping:  # signalled while starting: start no more
+                break
             worker = self._start(index, config)
             self._live[worker.popen.pid] = worker
-            if self._stopping:  # signalled while starting: this one was not there to be told
-                worker.popen.send_signal(signal.SIGTERM)
         log.info("workers started count=%d pids=%s", len(self._live), ",".join(map(str, self._live)))
+        if self._stopping:  # the last one started after the signal was forwarded
+            self._signal(signal.SIGTERM)
         while self._live:
-            pid, status = os.wait()  # interrupted by a signal: its handler runs, then the wait resumes
+            try:
+                pid, status = os.wait()  # a signal's handler runs, then the wait resumes (PEP 475)
+            except ChildProcessError:  # cannot happen while workers are live: said, not looped on
+                log.error("workers lost pids=%s", ",".join(map(str, self._live)))
+                return 1
             worker = self._live.pop(pid, None)
             if worker is not None:
                 self._exited(worker, os.waitstatus_to_exitcode(status))
         return 1 if self._failed else 0
+
+    def _signal(self, sig: int) -> None:
+        """By PID (not Popen.send_signal, which polls and could reap a worker before os.wait sees it);
+        a live worker is not reaped yet, so its PID is still its own."""
+        for pid in self._live:
+            os.kill(pid, sig)
 
     def _start(self, index: int, config: PickerConfig) -> _Worker:
         popen = subprocess.Popen(
@@ -180,12 +192,13 @@ class Workers:
     def _forward(self, sig: int, _frame: FrameType | None) -> None:
         """SIGTERM or SIGINT to every worker (a second one skips each worker's drain to its end)."""
         self._stopping = True
-        for worker in self._live.values():
-            worker.popen.send_signal(sig)
+        self._signal(sig)
 
     def _exited(self, worker: _Worker, code: int) -> None:
         worker.popen.returncode = code  # reaped here, not by Popen
-        if self._stopping and code == 0:
+        # asked to stop: a clean exit, or SIGTERM's default action before the worker could handle it
+        # (still importing: it had nothing to drain)
+        if self._stopping and code in (0, -signal.SIGTERM):
             log.info("worker stopped index=%d pid=%d", worker.index, worker.popen.pid)
             return
         self._failed = True
@@ -198,5 +211,4 @@ class Workers:
         )
         if not self._stopping:
             self._stopping = True
-            for other in self._live.values():
-                other.popen.send_signal(signal.SIGTERM)
+            self._signal(signal.SIGTERM)
