@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -68,9 +69,10 @@ ROWS = (
 # --- the load: one client process --------------------------------------------------------------
 
 
-async def client(
-    port: int, connections: int, concurrency: int, start_at: float, seconds: float
-) -> dict[str, float]:
+async def client(port: int, connections: int, concurrency: int, seconds: float) -> dict[str, object]:
+    """Connect, send one request per connection (so the picker has seen each one's observer), say
+    `ready`, read the window's start (a monotonic time) from stdin, then run closed loops to its end;
+    what is counted is what ended inside the window."""
     import grpc
     from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
@@ -81,13 +83,15 @@ async def client(
     stubs = [ep_grpc.ExternalProcessorStub(channel) for channel in channels]
     metadata = (("x-picker-data-plane", "override-host"),)
     numbers = itertools.count(os.getpid() * 1_000_000)
-    end = start_at + seconds
     counts = {"done": 0, "errors": 0}
     failures: dict[str, None] = {}
 
     async def one(stub: ep_grpc.ExternalProcessorStub) -> None:
         number = next(numbers)
-        answers = [a async for a in stub.Process(_feed(routing_messages(number)), metadata=metadata)]
+        try:
+            answers = [a async for a in stub.Process(_feed(routing_messages(number)), metadata=metadata)]
+        except grpc.aio.AioRpcError as exc:
+            raise RuntimeError(f"routing: {exc.details()}") from exc
         request_id, served = _routed(answers[-1])
         messages = observer_messages(request_id, served, number)
         sent = [0]
@@ -104,28 +108,40 @@ async def client(
             # the picker ends the observer's RPC at the stream's end; the client's half-close may
             # then find it finished (Envoy's does not mind): every message was delivered
             if sent[0] < len(messages):
-                raise
+                raise RuntimeError(f"observer after {sent[0]} of {len(messages)}") from None
+
+    for channel, stub in zip(channels, stubs, strict=True):
+        await channel.channel_ready()
+        with contextlib.suppress(grpc.aio.AioRpcError, RuntimeError):
+            await one(stub)  # before its first observer, a connection's routing stream stays open
+    print("ready", flush=True)
+    start_at = float(await asyncio.to_thread(sys.stdin.readline))
+    end = start_at + seconds
+    cpu: list[float] = []
 
     async def loop(index: int) -> None:
         stub = stubs[index % connections]
         while time.monotonic() < end:
             try:
                 await one(stub)
-            except (grpc.aio.AioRpcError, KeyError, IndexError) as exc:
-                counts["errors"] += 1
-                failures.setdefault(repr(exc)[:300], None)
+            except (grpc.aio.AioRpcError, KeyError, IndexError, RuntimeError) as exc:
+                if start_at <= time.monotonic() < end:
+                    counts["errors"] += 1
+                    failures.setdefault(repr(exc)[:300], None)
                 continue
-            if time.monotonic() >= start_at:
+            if start_at <= time.monotonic() < end:
                 counts["done"] += 1
 
-    for channel in channels:
-        await channel.channel_ready()
-    before = time.process_time()
-    await asyncio.gather(*(loop(i) for i in range(concurrency)))
-    cpu = time.process_time() - before
+    async def window() -> None:
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        cpu.append(time.process_time())
+        await asyncio.sleep(max(0.0, end - time.monotonic()))
+        cpu.append(time.process_time())
+
+    await asyncio.gather(window(), *(loop(i) for i in range(concurrency)))
     for channel in channels:
         await channel.close()
-    return {**counts, "cpu": cpu, "failures": list(failures)[:3]}
+    return {**counts, "cpu": cpu[1] - cpu[0], "failures": list(failures)[:3]}
 
 
 def client_main(args: argparse.Namespace) -> None:
@@ -133,7 +149,7 @@ def client_main(args: argparse.Namespace) -> None:
         os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})  # before gRPC starts threads
     import uvloop
 
-    result = uvloop.run(client(args.port, args.connections, args.concurrency, args.start_at, args.seconds))
+    result = uvloop.run(client(args.port, args.connections, args.concurrency, args.seconds))
     print(json.dumps(result), flush=True)
 
 
@@ -231,13 +247,21 @@ def run_row(row: Row, args: argparse.Namespace, workdir: Path) -> Result:
         for pid, cpu in zip(pids, row.worker_cpus, strict=True):
             pin(pid, cpu)
         metrics_ports = [metrics + i for i in range(row.workers)]
-        start_at = time.monotonic() + args.warmup
         for _ in range(args.clients):
             argv = [sys.executable, "-m", "loadtest.bench_workers", "--client", "--port", str(grpc_port)]
             argv += ["--connections", str(args.connections), "--concurrency", str(args.concurrency)]
-            argv += ["--start-at", repr(start_at), "--seconds", str(args.seconds)]
+            argv += ["--seconds", str(args.seconds)]
             argv += ["--cpus", ",".join(map(str, row.client_cpus))] if row.client_cpus else []
-            clients.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
+            clients.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for c in clients:
+            assert c.stdout is not None and c.stdin is not None
+            if c.stdout.readline().strip() != "ready":  # blocks until connected and primed
+                raise RuntimeError(f"a load process failed to start ({c.wait(10)})")
+        start_at = time.monotonic() + args.warmup
+        for c in clients:
+            assert c.stdin is not None
+            c.stdin.write(f"{start_at!r}\n")
+            c.stdin.close()
         time.sleep(max(0.0, start_at - time.monotonic()))  # the window's start: a measurement point
         for pid, cpu in zip(pids, row.worker_cpus, strict=True):
             pin(pid, cpu)  # threads gRPC started under load
@@ -251,7 +275,9 @@ def run_row(row: Row, args: argparse.Namespace, workdir: Path) -> Result:
         time.sleep(max(0.0, start_at + args.seconds - time.monotonic()))
         cpu = sum(cpu_seconds(pid) for pid in pids) - cpu_before
         picks = [p - b for (_, _, p), b in zip(books(metrics_ports), picks_before, strict=True)]
-        reports = [json.loads(c.communicate(timeout=60)[0]) for c in clients]
+        reports = [json.loads(c.stdout.read()) for c in clients if c.stdout is not None]
+        for c in clients:
+            c.wait(30)
         done = sum(r["done"] for r in reports)
         try:
             wait_until(lambda: _in_flight(metrics_ports) == 0, 10, what="books at rest")
@@ -272,7 +298,10 @@ def run_row(row: Row, args: argparse.Namespace, workdir: Path) -> Result:
         result.at_rest = _in_flight(metrics_ports)
         errors = sum(r["errors"] for r in reports)
         if errors:
-            print(f"  {row.name}: {errors} requests failed: {reports[0]['failures']}", flush=True)
+            print(
+                f"  {row.name}: {errors} requests failed: {sorted({f for r in reports for f in r['failures']})}",  # noqa: E501
+                flush=True,
+            )
         return result
     finally:
         for c in clients:
@@ -319,7 +348,6 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=24, help="closed loops per load process")
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
