@@ -6,11 +6,13 @@ share the load only as far as Envoy's connections to the picker cluster do. Envo
 stream on it, so an Envoy with --concurrency 1 feeds one picker worker, and with --concurrency 2 both
 only when the kernel's hash puts the two connections on different workers. The cluster's own
 `http2_protocol_options.max_concurrent_streams` caps the streams per connection: Envoy's pool then
-opens another connection once a connection is full, and the hash spreads those.
+opens another connection once a connection is full, and the hash spreads those. Or
+`common_http_protocol_options.max_requests_per_connection` retires a connection after so many
+streams: its successor is hashed anew, so over time the streams spread (a handshake each time).
 
 Configs, each a fresh stack (3 simulated replicas, the shipped Envoy config in plaintext, the pod):
 Envoy --concurrency 1 and 2 as shipped, and --concurrency 2 with the picker cluster capped at
---cap streams a connection. Per config: the pod's connections per worker (sampled mid-load, EDS's
+--cap streams a connection, or retiring each connection after --recycle streams. Per config: the pod's connections per worker (sampled mid-load, EDS's
 included) and each worker's share of the picks, under --concurrency closed-loop streaming clients.
 Bounded: --requests each, about 1 minute in all. Run: `python -m loadtest.bench_workers_envoy`.
 """
@@ -23,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from loadtest.bench_workers import books, connections_of, worker_pids
-from loadtest.procs import Proc, free_port, port_open
+from loadtest.procs import Proc, free_port, port_open, wait_until
 from loadtest.stack import Stack, StackOptions, health_ok
 from loadtest.traffic import run_closed_loop
 from picker.cli.envoyconf import envoy_binary, render, shape_template
@@ -34,14 +36,17 @@ SHIPPED_HTTP2 = "explicit_http_config: {http2_protocol_options: {}}"
 class CappedStack(Stack):
     """The shipped Envoy config, the picker cluster's streams per connection capped (0: as shipped)."""
 
-    def __init__(self, workdir: Path, options: StackOptions, cap: int) -> None:
+    def __init__(self, workdir: Path, options: StackOptions, cap: int, recycle: int = 0) -> None:
         super().__init__(workdir, options)
-        self.cap = cap
+        self.cap, self.recycle = cap, recycle
 
     def start_envoy(self) -> None:
         text = render(self.envoy_params(), shape_template(self.options.shape))
+        assert text.count(SHIPPED_HTTP2) == 1  # the picker cluster's (the pool's is HTTP/1)
+        if self.recycle:
+            common = f"common_http_protocol_options: {{max_requests_per_connection: {self.recycle}}}"
+            text = text.replace(SHIPPED_HTTP2, f"{common}\n        {SHIPPED_HTTP2}")
         if self.cap:
-            assert text.count(SHIPPED_HTTP2) == 1  # the picker cluster's (the pool's is HTTP/1)
             capped = (
                 f"explicit_http_config: {{http2_protocol_options: {{max_concurrent_streams: {self.cap}}}}}"
             )
@@ -56,7 +61,7 @@ class CappedStack(Stack):
         )
 
 
-async def one(envoy_concurrency: int, cap: int, args: argparse.Namespace, workdir: Path) -> str:
+async def one(envoy_concurrency: int, cap: int, recycle: int, args: argparse.Namespace, workdir: Path) -> str:
     metrics, peers = free_port(paired=1), free_port(paired=1)
     pod = (
         "--workers",
@@ -69,10 +74,12 @@ async def one(envoy_concurrency: int, cap: int, args: argparse.Namespace, workdi
         "WARNING",
     )
     options = StackOptions(envoy_picker_tls=False, envoy_concurrency=envoy_concurrency, picker_args=pod)
-    stack = CappedStack(workdir, options, cap).start()
+    stack = CappedStack(workdir, options, cap, recycle).start()
     try:
-        assert stack.picker is not None
-        pids = worker_pids(stack.picker, 2)
+        picker = stack.picker
+        assert picker is not None
+        wait_until(lambda: picker.log_text().count("picker ready") == 2, 30, what="both workers")
+        pids = worker_pids(picker, 2)
         ports = [metrics, metrics + 1]
         before = [picks for _, _, picks in books(ports)]
         load = asyncio.create_task(
@@ -89,18 +96,18 @@ async def one(envoy_concurrency: int, cap: int, args: argparse.Namespace, workdi
         stack.stop()
     total = max(sum(picks), 1)
     shares = "/".join(f"{p / total:.0%}" for p in picks)
-    name = f"envoy --concurrency {envoy_concurrency}, " + (
-        f"{cap} streams a connection" if cap else "as shipped"
-    )
-    return f"{name:<48} connections {connections[0]}/{connections[1]}   picks {shares}   failed {failed}"
+    shape = f"{cap} streams a connection" if cap else f"a connection per {recycle} streams" if recycle else ""
+    name = f"envoy --concurrency {envoy_concurrency}, {shape or 'as shipped'}"
+    return f"{name:<52} connections {connections[0]}/{connections[1]}   picks {shares}   failed {failed}"
 
 
 async def run(args: argparse.Namespace) -> None:
     lines = []
     with tempfile.TemporaryDirectory(prefix="bench-workers-envoy-") as tmp:
-        for index, (concurrency, cap) in enumerate(((1, 0), (2, 0), (2, args.cap))):
+        configs = ((1, 0, 0), (2, 0, 0), (2, args.cap, 0), (2, 0, args.recycle))
+        for index, (concurrency, cap, recycle) in enumerate(configs):
             workdir = Path(tmp) / str(index)
-            line = await one(concurrency, cap, args, workdir)
+            line = await one(concurrency, cap, recycle, args, workdir)
             print(" ", line, flush=True)
             lines.append(line)
     print("\nconnections and picks per worker (worker 0 / worker 1):")
@@ -114,6 +121,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300, help="per config")
     parser.add_argument("--concurrency", type=int, default=24, help="closed-loop streaming clients")
     parser.add_argument("--cap", type=int, default=4, help="streams a connection in the capped config")
+    parser.add_argument(
+        "--recycle", type=int, default=50, help="streams a connection carries, then a new one"
+    )
     parser.add_argument("--sample-after", type=float, default=2.0, help="seconds into the load")
     args = parser.parse_args()
     if not 1 <= args.requests <= 2000:
