@@ -12,8 +12,9 @@ streams: its successor is hashed anew, so over time the streams spread (a handsh
 
 Configs, each a fresh stack (3 simulated replicas, the shipped Envoy config in plaintext, the pod):
 Envoy --concurrency 1 and 2 as shipped, and --concurrency 2 with the picker cluster capped at
---cap streams a connection, or retiring each connection after --recycle streams. Per config: the pod's connections per worker (sampled mid-load, EDS's
-included) and each worker's share of the picks, under --concurrency closed-loop streaming clients.
+--cap streams a connection, or retiring each connection after --recycle streams. Per config: the
+pod's connections per worker (sampled mid-load, EDS's included) and each worker's share of the
+picks, under --concurrency closed-loop streaming clients.
 Bounded: --requests each, about 1 minute in all. Run: `python -m loadtest.bench_workers_envoy`.
 """
 
