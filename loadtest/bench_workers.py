@@ -21,7 +21,7 @@ THIS MACHINE: 2 cores, shared by the load generator, which costs about as much C
 the picker (Python gRPC on both sides). So the 2-worker row on two cores shares them with the load
 and cannot show a pod's ceiling where cores are spare; the 1-worker row's ceiling is the picker's
 only while its core is saturated (the CPU share column says whether it was). On a box with spare
-cores, pin the load elsewhere (--client-cpus) and each worker to its own core.
+cores, pin the load elsewhere (`--client-cpus 2,3`); the workers stay on CPUs 0 and 1.
 Bounded: --rounds x 3 rows x (start + --warmup + --seconds + stop), about 2 minutes by default.
 Run: `python -m loadtest.bench_workers [--rounds 2 --seconds 8]`.
 """
@@ -251,7 +251,8 @@ def run_row(row: Row, args: argparse.Namespace, workdir: Path) -> Result:
             argv = [sys.executable, "-m", "loadtest.bench_workers", "--client", "--port", str(grpc_port)]
             argv += ["--connections", str(args.connections), "--concurrency", str(args.concurrency)]
             argv += ["--seconds", str(args.seconds)]
-            argv += ["--cpus", ",".join(map(str, row.client_cpus))] if row.client_cpus else []
+            cpus = args.client_cpus or (",".join(map(str, row.client_cpus)) if row.client_cpus else "")
+            argv += ["--cpus", cpus] if cpus else []
             clients.append(subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         for c in clients:
             assert c.stdout is not None and c.stdin is not None
@@ -346,6 +347,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2, help="load processes")
     parser.add_argument("--connections", type=int, default=8, help="gRPC connections per load process")
     parser.add_argument("--concurrency", type=int, default=24, help="closed loops per load process")
+    parser.add_argument(
+        "--client-cpus", help="pin the load here in every row, e.g. 2,3 (default: CPU 1, or unpinned)"
+    )
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cpus", help=argparse.SUPPRESS)
