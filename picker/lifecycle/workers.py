@@ -5,7 +5,7 @@ machinery (docs/benchmarks.md). Rather than a second kind of picker, the workers
 project already runs side by side (picker/peers/): each binds the ext_proc port with SO_REUSEPORT, so
 the kernel hands each new connection to one of them, and all are peers of one another on loopback,
 proving a credential the parent draws for this pod alone. So a request's end reaches the worker that
-routed it and every worker counts the others' requests and drains, exactly as between pods. Admin
+routed it and every worker counts the others' requests and drain records, as between pods. Admin
 drains reach the other workers as they reach other pods, through a shared store: the endpoints
 file (static `pool.endpoints` are written to one for the workers to share) or, with a Kubernetes
 source, the drains ConfigMap, which is then required.
@@ -15,7 +15,7 @@ Worker i (0-based) keeps the pod's ports where it must differ: the metrics and a
 the gRPC health port (the others' is any free port), since the workers are ready, stop and die as
 one: the parent forwards SIGTERM and SIGINT to every worker (each drains by the shutdown contract),
 and a worker that exits unasked is logged and the others are stopped the same way, the parent then
-exiting non-zero so that Kubernetes restarts the pod. Nothing is restarted here, silently or not.
+exiting non-zero so that Kubernetes restarts the container. Nothing is restarted here, silently or not.
 
 The parent imports no gRPC and serves nothing; it waits on its children (os.wait), so it also reaps
 them as a container's PID 1 must. A worker's config, credential included, goes down its stdin as a
