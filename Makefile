@@ -85,6 +85,8 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_ha
 	$(BIN)/python -m loadtest.bench_peers
 	$(BIN)/python -m loadtest.bench_peer_flood
+	$(BIN)/python -m loadtest.bench_workers
+	$(BIN)/python -m loadtest.bench_workers_envoy
 	$(BIN)/python -m loadtest.bench_rollout --instructions
 	$(BIN)/python -m loadtest.bench_shapes
 	$(BIN)/python -m loadtest.bench_slo

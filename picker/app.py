@@ -103,7 +103,11 @@ class PickerApp:
             self.health.holds.add("standby")  # until the first campaign step says otherwise
             self.metrics.set_leader(False)
         self._grpc, grpc_port = ext_proc_server(
-            self.service, self.access_log, format_address(bind, server.grpc_port), credentials
+            self.service,
+            self.access_log,
+            format_address(bind, server.grpc_port),
+            credentials,
+            reuse_port=server.workers > 1,  # a pod's workers (picker/lifecycle/workers.py)
         )
         self._health, health_port = health_server(self.health, format_address(bind, server.health_port))
         if self.config.eds.enabled:

@@ -226,7 +226,7 @@ class Core:
         self.metrics.register_rejections("peer_connections", lambda: inbox.connections_refused)
         drains = self.peer_drains = PoolDrains(peering, self.config.peers.credential())
         self.metrics.register_rejections("peer_drain_answers", lambda: drains.rejected)
-        port = await inbox.listen(self.config.server.bind_address, peers.port)
+        port = await inbox.listen(peers.bind_address or self.config.server.bind_address, peers.port)
         self.peer_inbox = inbox
         self.path.catch_up = inbox.catch_up
         log.info("peers name=%s members=%s port=%d", peering.name, ",".join(peering.peers), port)

@@ -54,14 +54,48 @@ def _configure_logging(config: PickerConfig) -> None:
 
 
 def _run_serve(config: PickerConfig) -> None:
+    if config.server.workers > 1:
+        raise SystemExit(_run_workers(config))
+    from picker.lifecycle.startup import cannot_listen
+
+    run_serve(config, cannot_listen(config))
+
+
+def _run_workers(config: PickerConfig) -> int:
+    """`picker serve --workers N`: the parent's exit code (picker/lifecycle/workers.py)."""
+    import secrets
+    import tempfile
+
+    from picker.config.model import ConfigError
+    from picker.lifecycle.workers import Workers, ports_problem, worker_configs, write_endpoints_file
+
+    with tempfile.TemporaryDirectory(prefix="picker-workers-") as directory:
+        try:
+            shared = (
+                write_endpoints_file(Path(directory), config.pool.endpoints)
+                if config.pool.endpoints
+                else None
+            )
+            configs = worker_configs(config, secrets.token_hex(32), shared)  # this pod's peer credential
+        except (ConfigError, OSError) as exc:
+            print(f"picker: {exc}", file=sys.stderr)
+            return 2
+        problem = ports_problem(config, configs)
+        if problem is not None:
+            print(f"picker: {problem}", file=sys.stderr)
+            return 2
+        return Workers(configs).run()
+
+
+def run_serve(config: PickerConfig, problem: str | None = None) -> None:
+    """Serve until signalled, or exit 2 with `problem` (found before starting) or a start-up one."""
     import asyncio
 
     import uvloop
 
     from picker.config.model import ConfigError
-    from picker.lifecycle.startup import cannot_listen, serve_or_reason
+    from picker.lifecycle.startup import serve_or_reason
 
-    problem = cannot_listen(config)
     if problem is None:
         try:
             if os.environ.get("PICKER_EVENT_LOOP") == "asyncio":  # for comparisons in benchmarks
@@ -164,7 +198,7 @@ _PROXY_FLAGS: dict[str, tuple[str, ...]] = {
 _SERVE_ONLY = (
     "--grpc-port", "--health-port", "--secure-serving", "--cert-path", "--fallbacks", "--response-end",
     "--grpc-health-port", "--ha-enable-leader-election", "--leader-lease-duration", "--leader-renew-deadline",
-    "--leader-retry-period",
+    "--leader-retry-period", "--workers",
 )  # fmt: skip
 _serve_only: dict[str, str] = {}  # their dests on the proxy's parser -> flag
 
@@ -190,6 +224,9 @@ def _run_proxy(args: argparse.Namespace) -> None:
         print(f"picker proxy: {', '.join(given)}: picker serve's, not picker proxy's", file=sys.stderr)
         raise SystemExit(2)
     config = _load(args, _PROXY_FLAGS)
+    if config.server.workers > 1:
+        print("picker proxy: server.workers is picker serve's, not picker proxy's", file=sys.stderr)
+        raise SystemExit(2)
     _configure_logging(config)
     import asyncio
 

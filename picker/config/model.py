@@ -81,6 +81,15 @@ class ServerConfig(_Group):
         None, description="directory with tls.crt and tls.key, reloaded on change; default: self-signed"
     )
     cert_poll_s: float = Field(1.0, gt=0, description="how often cert_path is checked for a new pair")
+    # One Python process tops out near one core (grpc.aio's own machinery is most of a pick's CPU).
+    # More than 1: `picker serve` starts this many worker processes sharing grpc_port (SO_REUSEPORT)
+    # and one set of books as peers on loopback (picker/lifecycle/workers.py); 1 is one process.
+    workers: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="picker processes in this pod, sharing grpc_port and one set of books (docs)",
+    )
 
     @model_validator(mode="after")
     def _tls_consistent(self) -> ServerConfig:
@@ -668,6 +677,9 @@ class PeersConfig(_Group):
     )
     resolve_interval_s: float = Field(5.0, gt=0, description="with service: how often it is re-resolved")
     port: int = Field(9004, ge=0, le=65535, description="where this picker serves its peers (plaintext)")
+    bind_address: str | None = Field(
+        None, description="where the peer port listens; default server.bind_address (workers: loopback)"
+    )
     advertise: str | None = Field(
         None, description="this picker's own address in members; default $POD_IP (else bind_address):port"
     )
@@ -931,4 +943,11 @@ class PickerConfig(BaseModel):
         ]
         if len(chosen) > 1:
             raise ValueError(f"choose one endpoint source: {', '.join(chosen)} are all set")
+        return self
+
+    @model_validator(mode="after")
+    def _workers_alone(self) -> PickerConfig:
+        # every worker would campaign under the pod's one identity
+        if self.server.workers > 1 and self.leader.enabled:
+            raise ValueError("server.workers > 1 and leader.enabled: a pod's workers are active-active")
         return self

@@ -33,6 +33,7 @@ SERVE_FLAGS: dict[str, tuple[str, ...]] = {
     "metrics_port": ("server", "metrics_port"),
     "secure_serving": ("server", "secure_serving"),
     "cert_path": ("server", "cert_path"),
+    "workers": ("server", "workers"),
     "fallback_count": ("scheduling", "fallback_count"),
     "fallbacks": ("scheduling", "fallbacks"),
     "route_by_model": ("scheduling", "by_model"),
@@ -172,6 +173,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cert-path", type=Path, help="dir with tls.crt + tls.key, reloaded on change (default: self-signed)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="picker processes sharing the ext_proc port and one set of books (default 1; docs)",
     )
     parser.add_argument("--fallback-count", type=int, help="endpoints listed after the primary (default 2)")
     parser.add_argument(

@@ -58,15 +58,19 @@ def ext_proc_server(
     access_log: AccessLogService,
     address: str,
     credentials: grpc.ServerCredentials | None = None,
+    reuse_port: bool = False,
 ) -> tuple[grpc.aio.Server, int]:
     """ext_proc and the access-log service share the port Envoy's `picker` cluster points at.
 
     `credentials`: TLS (picker/extproc/tls.py), or None for plaintext (--secure-serving=false).
+    `reuse_port`: only for a pod's workers (server.workers > 1), which share the port on purpose and
+    whose parent checked first that nothing else holds it. Otherwise off, as gRPC's default is not:
+    a second picker started on the same port must be refused, not silently handed half the streams.
     """
     limit = service.grpc_message_limit  # a BUFFERED body arrives in one message: 4 MiB is too small
     server = grpc.aio.server(
         options=[
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
         ]

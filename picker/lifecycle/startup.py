@@ -28,24 +28,32 @@ def cannot_listen(config: PickerConfig) -> str | None:
         if port and port in taken:
             return f"server.{name}: port {port} is also server.{taken[port]}"
         taken[port] = name
+        problem = bind_problem(bind, port, f"server.{name}", "server.bind_address")
+        if problem is not None:
+            return problem
+    return None
+
+
+def bind_problem(bind: str, port: int, field: str, address_field: str) -> str | None:
+    """Why `port` on `bind` cannot be listened on, naming `field` (or `address_field`), or None."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        return f"{address_field}: {bind!r} is not an address to listen on ({exc})"
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            family, kind, proto, _, address = socket.getaddrinfo(
-                bind, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-            )[0]
-        except (socket.gaierror, UnicodeError) as exc:
-            return f"server.bind_address: {bind!r} is not an address to listen on ({exc})"
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(address)
-            except OSError as exc:
-                if exc.errno == errno.EADDRINUSE:
-                    return f"server.{name}: port {port} is in use"
-                if exc.errno == errno.EADDRNOTAVAIL:
-                    return f"server.bind_address: {bind} is not an address of this host"
-                if exc.errno == errno.EACCES:
-                    return f"server.{name}: no permission to listen on port {port}"
-                return f"server.{name}: cannot listen on {bind} port {port}: {exc.strerror}"
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                return f"{field}: port {port} is in use"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                return f"{address_field}: {bind} is not an address of this host"
+            if exc.errno == errno.EACCES:
+                return f"{field}: no permission to listen on port {port}"
+            return f"{field}: cannot listen on {bind} port {port}: {exc.strerror}"
     return None
 
 
