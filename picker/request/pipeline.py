@@ -96,6 +96,7 @@ class RequestPath(ResponseSide):
         self._metrics = metrics
         self._fallback_count = fallback_count
         self._policy = load_policy or LoadPolicy(use_metrics=False)
+        self._engaged_policy = self._policy.engaged()  # auto, while its predictions are engaged
         self._reject_without_endpoints = reject_without_endpoints
         self._clock = clock
         self._rng = rng or random.Random()
@@ -237,7 +238,8 @@ class RequestPath(ResponseSide):
             )
             if never is not None and not self.flow.closed:
                 return self.flow.refuse(record, never)
-        if not self.flow.closed and (shed := self.placement.shed(record, self._pool, self._policy, now)):
+        policy = self._live_policy()
+        if not self.flow.closed and (shed := self.placement.shed(record, self._pool, policy, now)):
             return self.flow.refuse(record, shed)
         objective = slo.ttft_s if slo is not None else None
         ticket = self.flow.submit(
@@ -409,12 +411,21 @@ class RequestPath(ResponseSide):
         stream showed)."""
         self._metrics.count_resume(reason)
 
+    def _live_policy(self) -> LoadPolicy:
+        """The load policy new requests are placed by: under `auto` while its predictions are
+        engaged, with a bound on the engines' queues (picker/scheduling/load.py `engaged`), unless
+        some data plane hides its responses' ends (the books would then free slots a scrape late
+        and hold requests back)."""
+        if self.placement.engaged and not self.data_planes.blind():
+            return self._engaged_policy
+        return self._policy
+
     def _try_dispatch(self, record: RequestRecord) -> bool:
         started = self._clock()
         started_ns = time.time_ns() if record.trace is not None else 0
         candidates = self._candidates(record)
         count = 1 + (self._fallback_count if record.fallbacks else 0)
-        policy = self._policy
+        policy = self._live_policy()
         if without_metrics(candidates, policy):
             policy = self._blind_policy  # no candidate has load data: pick by in-flight counts
             self._metrics.count_pick_without_metrics()

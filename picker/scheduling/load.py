@@ -9,7 +9,7 @@ any moment, not only at scrape time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from picker.config.model import AffinityConfig, LoadConfig
@@ -55,11 +55,13 @@ class LoadPolicy:
     weight_load: float = 1.0  # per request the engine holds
     weight_waiting: float = 2.0  # extra per request queued on the engine
     weight_kv: float = 10.0  # per full KV cache
+    # affinity.latency auto: `engine_queue` while the predictions are engaged (`engaged`)
+    engaged_queue: float | None = None
 
     @classmethod
     def of(cls, load: LoadConfig, affinity: AffinityConfig) -> LoadPolicy:
         """From the configuration: `load.*`, and with `affinity.latency: on` its engine queue bound (with
-        `auto`, the request path applies it while the predictions are engaged)."""
+        `auto`, the request path applies it while the predictions are engaged: `engaged`)."""
         return cls(
             use_metrics=load.scrape,
             staleness_s=load.staleness_s,
@@ -70,7 +72,17 @@ class LoadPolicy:
             weight_load=load.weight_load,
             weight_waiting=load.weight_waiting,
             weight_kv=load.weight_kv,
+            engaged_queue=affinity.latency_engine_queue if affinity.latency == "auto" else None,
         )
+
+    def engaged(self) -> LoadPolicy:
+        """The policy while `auto`'s predictions are engaged: `on`'s engine queue bound, so that a
+        request waits in the picker and goes to the first slot that frees anywhere (one queue for the
+        pool), not to one engine's queue. Measured on bench_shapes' mixed pool at 55 req/s: TTFT p90
+        x0.64 of Envoy least request's with it, x0.97 queued on the engines."""
+        if self.engaged_queue is None:
+            return self
+        return replace(self, engine_queue=self.engaged_queue, engaged_queue=None)
 
 
 def counted(view: LoadView) -> float:

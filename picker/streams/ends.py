@@ -38,6 +38,7 @@ class DataPlanes:
     def __init__(self, kept: int = _KEPT) -> None:
         self._modes: OrderedDict[str, Ends] = OrderedDict()
         self._kept = kept
+        self._blind = 0  # connections whose mode is ENGINE (`blind` is asked at every pick)
 
     def note(self, connection: str | None, mode: Ends) -> bool:
         """Record what a connection showed; True when that is news (a first sight or a change)."""
@@ -46,10 +47,12 @@ class DataPlanes:
         before = self._modes.get(connection)
         if before is mode:
             return False
+        self._blind += (mode is Ends.ENGINE) - (before is Ends.ENGINE)
         self._modes[connection] = mode
         self._modes.move_to_end(connection)
         while len(self._modes) > self._kept:
-            self._modes.popitem(last=False)
+            _, dropped = self._modes.popitem(last=False)
+            self._blind -= dropped is Ends.ENGINE
         return True
 
     def mode(self, connection: str | None) -> Ends | None:
@@ -57,7 +60,7 @@ class DataPlanes:
 
     def blind(self) -> bool:
         """Whether some connection hides its responses' ends."""
-        return Ends.ENGINE in self._modes.values()
+        return self._blind > 0
 
     def counts(self) -> Counter[Ends]:
         return Counter(self._modes.values())

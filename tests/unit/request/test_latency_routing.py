@@ -234,3 +234,49 @@ async def test_a_request_waiting_for_a_busy_replica_holds_nobody_behind_it() -> 
     path.finish(first.payload, EndReason.COMPLETED)
     assert second.done and second.payload.picked[0] == FAST
     assert b"picker_latency_waits_total 1.0" in path._metrics.exposition()  # once, though tried twice
+
+
+async def test_auto_while_engaged_waits_in_the_picker_for_the_first_slot_not_on_an_engine() -> None:
+    """`auto` engaged places requests as `on` does (LoadPolicy.engaged): with every engine's one
+    slot taken, a request waits in the picker (one queue for the pool, bound to the first slot that
+    frees) instead of queueing on an engine; not engaged, or with a data plane that hides its
+    responses' ends (the books would free slots a scrape late), it queues on an engine as before."""
+    from picker.config.model import LoadConfig
+    from picker.streams.ends import Ends
+
+    pool = Pool()
+    pool.apply(ready=[FAST, SLOW])
+    path = RequestPath(
+        pool,
+        Metrics(pool="default"),
+        fallback_count=1,
+        schedule=lambda d, f: lambda: None,
+        affinity=AffinityConfig(prefix="off", latency="auto"),
+        rng=random.Random(3),
+        load_policy=LoadPolicy.of(LoadConfig(engine_slots=1), AffinityConfig(latency="auto")),
+        clock=lambda: 2.0,
+    )
+    model = path.placement.latency
+    assert model is not None
+    for i in range(40):  # both replicas alike
+        for address in (FAST, SLOW):
+            model.learn_ttft(address, ttft_features(0, 0), 0.05, i * 0.05)
+            model.learn_tpot(address, tpot_features(1), 0.01, i * 0.05)
+    model.refresh(2.0)
+
+    def busy() -> None:
+        for address in (FAST, SLOW):
+            endpoint = pool.get(address)
+            assert endpoint is not None
+            record_sample(endpoint, running=1.0, waiting=0.0, kv_usage=0.1, now=2.0)
+
+    busy()
+    path.placement.engaged = True
+    assert not path.admit(REQUEST).done  # waits in the picker for the first slot
+    path.placement.engaged = False
+    busy()
+    assert path.admit(REQUEST).done  # not engaged: queued on an engine
+    path.placement.engaged = True
+    path.data_planes.note("envoy-1", Ends.ENGINE)
+    busy()
+    assert path.admit(REQUEST).done  # ends hidden: not held back by the books
