@@ -372,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         "bench from a directory without a picker package, for `-m picker` to find it",
     )
     args = parser.parse_args(argv)
+    if args.itl_ms <= 0:
+        parser.error("--itl-ms must be above 0")
     names = [n for n in args.rows.split(",") if n]
     unknown = [n for n in names if n.split("@")[0] not in ROWS or n.partition("@")[2] not in VARIANTS]
     if unknown:

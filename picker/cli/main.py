@@ -64,27 +64,51 @@ def _run_serve(config: PickerConfig) -> None:
 def _run_workers(config: PickerConfig) -> int:
     """`picker serve --workers N`: the parent's exit code (picker/lifecycle/workers.py)."""
     import secrets
+    import shutil
     import tempfile
 
     from picker.config.model import ConfigError
-    from picker.lifecycle.workers import Workers, ports_problem, worker_configs, write_endpoints_file
+    from picker.lifecycle.workers import (
+        Workers,
+        claim_port,
+        ports_problem,
+        worker_configs,
+        write_endpoints_file,
+    )
 
-    with tempfile.TemporaryDirectory(prefix="picker-workers-") as directory:
+    directory: str | None = None
+    try:
         try:
-            shared = (
-                write_endpoints_file(Path(directory), config.pool.endpoints)
-                if config.pool.endpoints
-                else None
-            )
+            if config.pool.endpoints:  # shared through a file (a Kubernetes source needs none)
+                directory = tempfile.mkdtemp(prefix="picker-workers-")
+                shared = write_endpoints_file(Path(directory), config.pool.endpoints)
+            else:
+                shared = None
             configs = worker_configs(config, secrets.token_hex(32), shared)  # this pod's peer credential
-        except (ConfigError, OSError) as exc:
+        except ConfigError as exc:
             print(f"picker: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(
+                "picker: pool.endpoints: with server.workers > 1 static endpoints are shared through a "
+                f"file, which could not be written ({exc}); give the container a writable temporary "
+                "directory (an emptyDir on /tmp) or a Kubernetes source",
+                file=sys.stderr,
+            )
             return 2
         problem = ports_problem(config, configs)
         if problem is not None:
             print(f"picker: {problem}", file=sys.stderr)
             return 2
-        return Workers(configs).run()
+        claimed = claim_port(config)
+        if isinstance(claimed, str):
+            print(f"picker: {claimed}", file=sys.stderr)
+            return 2
+        with claimed:
+            return Workers(configs).run()
+    finally:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def run_serve(config: PickerConfig, problem: str | None = None) -> None:

@@ -12,10 +12,12 @@ source, the drains ConfigMap, which is then required.
 
 Worker i (0-based) keeps the pod's ports where it must differ: the metrics and admin port is
 `server.metrics_port + i`, the peer port `peers.port + i` on 127.0.0.1; worker 0 alone answers
-the gRPC health port (the others' is any free port), since the workers are ready, stop and die as
-one: the parent forwards SIGTERM and SIGINT to every worker (each drains by the shutdown contract),
-and a worker that exits unasked is logged and the others are stopped the same way, the parent then
-exiting non-zero so that Kubernetes restarts the container. Nothing is restarted here, silently or not.
+the gRPC health port (the others' is any free port): the pod's readiness and liveness are worker
+0's (a worker whose own source fails goes on serving its share; its metrics say so). The workers
+stop and die as one: the parent forwards SIGTERM and SIGINT to every worker (each drains by the
+shutdown contract), and a worker that exits unasked is logged and the others are stopped the same
+way, the parent then exiting non-zero so that Kubernetes restarts the container. Nothing is
+restarted here, silently or not.
 
 The parent imports no gRPC and serves nothing; it waits on its children (os.wait), so it also reaps
 them as a container's PID 1 must. A worker's config, credential included, goes down its stdin as a
@@ -29,8 +31,10 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -60,6 +64,8 @@ def worker_configs(config: PickerConfig, secret: str, endpoints_file: Path | Non
             "server.workers > 1 makes a pod's workers peers of one another on loopback; "
             "peers.members and peers.service (pickers in other pods) are not supported with it"
         )
+    if config.server.grpc_port == 0:
+        raise ConfigError("server.grpc_port: with server.workers > 1 the workers share it: it must be fixed")
     if peers.port == 0:
         raise ConfigError("peers.port: with server.workers > 1, worker i serves its peers on peers.port + i")
     if peers.port + count - 1 > 65535 or config.server.metrics_port + count - 1 > 65535:
@@ -134,6 +140,23 @@ def ports_problem(config: PickerConfig, workers: list[PickerConfig]) -> str | No
     return None
 
 
+def claim_port(config: PickerConfig) -> socket.socket | str:
+    """Hold the pod's ext_proc port for this group of workers, or say why not: an abstract Unix
+    socket named after the bind address and port, held while the parent lives. Its workers bind
+    the port with SO_REUSEPORT only after their sources start (seconds with a Kubernetes sync), so
+    a second `--workers` group started meanwhile would pass `ports_problem`'s probe and share the
+    port silently: this name is taken at once, and the second group is refused."""
+    server = config.server
+    name = f"\0inference-picker/ext-proc/{server.bind_address}:{server.grpc_port}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(name)
+    except OSError:
+        sock.close()
+        return f"server.grpc_port: port {server.grpc_port} is being taken by another picker --workers group"
+    return sock
+
+
 @dataclass
 class _Worker:
     index: int
@@ -148,6 +171,7 @@ class Workers:
         self._live: dict[int, _Worker] = {}
         self._stopping = False
         self._failed = False
+        self._asked = signal.SIGTERM  # the signal forwarded to the workers (an exit by it is asked)
 
     def run(self) -> int:
         """Start every worker, then wait for all: 0 when each stopped cleanly because it was asked."""
@@ -156,7 +180,12 @@ class Workers:
         for index, config in enumerate(self._configs):
             if self._stopping:  # signalled while starting: start no more
                 break
-            worker = self._start(index, config)
+            try:
+                worker = self._start(index, config)
+            except OSError as exc:  # no process, or it died before reading its config
+                log.error("worker could not start index=%d: %s; stopping the others", index, exc)
+                self._failed = self._stopping = True
+                break
             self._live[worker.popen.pid] = worker
         log.info("workers started count=%d pids=%s", len(self._live), ",".join(map(str, self._live)))
         if self._stopping:  # the last one started after the signal was forwarded
@@ -174,9 +203,11 @@ class Workers:
 
     def _signal(self, sig: int) -> None:
         """By PID (not Popen.send_signal, which polls and could reap a worker before os.wait sees it);
-        a live worker is not reaped yet, so its PID is still its own."""
-        for pid in self._live:
-            os.kill(pid, sig)
+        a live worker is not reaped yet, so its PID is still its own (one reaped between os.wait's
+        return and its removal from `_live`, as this runs in a signal handler, is skipped)."""
+        for pid in list(self._live):
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def _start(self, index: int, config: PickerConfig) -> _Worker:
         popen = subprocess.Popen(
@@ -191,14 +222,14 @@ class Workers:
 
     def _forward(self, sig: int, _frame: FrameType | None) -> None:
         """SIGTERM or SIGINT to every worker (a second one skips each worker's drain to its end)."""
-        self._stopping = True
+        self._stopping, self._asked = True, sig
         self._signal(sig)
 
     def _exited(self, worker: _Worker, code: int) -> None:
         worker.popen.returncode = code  # reaped here, not by Popen
         # asked to stop: a clean exit, or SIGTERM's default action before the worker could handle it
         # (still importing: it had nothing to drain)
-        if self._stopping and code in (0, -signal.SIGTERM):
+        if self._stopping and code in (0, -signal.SIGTERM, -self._asked):
             log.info("worker stopped index=%d pid=%d", worker.index, worker.popen.pid)
             return
         self._failed = True

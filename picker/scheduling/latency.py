@@ -93,6 +93,8 @@ class DecayedFit:
         weight = self.stored_weight * self.scale
         if weight > _MEMORY:  # a busy replica's fit follows its last observations, not its first
             self.scale *= _MEMORY / weight
+            if self.scale < 1e-9:  # observations at one instant cap it without ageing: fold here too
+                self._fold()
 
     def _fold(self) -> None:
         factor, size = self.scale, self.size

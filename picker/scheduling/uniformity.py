@@ -38,6 +38,7 @@ def spread(model: LatencyModel) -> float | None:
     """The slowest measured replica's predicted time for the typical request over the median
     replica's (the quicker's, with two); None with fewer than two measured."""
     pool = model.pool
+    # no slot wait: the replicas' speed is compared, not their queues (the pick counts those)
     ttft_x = ttft_features(pool.ttft.mean(1, _PROBE_PREFILL / 1000.0) * 1000.0, 0.0)
     tpot_x = tpot_features(pool.tpot.mean(1, _PROBE_RUNNING))
     tokens = model.output_tokens

@@ -7,6 +7,7 @@ request, so the kernel's SO_REUSEPORT hash spreads them over the workers as it w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -74,6 +75,9 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
         wait_until(lambda: picker_ready(health), 15, what="worker 0 ready (linked to its peer)")
         yield pod
     finally:
+        if not pids:  # it failed before the fixture read them: from the log, if it got that far
+            with contextlib.suppress(Exception):
+                pids = pod.worker_pids()
         parent.stop()
         for pid in pids:  # each worker by its PID, should the parent have left one behind
             if alive(pid):

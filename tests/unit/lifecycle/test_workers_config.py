@@ -17,7 +17,7 @@ from loadtest.procs import free_port
 from picker.config.model import ConfigError, PickerConfig
 from picker.config.sources import load_config
 from picker.extproc.server import ext_proc_server
-from picker.lifecycle.workers import ports_problem, worker_configs, write_endpoints_file
+from picker.lifecycle.workers import claim_port, ports_problem, worker_configs, write_endpoints_file
 from picker.sources.static_file import parse_endpoints
 
 SECRET = "s" * 64
@@ -142,3 +142,38 @@ async def test_the_ext_proc_port_is_shared_only_when_asked() -> None:
     finally:
         for server in servers:
             await server.stop(0)
+
+
+def test_a_grpc_port_left_to_the_kernel_is_refused_the_workers_would_each_get_their_own() -> None:
+    with pytest.raises(ConfigError, match=r"server\.grpc_port"):
+        worker_configs(pod(server={"grpc_port": 0}), SECRET, None)
+
+
+def test_a_second_group_of_workers_on_the_same_port_is_refused_while_the_first_holds_it() -> None:
+    """Its workers bind the port only after their sources start: the parent's claim is at once."""
+    config = pod(server={"grpc_port": free_port()})
+    first = claim_port(config)
+    assert isinstance(first, socket.socket)
+    with first:
+        taken = f"port {config.server.grpc_port} is being taken by another picker --workers group"
+        assert claim_port(config) == f"server.grpc_port: {taken}"
+    again = claim_port(config)  # released with its parent
+    assert isinstance(again, socket.socket)
+    again.close()
+
+
+def test_static_endpoints_that_cannot_be_written_to_a_file_say_so_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A read-only root filesystem: a clear reason and exit 2, not a traceback."""
+    import tempfile
+
+    from picker.cli.main import _run_workers
+
+    def read_only(*args: object, **kwargs: object) -> str:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only)
+    config = pod(pool={"endpoints": ["10.0.0.1:8000"]})
+    assert _run_workers(config) == 2
+    assert "pool.endpoints: with server.workers > 1" in capsys.readouterr().err

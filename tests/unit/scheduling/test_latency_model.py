@@ -130,3 +130,14 @@ def test_ageing_and_the_memory_cap_keep_the_fit_of_scaling_every_sum() -> None:
     b = [plain_xy[0] + ridge * 0.02, plain_xy[1]]
     expected = ((b[0] * a[1][1] - a[0][1] * b[1]) / det, (a[0][0] * b[1] - a[1][0] * b[0]) / det)
     assert fit.solve((0.02, 0.0), at) == pytest.approx(expected)
+
+
+def test_observations_at_one_instant_past_the_memory_never_break_the_fit() -> None:
+    """Ends arrive out of order, a fake clock repeats: the cap alone shrinks the scale, which is
+    folded into the sums before it underflows (30,000 at one instant made it NaN, then divided by 0)."""
+    fit = DecayedFit(2, 5.0)
+    for _ in range(30_000):
+        fit.observe((1.0, 2.0), 0.01, 1.0, None)
+    assert fit.weight == pytest.approx(30.0)
+    base, per_running = fit.solve((0.02, 0.0), 1.0)
+    assert base + 2 * per_running == pytest.approx(0.01, rel=0.05)  # the ridge pulls a little
