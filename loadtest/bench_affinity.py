@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import sys
 import tempfile
@@ -284,6 +285,23 @@ async def phase(
     return out
 
 
+async def auto_state(admin_url: str, stop: asyncio.Event) -> tuple[int, int, float]:
+    """A uniform pool must leave `affinity.latency: auto` released: the picker's state every 0.5 s
+    until `stop` (bounded: at most 600 samples): (samples engaged, samples, the widest spread)."""
+    engaged = samples = 0
+    widest = 0.0
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set() and samples < 600:
+            async with session.get(f"{admin_url}/metrics") as response:
+                page = parse_metrics(await response.text())
+            engaged += page.get(("picker_latency_engaged", ()), 0.0) > 0
+            widest = max(widest, page.get(("picker_latency_spread", ()), 0.0))
+            samples += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+    return engaged, samples, widest
+
+
 # --- the setups -------------------------------------------------------------------------------------
 
 
@@ -366,10 +384,19 @@ async def run(args: argparse.Namespace) -> None:
                 print(f"\n(a) 32 groups x 4,000-token system prompts + short questions, {rate:.0f} req/s")
                 print(HEADER)
                 for name in ("rr", "oracle", "load", "approx0", *main, "approx", "precise"):
+                    stop = asyncio.Event()
+                    watch = (
+                        asyncio.create_task(auto_state(ADMIN[urls[name]], stop)) if name == "approx" else None
+                    )
                     outcome = await phase(
                         routes[name], Groups(32, 4000, seed=1), rate, warmup, measure, replicas, seed=2
                     )
                     print(outcome.line(name), flush=True)
+                    if watch is not None:
+                        stop.set()
+                        engaged, samples, widest = await watch
+                        state = f"engaged in {engaged} of {samples} samples, spread max {widest:.2f}"
+                        print(f"  approx: latency auto {state}")
             print(
                 "\n(b) multi-turn chats (24 conversations, up to 8 turns, the whole chat each turn), 20 req/s"
             )
