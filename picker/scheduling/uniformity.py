@@ -9,11 +9,10 @@ noisy neighbour) and costs a uniform pool prefix hits and a few microseconds a p
   typical one: the prefill tokens and the requests running beside it that the pool was measured at
   lately, the tokens a stream produces lately) over the median replica's (the quicker's, with
   two: on bench_affinity's uniform pool of four, the slowest over the quickest swung between 1.1
-  and 1.7); a replica counts once it has
-  observations of its own on both figures (one that got no traffic lately has none: it tells nothing
-  either way). Compared where the pool runs, not at a fixed load: a fit is right where it was
-  measured, and a pool near its capacity is measured only there (13-16 running on bench_shapes:
-  compared at four, a replica twice as slow looked 1.24x);
+  and 1.7); a replica counts once it has observations of its own on both figures (one that got no
+  traffic lately has none: it tells nothing either way). Compared where the pool runs, not at a
+  fixed load: a fit is right where it was measured, and a pool near its capacity is measured only
+  there (13-16 running on bench_shapes: compared at four, a replica twice as slow looked 1.24x);
 - engaged once the spread has stayed at or above `engage_ratio` for `engage_after_s`; released once
   it has stayed below `release_ratio` (lower) for `release_after_s` (longer: a pool that is not
   uniform costs more while the switch is off than a uniform one while it is on). Between the two
