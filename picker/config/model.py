@@ -628,8 +628,9 @@ class AffinityConfig(_Group):
     latency_engine_queue: int = Field(
         0,
         ge=0,
-        description="with latency on (not auto): requests that may wait on an engine for a batch slot (0: "
-        "they wait in the picker, bound late to the first slot that frees, the earliest due first)",
+        description="with latency on, and auto while engaged: requests that may wait on an engine for a "
+        "batch slot (0: they wait in the picker, bound late to the first slot that frees, the earliest "
+        "due first)",
     )
     latency_engage_ratio: float = Field(
         1.6,

@@ -27,6 +27,7 @@ worker that reads its end (the parent gone, even SIGKILLed) shuts down as on SIG
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pickle
@@ -142,18 +143,19 @@ def ports_problem(config: PickerConfig, workers: list[PickerConfig]) -> str | No
 
 def claim_port(config: PickerConfig) -> socket.socket | str:
     """Hold the pod's ext_proc port for this group of workers, or say why not: an abstract Unix
-    socket named after the bind address and port, held while the parent lives. Its workers bind
+    socket named after the port, held while the parent lives. Its workers bind
     the port with SO_REUSEPORT only after their sources start (seconds with a Kubernetes sync), so
     a second `--workers` group started meanwhile would pass `ports_problem`'s probe and share the
     port silently: this name is taken at once, and the second group is refused."""
-    server = config.server
-    name = f"\0inference-picker/ext-proc/{server.bind_address}:{server.grpc_port}"
+    port = config.server.grpc_port  # by port alone: 0.0.0.0, :: and an address overlap under SO_REUSEPORT
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(name)
-    except OSError:
+        sock.bind(f"\0inference-picker/ext-proc/{port}")
+    except OSError as exc:
         sock.close()
-        return f"server.grpc_port: port {server.grpc_port} is being taken by another picker --workers group"
+        if exc.errno == errno.EADDRINUSE:
+            return f"server.grpc_port: port {port} is being taken by another picker --workers group"
+        return f"server.grpc_port: cannot claim port {port} for the workers: {exc.strerror}"
     return sock
 
 

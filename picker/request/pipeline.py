@@ -238,8 +238,7 @@ class RequestPath(ResponseSide):
             )
             if never is not None and not self.flow.closed:
                 return self.flow.refuse(record, never)
-        policy = self._live_policy()
-        if not self.flow.closed and (shed := self.placement.shed(record, self._pool, policy, now)):
+        if not self.flow.closed and (shed := self.placement.shed(record, self._pool, self._policy, now)):
             return self.flow.refuse(record, shed)
         objective = slo.ttft_s if slo is not None else None
         ticket = self.flow.submit(
@@ -414,9 +413,16 @@ class RequestPath(ResponseSide):
     def _live_policy(self) -> LoadPolicy:
         """The load policy new requests are placed by: under `auto` while its predictions are
         engaged, with a bound on the engines' queues (picker/scheduling/load.py `engaged`), unless
-        some data plane hides its responses' ends (the books would then free slots a scrape late
-        and hold requests back)."""
-        if self.placement.engaged and not self.data_planes.blind():
+        the books could free slots late and so hold requests back: some data plane hides its
+        responses' ends, or some request's end is left to the engines' gauges. Not with peers: each
+        picker judges `engaged` from its own model, and one holding requests for a free slot while
+        another fills each slot as it frees would wait until its requests' time to live."""
+        if (
+            self.placement.engaged
+            and self.peering is None
+            and not self._engine_tracked
+            and not self.data_planes.blind()
+        ):
             return self._engaged_policy
         return self._policy
 

@@ -236,16 +236,15 @@ async def test_a_request_waiting_for_a_busy_replica_holds_nobody_behind_it() -> 
     assert b"picker_latency_waits_total 1.0" in path._metrics.exposition()  # once, though tried twice
 
 
-async def test_auto_while_engaged_waits_in_the_picker_for_the_first_slot_not_on_an_engine() -> None:
-    """`auto` engaged places requests as `on` does (LoadPolicy.engaged): with every engine's one
-    slot taken, a request waits in the picker (one queue for the pool, bound to the first slot that
-    frees) instead of queueing on an engine; not engaged, or with a data plane that hides its
-    responses' ends (the books would free slots a scrape late), it queues on an engine as before."""
+def engaged_auto_path(peered: bool = False) -> tuple[RequestPath, Pool]:
+    """`auto` over two alike replicas with one slot each, engaged by hand, every slot taken."""
     from picker.config.model import LoadConfig
-    from picker.streams.ends import Ends
+    from picker.peers.books import Peering
 
     pool = Pool()
     pool.apply(ready=[FAST, SLOW])
+    me, other = "10.1.0.1:9004", "10.1.0.2:9004"
+    peering = Peering(me, (me, other), pool) if peered else None
     path = RequestPath(
         pool,
         Metrics(pool="default"),
@@ -255,6 +254,7 @@ async def test_auto_while_engaged_waits_in_the_picker_for_the_first_slot_not_on_
         rng=random.Random(3),
         load_policy=LoadPolicy.of(LoadConfig(engine_slots=1), AffinityConfig(latency="auto")),
         clock=lambda: 2.0,
+        peering=peering,
     )
     model = path.placement.latency
     assert model is not None
@@ -263,20 +263,35 @@ async def test_auto_while_engaged_waits_in_the_picker_for_the_first_slot_not_on_
             model.learn_ttft(address, ttft_features(0, 0), 0.05, i * 0.05)
             model.learn_tpot(address, tpot_features(1), 0.01, i * 0.05)
     model.refresh(2.0)
-
-    def busy() -> None:
-        for address in (FAST, SLOW):
-            endpoint = pool.get(address)
-            assert endpoint is not None
-            record_sample(endpoint, running=1.0, waiting=0.0, kv_usage=0.1, now=2.0)
-
-    busy()
+    for address in (FAST, SLOW):
+        endpoint = pool.get(address)
+        assert endpoint is not None
+        record_sample(endpoint, running=1.0, waiting=0.0, kv_usage=0.1, now=2.0)
     path.placement.engaged = True
+    return path, pool
+
+
+async def test_auto_while_engaged_waits_in_the_picker_for_the_first_slot_not_on_an_engine() -> None:
+    """`auto` engaged places requests as `on` does (LoadPolicy.engaged): with every engine's one
+    slot taken, a request waits in the picker (one queue for the pool, bound to the first slot that
+    frees) instead of queueing on an engine; not engaged, it queues on an engine as before."""
+    path, _ = engaged_auto_path()
     assert not path.admit(REQUEST).done  # waits in the picker for the first slot
+    path, _ = engaged_auto_path()
     path.placement.engaged = False
-    busy()
     assert path.admit(REQUEST).done  # not engaged: queued on an engine
-    path.placement.engaged = True
+
+
+async def test_auto_engaged_keeps_the_engine_queue_where_slots_free_late_or_with_peers() -> None:
+    """A data plane hiding its responses' ends (the books free slots a scrape late), or peers (each
+    judges `engaged` alone: one holding requests back beside one filling each freed slot starves):
+    the engine queue, as not engaged."""
+    from picker.streams.ends import Ends
+
+    path, _ = engaged_auto_path()
     path.data_planes.note("envoy-1", Ends.ENGINE)
-    busy()
-    assert path.admit(REQUEST).done  # ends hidden: not held back by the books
+    assert path.admit(REQUEST).done
+    path.data_planes.note("envoy-1", Ends.OBSERVER)  # it reports ends after all: held again
+    assert not path.admit(REQUEST).done
+    path, _ = engaged_auto_path(peered=True)
+    assert path.admit(REQUEST).done
