@@ -29,7 +29,8 @@ def _stop_with_parent() -> None:
 
 def main() -> None:
     index, config = pickle.load(sys.stdin.buffer)  # from the parent only
-    assert isinstance(index, int) and isinstance(config, PickerConfig)
+    if not isinstance(index, int) or not isinstance(config, PickerConfig):  # kept under python -O
+        raise SystemExit("picker worker: started without its parent's config")
     threading.Thread(target=_stop_with_parent, name="parent-watch", daemon=True).start()
     configure_logging(config.log_level, config.log_format)
     # The parent probed the ports; the ext_proc port is already shared with this worker's siblings.

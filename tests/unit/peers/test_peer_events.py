@@ -126,31 +126,16 @@ async def test_a_peers_request_ending_dispatches_a_request_queued_here_at_once()
     """Both engines' one slot held by the peer's requests: a request queues here; the peer's end
     frees a slot, and the queued request takes it then (before, only at this picker's next scrape,
     arrival or own end)."""
-    from picker.observability.metrics import Metrics
-    from picker.peers.books import Peering
-    from picker.pool import Pool
     from picker.pool.scrapes import record_sample
-    from picker.request.pipeline import RequestPath
     from picker.scheduling import LoadPolicy
     from tests.unit.peers.test_peering import E2
 
-    pool = Pool(clock=lambda: 1.0)
-    pool.apply(ready=[E1, E2])
-    peering = Peering(A, (A, B), pool, clock=lambda: 1.0)
-    path = RequestPath(
-        pool,
-        Metrics(pool="default"),
-        fallback_count=0,
-        schedule=lambda d, f: lambda: None,
-        peering=peering,
-        load_policy=LoadPolicy(engine_slots=1, engine_queue=0),
-        clock=lambda: 1.0,
-    )
-    for endpoint in pool.endpoints():
+    a = Picker(A, clock=lambda: 1.0, load_policy=LoadPolicy(engine_slots=1, engine_queue=0))
+    for endpoint in a.pool.endpoints():
         record_sample(endpoint, running=0.0, waiting=0.0, kv_usage=0.1, now=1.0)
-    box = PeerInbox(peering, path, None, lambda: [])
+    box = inbox(a)
     box.apply(B, [["pick", f"{B}~1", E1], ["pick", f"{B}~2", E2]])
-    ticket = path.admit(REQUEST)
+    ticket = a.path.admit(REQUEST)
     assert not ticket.done  # every slot held by the peer's requests
     box.apply(B, [["end", f"{B}~1"]])
     assert ticket.done and ticket.payload.picked == (E1,)

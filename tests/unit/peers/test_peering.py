@@ -14,6 +14,7 @@ from picker.pool import EndpointState, Pool
 from picker.pool.load import LoadSample
 from picker.request.inference import InferenceRequest
 from picker.request.pipeline import RequestPath
+from picker.scheduling import LoadPolicy
 from picker.streams import Attempts, EndReason
 
 E1, E2 = "10.0.0.1:8000", "10.0.0.2:8000"
@@ -25,7 +26,11 @@ LAST = b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\ndata: [DONE
 
 class Picker:
     def __init__(
-        self, name: str, members: tuple[str, ...] = (A, B), clock: Callable[[], float] = time.monotonic
+        self,
+        name: str,
+        members: tuple[str, ...] = (A, B),
+        clock: Callable[[], float] = time.monotonic,
+        load_policy: LoadPolicy | None = None,
     ) -> None:
         self.pool = Pool(clock=clock)
         self.pool.apply(ready=[E1, E2])
@@ -39,6 +44,7 @@ class Picker:
             schedule=lambda d, f: lambda: None,
             peering=self.peering,
             clock=clock,
+            load_policy=load_policy,
         )
 
 

@@ -71,24 +71,35 @@ def test_slo_headers_are_read_in_both_spellings_and_a_bad_one_is_a_400() -> None
 
 
 def path_with_model(
-    load_policy: LoadPolicy | None = None, clock: Callable[[], float] = time.monotonic
+    load_policy: LoadPolicy | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    latency: str = "on",
+    alike: bool = False,
+    peered: bool = False,
 ) -> tuple[RequestPath, Pool]:
+    """FAST answers in 50 ms (10 ms a token), SLOW in 400 (40), as the model learned them; `alike`:
+    both as FAST. `peered`: the picker has a peer (its books shared)."""
+    from picker.peers.books import Peering
+
     pool = Pool()
     pool.apply(ready=[FAST, SLOW])
+    me, other = "10.1.0.1:9004", "10.1.0.2:9004"
     path = RequestPath(
         pool,
         Metrics(pool="default"),
         fallback_count=1,
         schedule=lambda d, f: lambda: None,
-        affinity=AffinityConfig(prefix="off", latency=True),
+        affinity=AffinityConfig(prefix="off", latency=latency),  # type: ignore[arg-type]
         rng=random.Random(3),
         load_policy=load_policy,
         clock=clock,
+        peering=Peering(me, (me, other), pool) if peered else None,
     )
     model = path.placement.latency
     assert model is not None
-    for i in range(40):  # what the picker saw: FAST answers in 50 ms, SLOW in 400
-        for address, ttft, tpot in ((FAST, 0.05, 0.01), (SLOW, 0.4, 0.04)):
+    slow = (0.05, 0.01) if alike else (0.4, 0.04)
+    for i in range(40):
+        for address, (ttft, tpot) in ((FAST, (0.05, 0.01)), (SLOW, slow)):
             model.learn_ttft(address, ttft_features(0, 0), ttft, i * 0.05)
             model.learn_tpot(address, tpot_features(1), tpot, i * 0.05)
     return path, pool
@@ -239,30 +250,11 @@ async def test_a_request_waiting_for_a_busy_replica_holds_nobody_behind_it() -> 
 def engaged_auto_path(peered: bool = False) -> tuple[RequestPath, Pool]:
     """`auto` over two alike replicas with one slot each, engaged by hand, every slot taken."""
     from picker.config.model import LoadConfig
-    from picker.peers.books import Peering
 
-    pool = Pool()
-    pool.apply(ready=[FAST, SLOW])
-    me, other = "10.1.0.1:9004", "10.1.0.2:9004"
-    peering = Peering(me, (me, other), pool) if peered else None
-    path = RequestPath(
-        pool,
-        Metrics(pool="default"),
-        fallback_count=1,
-        schedule=lambda d, f: lambda: None,
-        affinity=AffinityConfig(prefix="off", latency="auto"),
-        rng=random.Random(3),
-        load_policy=LoadPolicy.of(LoadConfig(engine_slots=1), AffinityConfig(latency="auto")),
-        clock=lambda: 2.0,
-        peering=peering,
-    )
-    model = path.placement.latency
-    assert model is not None
-    for i in range(40):  # both replicas alike
-        for address in (FAST, SLOW):
-            model.learn_ttft(address, ttft_features(0, 0), 0.05, i * 0.05)
-            model.learn_tpot(address, tpot_features(1), 0.01, i * 0.05)
-    model.refresh(2.0)
+    policy = LoadPolicy.of(LoadConfig(engine_slots=1), AffinityConfig(latency="auto"))
+    path, pool = path_with_model(policy, lambda: 2.0, latency="auto", alike=True, peered=peered)
+    assert path.placement.latency is not None
+    path.placement.latency.refresh(2.0)
     for address in (FAST, SLOW):
         endpoint = pool.get(address)
         assert endpoint is not None
