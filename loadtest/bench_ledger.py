@@ -16,6 +16,8 @@ per configuration, each with its own Envoy + `picker serve` (or `picker proxy`) 
   peers        two pickers sharing one set of books (plaintext): both pickers' CPU counted
   proxy        `picker proxy`, resume off
   resume       `picker proxy`, streams.resume greedy (every request greedy, so every one resumable)
+  python-gc    the shipped configuration with Python's own garbage collector (server.gc_gen0_threshold
+               0): what settling the collector saves
 
 Per row, in interleaved rounds (this machine drifts 10-20 % over minutes): a closed loop of one-token
 streams at `--concurrency` (picker CPU per request), then of `--tokens`-token streams; the per-chunk
@@ -137,6 +139,8 @@ def _start(name: str, folder: Path, replicas: list[str], collector: Collector | 
             base.update(pickers=2, peers=True, envoy_picker_tls=False)
         case "resume":
             env["PICKER_STREAMS__RESUME"] = "greedy"
+        case "python-gc":
+            env["PICKER_SERVER__GC_GEN0_THRESHOLD"] = "0"
     options = StackOptions(**base, picker_args=args, picker_env=env or None)
     kind = ProxyStack if name in ("proxy", "resume") else Stack
     return kind(folder, options).start()
@@ -221,7 +225,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    all_rows = "shipped,prefix-off,precise,latency,latency-off,rollout,tracing,plain,peers,proxy,resume"
+    all_rows = (
+        "shipped,prefix-off,precise,latency,latency-off,rollout,tracing,plain,peers,proxy,resume,python-gc"
+    )
     parser.add_argument("--rows", default=all_rows)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=20)

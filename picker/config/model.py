@@ -91,6 +91,15 @@ class ServerConfig(_Group):
         description="picker processes in this pod, sharing grpc_port and one set of books (docs)",
     )
 
+    # Python's collector every 700 allocations walked a tenth of the picker's own Python per request
+    # (picker/lifecycle/heap.py); 0 leaves it as Python sets it.
+    gc_gen0_threshold: int = Field(
+        10_000,
+        ge=0,
+        description="allocations between young garbage collections once started (what start built is "
+        "frozen); 0: Python's own collector",
+    )
+
     @model_validator(mode="after")
     def _tls_consistent(self) -> ServerConfig:
         if self.cert_path is not None and not self.secure_serving:

@@ -9,6 +9,7 @@ import signal
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from picker.lifecycle.heap import settle
 from picker.lifecycle.shutdown import ShutdownSummary
 
 log = logging.getLogger(__name__)
@@ -22,9 +23,12 @@ class Serving(Protocol):
     async def shutdown(self, force: asyncio.Event) -> ShutdownSummary: ...
 
 
-async def run_until_signalled(app: Serving, ready_line: Callable[[Any], str]) -> None:
+async def run_until_signalled(
+    app: Serving, ready_line: Callable[[Any], str], gc_gen0_threshold: int = 0
+) -> None:
     """Start `app`, print `ready_line(ports)`, run until SIGTERM or SIGINT, then shut down in phases;
-    a second signal skips to the end of the shutdown. Both `picker serve` and `picker proxy` run here."""
+    a second signal skips to the end of the shutdown. Both `picker serve` and `picker proxy` run here.
+    Once started, the garbage collector is settled (`heap.settle`; 0 leaves it as Python sets it)."""
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -37,6 +41,7 @@ async def run_until_signalled(app: Serving, ready_line: Callable[[Any], str]) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     ports = await app.start()
+    settle(gc_gen0_threshold)
     print(ready_line(ports), flush=True)
     await stop.wait()
     summary = await app.shutdown(force)

@@ -174,5 +174,7 @@ class ProxyApp:
 async def serve_proxy(config: PickerConfig) -> None:
     """`picker proxy`: run until SIGTERM or SIGINT, then drain; a second signal skips to the end."""
     await run_until_signalled(
-        ProxyApp(config), lambda ports: f"picker proxy ready port={ports.proxy} metrics={ports.metrics}"
+        ProxyApp(config),
+        lambda ports: f"picker proxy ready port={ports.proxy} metrics={ports.metrics}",
+        config.server.gc_gen0_threshold,
     )
