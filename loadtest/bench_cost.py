@@ -387,21 +387,39 @@ async def part_chunks(paths: Paths, idle: dict[str, float], streams: int, tokens
     )
 
 
-async def part_streams60(paths: Paths, seconds: float) -> None:
-    print(f"\n[8-token streams, 60 concurrent] closed loop, {seconds:.0f} s per path ({load()})")
+async def part_streams(paths: Paths, idle: dict[str, float], levels: list[int], seconds: float) -> None:
+    """Issue 56's side-by-side run: 8-token streams in a closed loop at each level, every path in
+    turn: requests/s against Envoy alone's, TTFT p50 and what the path adds to it, and the picker's CPU
+    per request (less its idle rate)."""
+    print(f"\n[8-token streams] closed loop, {seconds:.0f} s per path and level ({load()})")
+    print(
+        f"{'conc':>4} | {'path':<6} | {'req/s':>6} | {'of Envoy':>8} | {'TTFT p50 ms':>11} | "
+        f"{'added ms':>8} | {'picker us/req':>13} | {'failed':>6}"
+    )
     request = stream_request(8)
-    rates: dict[str, float] = {}
-    for name, port in paths.ports.items():
-        results, wall = await closed_loop(port, request, 60, 100_000, seconds)
-        good = [r for r in results if r.done]
-        rates[name] = len(good) / wall
-        got = ttfts(results)
-        ratio = rates[name] / rates["envoy"] if rates.get("envoy") else float("nan")
-        print(
-            f"  {name:<6} {rates[name]:6.0f} req/s ({ratio * 100:4.0f} % of Envoy alone), TTFT p50 "
-            f"{percentile(got, 50) * 1e3:6.1f} ms, failed {len(results) - len(good)}"
-        )
-    print("  goal: through the picker >= 80 % of Envoy alone's requests/s")
+    for level in levels:
+        rate0 = ttft0 = 0.0
+        for name, port in paths.ports.items():
+            pids = {"picker": paths.pickers.get(name, 0)}
+            meter = Meter({k: v for k, v in pids.items() if v}, idle={"picker": idle.get(name, 0.0)})
+            with meter.window():
+                results, wall = await closed_loop(port, request, level, 100_000, seconds)
+            good = [r for r in results if r.done]
+            rate, p50 = len(good) / wall, percentile(ttfts(results), 50) * 1e3
+            if name == "envoy":
+                rate0, ttft0 = rate, p50
+            picker = meter.cpu.get("picker")
+            us = f"{picker / max(len(good), 1) * 1e6:>13.0f}" if picker is not None else f"{'-':>13}"
+            share = f"{rate / rate0 * 100:>7.0f}%" if rate0 else f"{'-':>8}"
+            added = f"{p50 - ttft0:>+8.2f}" if name != "envoy" else f"{'-':>8}"
+            print(
+                f"{level:>4} | {name:<6} | {rate:>6.0f} | {share} | {p50:>11.2f} | {added} | {us} | "
+                f"{len(results) - len(good):>6}"
+            )
+    print(
+        "  goals (issue 56): >= 90 % of Envoy alone's requests/s at 20, >= 70 % at 60; picker CPU per "
+        "8-token stream <= 900 us at 60; added TTFT p50 <= 3 ms at 20"
+    )
 
 
 async def part_ttft(paths: Paths, levels: list[int]) -> None:
@@ -597,7 +615,8 @@ async def run(args: argparse.Namespace) -> None:
                 paths, idle, args.pickers_level, args.rounds, args.seconds
             )
             parts["chunks"] = lambda: part_chunks(paths, idle, args.streams, args.tokens)
-            parts["streams60"] = lambda: part_streams60(paths, args.seconds)
+            stream_levels = [int(v) for v in args.stream_levels.split(",")]
+            parts["streams"] = lambda: part_streams(paths, idle, stream_levels, args.seconds)
             parts["ttft"] = lambda: part_ttft(paths, [int(v) for v in args.ttft_levels.split(",")])
             parts["prompts"] = lambda: part_long_prompts(
                 paths, idle, [int(v) for v in args.prompt_levels.split(",")], args.prompt_count
@@ -627,7 +646,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--parts", default="short,pickers,chunks,streams60,ttft,prompts,rss")
+    parser.add_argument("--parts", default="short,pickers,chunks,streams,ttft,prompts,rss")
     parser.add_argument("--idle-seconds", type=float, default=3.0)
     parser.add_argument(
         "--no-two-pickers",
@@ -638,6 +657,7 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=6.0, help="bound of each throughput phase")
     parser.add_argument("--short-levels", default="1,20,60")
+    parser.add_argument("--stream-levels", default="20,60", help="concurrency of the 8-token streams part")
     parser.add_argument("--pickers-level", type=int, default=20, help="concurrency of the pickers part")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the pickers part")
     parser.add_argument("--streams", type=int, default=200, help="concurrent streams of the per-chunk part")

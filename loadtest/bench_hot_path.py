@@ -6,7 +6,9 @@ headers, then the buffered body; answered) and the observer stream (request head
 headers, eight SSE chunks with the end of stream), messages built as Envoy builds them. No gRPC,
 no network: what is left is the picker's code (parsing, admitting, picking, tracking, metrics),
 which `bench_cost` cannot separate from gRPC's own share (about three quarters of the picker's CPU
-under load). CPU time per request, median of interleaved rounds.
+under load). CPU time per request, median of interleaved rounds, and the garbage collector's
+share of it (its collections timed by `gc.callbacks`), the collector settled as a started picker
+settles it (`picker/lifecycle/heap.py`) before the first request.
 
 `--against REV` runs the same script on a checkout of REV (a temporary git worktree) in interleaved
 rounds, so each cut of issue 56 prints its saving beside the revision before it, in one run.
@@ -16,6 +18,7 @@ Run: `python -m loadtest.bench_hot_path [--against REV]` (about 20 s; bounded in
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import statistics
@@ -153,27 +156,52 @@ def _settle_as_started() -> None:
     settle(getattr(PickerConfig().server, "gc_gen0_threshold", 0))
 
 
-async def child(rounds: int, count: int) -> list[float]:
-    """CPU us per request, one figure a round (the messages are built outside the timed part)."""
+async def child(rounds: int, count: int) -> dict[str, list[float]]:
+    """Per round: CPU us per request (the messages are built outside the timed part), and the
+    garbage collector's own collections and time per request within it (gc.callbacks)."""
     core, service = _core()
+    _settle_as_started()  # as `picker serve` does once started, before any request
     _fresh_gauges(core)
     await _requests(service, 0, 200)  # warm: the observer peer learned, caches filled
-    _settle_as_started()
-    figures = []
+    collector = _CollectorClock()
+    gc.callbacks.append(collector)
+    figures: dict[str, list[float]] = {"us": [], "gc_us": [], "gc_n": []}
     for round_ in range(rounds):
         _fresh_gauges(core)
+        collector.reset()
         started = time.process_time()
         await _requests(service, (round_ + 1) * count, count)
-        figures.append((time.process_time() - started) * 1e6 / count)
+        figures["us"].append((time.process_time() - started) * 1e6 / count)
+        figures["gc_us"].append(collector.seconds * 1e6 / count)
+        figures["gc_n"].append(collector.collections * 1000 / count)
+    gc.callbacks.remove(collector)
     # the message building is not the picker's: timed alone and taken off
     started = time.process_time()
     for number in range(count):
         routing_messages(number), observer_messages("id", ENDPOINTS[0], number)
     build = (time.process_time() - started) * 1e6 / count
-    return [f - build for f in figures]
+    figures["us"] = [f - build for f in figures["us"]]
+    return figures
 
 
-def _run_child(where: Path, rounds: int, count: int) -> list[float]:
+class _CollectorClock:
+    """The collector's collections and wall time, from its start/stop callbacks."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.seconds, self.collections, self._since = 0.0, 0, 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._since = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._since
+            self.collections += 1
+
+
+def _run_child(where: Path, rounds: int, count: int) -> dict[str, list[float]]:
     argv = [sys.executable, "-m", "loadtest.bench_hot_path", "--child", "--rounds", str(rounds)]
     out = subprocess.run(
         [*argv, "--count", str(count)],
@@ -198,26 +226,32 @@ def main() -> None:
         print(json.dumps(uvloop.run(child(args.rounds, args.count))))
         return
     here = Path(__file__).resolve().parents[1]
-    rows: dict[str, list[float]] = {"this checkout": []}
+    rows: dict[str, dict[str, list[float]]] = {"this checkout": {}}
     with tempfile.TemporaryDirectory(prefix="bench-hot-path-") as tmp:
         base = Path(tmp) / "base"
         if args.against:
             add = ["git", "worktree", "add", "-q", "--detach", str(base), args.against]
             subprocess.run(add, cwd=here, check=True)
             shutil.copy(__file__, base / "loadtest" / "bench_hot_path.py")
-            rows[args.against] = []
+            rows[args.against] = {}
         try:
             for _ in range(args.rounds):  # interleaved, one round each at a time: drift falls on both
-                rows["this checkout"] += _run_child(here, 1, args.count)
-                if args.against:
-                    rows[args.against] += _run_child(base, 1, args.count)
+                for name, where in (("this checkout", here), (args.against, base)):
+                    if name is None:
+                        continue
+                    for key, values in _run_child(where, 1, args.count).items():
+                        rows[name].setdefault(key, []).extend(values)
         finally:
             if args.against:
                 subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=here, check=False)
     print(f"picker Python per request ({TOKENS}-token stream; routing + observer; median of {args.rounds}):")
     for name, figures in rows.items():
-        spread = f"{min(figures):.0f}-{max(figures):.0f}"
-        print(f"  {name:<16} {statistics.median(figures):6.1f} us   (rounds {spread})")
+        us, gc_us, gc_n = figures["us"], figures["gc_us"], figures["gc_n"]
+        print(
+            f"  {name:<16} {statistics.median(us):6.1f} us   (rounds {min(us):.0f}-{max(us):.0f}); the "
+            f"garbage collector {statistics.median(gc_us):.1f} us of it ({min(gc_us):.1f}-{max(gc_us):.1f}), "
+            f"{statistics.median(gc_n):.1f} collections per 1,000 requests"
+        )
 
 
 if __name__ == "__main__":

@@ -230,5 +230,5 @@ async def serve(config: PickerConfig) -> None:
     await run_until_signalled(
         PickerApp(config),
         lambda ports: f"picker ready grpc={ports.grpc} health={ports.health} metrics={ports.metrics}",
-        config.server.gc_gen0_threshold,
+        gc_gen0_threshold=config.server.gc_gen0_threshold,
     )

@@ -1,5 +1,6 @@
-"""Running a frontend until it is signalled: start, print its ready line, then a phased shutdown
-on SIGTERM or SIGINT (a second signal skips to the end). Both `picker serve` and `picker proxy`."""
+"""Running a frontend until it is signalled: start, settle the garbage collector, print its ready
+line, then a phased shutdown on SIGTERM or SIGINT (a second signal skips to the end). Both `picker
+serve` and `picker proxy`."""
 
 from __future__ import annotations
 
@@ -24,11 +25,11 @@ class Serving(Protocol):
 
 
 async def run_until_signalled(
-    app: Serving, ready_line: Callable[[Any], str], gc_gen0_threshold: int = 0
+    app: Serving, ready_line: Callable[[Any], str], *, gc_gen0_threshold: int
 ) -> None:
     """Start `app`, print `ready_line(ports)`, run until SIGTERM or SIGINT, then shut down in phases;
     a second signal skips to the end of the shutdown. Both `picker serve` and `picker proxy` run here.
-    Once started, the garbage collector is settled (`heap.settle`; 0 leaves it as Python sets it)."""
+    Once started, the garbage collector is settled (`heap.settle`: server.gc_gen0_threshold)."""
     stop, force = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -176,5 +176,5 @@ async def serve_proxy(config: PickerConfig) -> None:
     await run_until_signalled(
         ProxyApp(config),
         lambda ports: f"picker proxy ready port={ports.proxy} metrics={ports.metrics}",
-        config.server.gc_gen0_threshold,
+        gc_gen0_threshold=config.server.gc_gen0_threshold,
     )
