@@ -4,12 +4,12 @@ Python's cyclic collector (on 3.11) runs a young collection every 700 net alloca
 objects and, now and then, walks everything the process holds. A picker allocates a few hundred
 objects a request and holds tens of thousands for good after start (its config, gRPC and aiohttp
 machinery, metrics), so Python's default made the collector about a tenth of the picker's own
-Python per request, growing with what it holds (`bench_hot_path --gc`). Settled here: start's
-garbage collected once, what start built frozen out of every later walk (`gc.freeze`), and young
-collections every `server.gc_gen0_threshold` net allocations. Cycles that die young are freed at the
-next young collection; older ones wait for the rarer older collections, as before; objects start
-built are never walked again, so a cycle among them that dies later is not freed (what start built
-is the process's for its life).
+Python per request, growing with what it holds (`bench_hot_path` prints its share). Settled here:
+start's garbage collected once, what start built frozen out of every later walk (`gc.freeze`), and
+young collections every `server.gc_gen0_threshold` net allocations. Cycles that die young are freed
+at the next young collection; older ones wait for the rarer older collections, as before; objects
+start built are never walked again, so a cycle among them that dies later is not freed (what start
+built is the process's for its life).
 """
 
 from __future__ import annotations
