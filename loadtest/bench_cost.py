@@ -3,6 +3,8 @@
 Three data paths over the same simulated replicas (TTFT 5 ms), in one run:
   envoy   Envoy alone, round robin (no picker: the baseline)
   picker  the shipped config: routing filter + an observability-mode filter that sees every chunk
+  floor   the shipped config in front of a server that decides nothing (loadtest/ext_proc_bare.py
+          --shipped): Python gRPC's own cost in the shipped shape, under the picker's (--no-floor)
   lean    the routing filter alone: Envoy's gRPC access log ends each request (no per-chunk cost;
           loses token counts, TTFT/ITL histograms, error events and silent-abort detection), its
           entries flushed every 10 ms (--lean-flush) so that in-flight counts follow the ends closely
@@ -34,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadtest.bench_picker import start_baseline_envoy
+from loadtest.bench_picker import start_baseline_envoy, start_floor
 from loadtest.otlp_collector import Collector
 from loadtest.procs import Proc
 from loadtest.rawclient import cpu_seconds, wakeups
@@ -397,6 +399,7 @@ async def part_streams(paths: Paths, idle: dict[str, float], levels: list[int], 
         f"{'added ms':>8} | {'picker us/req':>13} | {'failed':>6}"
     )
     request = stream_request(8)
+    spent: dict[tuple[int, str], float] = {}  # (level, path) -> server CPU per request, us
     for level in levels:
         rate0 = ttft0 = 0.0
         for name, port in paths.ports.items():
@@ -409,12 +412,21 @@ async def part_streams(paths: Paths, idle: dict[str, float], levels: list[int], 
             if name == "envoy":
                 rate0, ttft0 = rate, p50
             picker = meter.cpu.get("picker")
-            us = f"{picker / max(len(good), 1) * 1e6:>13.0f}" if picker is not None else f"{'-':>13}"
+            if picker is not None:
+                spent[level, name] = picker / max(len(good), 1) * 1e6
+            us = f"{spent[level, name]:>13.0f}" if picker is not None else f"{'-':>13}"
             share = f"{rate / rate0 * 100:>7.0f}%" if rate0 else f"{'-':>8}"
             added = f"{p50 - ttft0:>+8.2f}" if name != "envoy" else f"{'-':>8}"
             print(
                 f"{level:>4} | {name:<6} | {rate:>6.0f} | {share} | {p50:>11.2f} | {added} | {us} | "
                 f"{len(results) - len(good):>6}"
+            )
+    for level in levels:
+        if (level, "floor") in spent and (level, "picker") in spent:
+            floor, picker = spent[level, "floor"], spent[level, "picker"]
+            print(
+                f"  at {level}: gRPC's floor in the shipped shape {floor:.0f} us a request, the picker's "
+                f"own {picker - floor:.0f} us ({(picker - floor) / picker * 100:.0f} % of its {picker:.0f})"
             )
     print(
         "  goals (issue 56): >= 90 % of Envoy alone's requests/s at 20, >= 70 % at 60; picker CPU per "
@@ -554,6 +566,7 @@ async def run(args: argparse.Namespace) -> None:
         lean: Stack | None = None
         traced: Stack | None = None
         others: list[Stack] = []
+        floors: list[Proc] = []
         collector = Collector().start() if args.traced else None
         baseline: Proc | None = None
         await asyncio.to_thread(stack.start)
@@ -574,6 +587,14 @@ async def run(args: argparse.Namespace) -> None:
                 sims=stack.sims.pid,
                 envoys={"envoy": baseline.pid, "picker": stack.envoy.pid, "lean": lean.envoy.pid},
             )
+            if args.floor:
+                server, envoy, listen = await asyncio.to_thread(start_floor, stack, workdir)
+                floors.extend((server, envoy))
+                paths.ports["floor"], paths.pickers["floor"], paths.envoys["floor"] = (
+                    listen,
+                    server.pid,
+                    envoy.pid,
+                )
             if args.two_pickers:  # issue 23: one picker against two with one set of books, both plaintext
                 # plain2s: two pickers with separate books, what the process split alone costs
                 for name, count, peers in (("plain1", 1, False), ("plain2", 2, True), ("plain2s", 2, False)):
@@ -636,6 +657,8 @@ async def run(args: argparse.Namespace) -> None:
                 traced.stop()
             for other in others:
                 other.stop()
+            for proc in floors:
+                proc.stop()
             if collector is not None:
                 print(f"collector received {len(collector.spans)} spans from the traced path")
                 collector.stop()
@@ -654,6 +677,9 @@ def main() -> None:
         action="store_false",
         help="skip the plain1 / plain2 / plain2s paths (one picker, two with shared books, two with "
         "separate books; plaintext to the picker)",
+    )
+    parser.add_argument(
+        "--no-floor", dest="floor", action="store_false", help="leave out the floor path (gRPC alone)"
     )
     parser.add_argument("--seconds", type=float, default=6.0, help="bound of each throughput phase")
     parser.add_argument("--short-levels", default="1,20,60")

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -56,6 +58,38 @@ def start_baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, int]:
     )
     proc.wait_ready(lambda: health_ok(admin, "/ready") and port_open(listen), timeout=30)
     return proc, listen
+
+
+def start_floor(stack: Stack, workdir: Path) -> tuple[Proc, Proc, int]:
+    """The stack's Envoy config in front of a server that decides nothing (loadtest/ext_proc_bare.py
+    --shipped: TLS, the routing stream ended at its answer, observer and access log read): what
+    Python gRPC alone costs in the shipped shape. The pool is a static cluster (the bare server
+    serves no EDS), its replicas taken in turn. Returns (server, Envoy, listen port)."""
+    params = stack.envoy_params()
+    port, listen, admin = free_port(), free_port(), free_port()
+    argv = [sys.executable, "-m", "loadtest.ext_proc_bare", "--stack", "grpc-aio-uvloop", "--shipped"]
+    argv += ["--port", str(port), "--upstream", ",".join(stack.replicas)]
+    server = Proc("floor", argv, workdir / "floor.log")
+    server.wait_ready(lambda: "listening" in server.log_text())
+    params = replace(
+        params,
+        listen_port=listen,
+        admin_port=admin,
+        picker_port=port,
+        eds=False,
+        picker_tls=True,
+        access_log=str(workdir / "envoy-floor-access.log"),
+    )
+    path = workdir / "envoy-floor.yaml"
+    path.write_text(render(params))
+    argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--log-level", "warn"]
+    envoy = Proc("envoy-floor", [*argv, "--concurrency", "1"], workdir / "envoy-floor.log")
+    try:
+        envoy.wait_ready(lambda: health_ok(admin, "/ready") and port_open(listen), timeout=30)
+    except BaseException:
+        server.stop()
+        raise
+    return server, envoy, listen
 
 
 async def closed_loop_ttfts(port: int, level: int, count: int, max_tokens: int) -> tuple[list[float], int]:

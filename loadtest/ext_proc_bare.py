@@ -3,19 +3,27 @@
 It answers the routing filter as the picker does (headers: continue; body: dynamic metadata and a
 header mutation of the same size as a pick) and decides nothing, so what it costs is the gRPC
 stack's own. Run: `python -m loadtest.ext_proc_bare --stack grpc-aio-uvloop --port P --upstream ip:port`.
+
+`--shipped` serves what the shipped Envoy config asks of the picker's port, doing nothing with it
+(bench_cost's `floor` path): TLS with a self-signed certificate, the routing stream ended by the
+server at its answer (as the picker ends it once an observer reports the response), observer streams
+and Envoy's gRPC access log read to their end. What that costs is the floor under the picker's own
+CPU in the shipped shape.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Iterator
 
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from picker.contract import headers
-from picker.extproc import translate
+from picker.extproc import tls, translate
 
 STACKS = ("grpc-aio-uvloop", "grpc-aio-asyncio", "grpc-sync-threads", "grpclib")
 _METHOD = "/envoy.service.ext_proc.v3.ExternalProcessor/Process"
@@ -32,14 +40,29 @@ def answer(request: ep.ProcessingRequest, upstream: str) -> ep.ProcessingRespons
 
 
 class AsyncService(ep_grpc.ExternalProcessorServicer):
-    def __init__(self, upstream: str) -> None:
-        self._upstream = upstream
+    def __init__(self, upstream: str, ends_at_answer: bool = False) -> None:
+        self._upstreams = itertools.cycle(upstream.split(","))  # round robin: decides nothing
+        self._ends_at_answer = ends_at_answer
 
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: object):  # type: ignore[override]
+        upstream = next(self._upstreams)
         async for request in request_iterator:
-            reply = answer(request, self._upstream)
+            reply = answer(request, upstream)
             if reply is not None:
                 yield reply
+                if self._ends_at_answer and reply.HasField("request_body"):
+                    return
+
+
+class AccessLogSink(als_pb2_grpc.AccessLogServiceServicer):
+    """Envoy's gRPC access log, read and dropped."""
+
+    async def StreamAccessLogs(
+        self, request_iterator: AsyncIterator[object], context: object
+    ) -> als_pb2.StreamAccessLogsResponse:  # type: ignore[override]
+        async for _ in request_iterator:
+            pass
+        return als_pb2.StreamAccessLogsResponse()
 
 
 class SyncService(ep_grpc.ExternalProcessorServicer):
@@ -53,12 +76,19 @@ class SyncService(ep_grpc.ExternalProcessorServicer):
                 yield reply
 
 
-async def _serve_grpc_aio(port: int, upstream: str) -> None:
+async def _serve_grpc_aio(port: int, upstream: str, shipped: bool = False) -> None:
     import grpc
 
     server = grpc.aio.server()
-    ep_grpc.add_ExternalProcessorServicer_to_server(AsyncService(upstream), server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    ep_grpc.add_ExternalProcessorServicer_to_server(AsyncService(upstream, ends_at_answer=shipped), server)
+    if shipped:
+        als_pb2_grpc.add_AccessLogServiceServicer_to_server(AccessLogSink(), server)
+        pair = tls.self_signed()
+        server.add_secure_port(
+            f"127.0.0.1:{port}", grpc.ssl_server_credentials([(pair.key_pem, pair.cert_pem)])
+        )
+    else:
+        server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
     print("listening", flush=True)
     await server.wait_for_termination()
@@ -105,7 +135,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stack", choices=STACKS, required=True)
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True, help="ip:port every body answer routes to")
+    parser.add_argument(
+        "--upstream", required=True, help="ip:port[,ip:port...] the body answers route to, in turn"
+    )
+    parser.add_argument(
+        "--shipped", action="store_true", help="what the shipped Envoy config asks (the grpc.aio stacks)"
+    )
     args = parser.parse_args()
     if args.stack == "grpc-sync-threads":
         _serve_grpc_sync(args.port, args.upstream)
@@ -114,9 +149,9 @@ def main() -> None:
     elif args.stack == "grpc-aio-uvloop":
         import uvloop
 
-        uvloop.run(_serve_grpc_aio(args.port, args.upstream))
+        uvloop.run(_serve_grpc_aio(args.port, args.upstream, args.shipped))
     else:
-        asyncio.run(_serve_grpc_aio(args.port, args.upstream))
+        asyncio.run(_serve_grpc_aio(args.port, args.upstream, args.shipped))
 
 
 if __name__ == "__main__":
