@@ -14,9 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from picker.contract import Outcome, Reply, reply_for
 
 _JSON_TYPES = ("application/json",)
+# Bodies come as UTF-8 JSON (RFC 8259); msgspec parses a 220 KB prompt in 61 us against json's 194
+# (docs, "Benchmarks"). Its DecodeError is a ValueError; nesting too deep, a RecursionError, as json's.
+decode_json = msgspec.json.Decoder().decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +128,7 @@ def parse_request(
                 Outcome.BAD_REQUEST, f"content-type {media_type!r} is not supported; send application/json"
             )
     try:
-        data = json.loads(body)
+        data = decode_json(body)
     except (ValueError, RecursionError):
         return reply_for(Outcome.BAD_REQUEST, "request body is not valid JSON")
     if not isinstance(data, dict):

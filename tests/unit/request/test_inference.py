@@ -60,6 +60,11 @@ def test_get_without_body_is_routable() -> None:
         (b"\xff\xfe\x00", "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
         (b"[" * 100_000, "application/json", Outcome.TOO_LARGE, "limit"),
         (b"[" * 9_000, "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
+        # not JSON as RFC 8259 has it: a number out of range, a literal, a UTF-16 body, garbage after
+        (b'{"model": "m", "temperature": 1e400}', "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
+        (b'{"model": "m", "temperature": NaN}', "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
+        ('{"model": "m"}'.encode("utf-16"), "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
+        (b'{"model": "m"} {"model": "n"}', "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
     ],
 )
 def test_bad_input_gets_a_contract_reply(
