@@ -47,6 +47,25 @@ class PrefixIndex:
     def __contains__(self, key: int) -> bool:
         return key in self._new or key in self._old
 
+    def matched(self, keys: Sequence[int]) -> int:
+        """How many of a prompt's chained block keys, from the first, the index holds.
+
+        A binary search, exact because the index is prefix-closed: `add` takes a prompt's keys from
+        the first, and a key of a chain is in every prompt its later keys are in, so it was routed
+        at least as lately as they were; a generation goes whole, so no key outlives the keys before
+        it. About 12 lookups for a 220 KB prompt's 3,400 blocks, not 3,400.
+        """
+        new, old = self._new, self._old
+        low, high = 0, len(keys)  # keys[:low] are held; keys[high] is not
+        while low < high:
+            middle = (low + high) // 2
+            key = keys[middle]
+            if key in new or key in old:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
     def add(self, keys: Sequence[int]) -> None:
         """A prompt was routed here: its blocks are (or will be) in the engine's cache."""
         self._new.update(dict.fromkeys(keys))  # in C: about 20 ns a block
@@ -104,6 +123,17 @@ class KvBlocks:
     def __contains__(self, key: int) -> bool:
         return key in self._keys
 
+    def matched(self, keys: Sequence[int]) -> int:
+        """How many of a prompt's chained block keys, from the first, the engine holds. A walk to the
+        first miss: an engine evicts blocks in its own order, so what it holds may have holes."""
+        held = self._keys
+        count = 0
+        for key in keys:
+            if key not in held:
+                break
+            count += 1
+        return count
+
     def key_of(self, name: object) -> int | None:
         """The picker's key of a block the engine names (a parent of newly stored blocks)."""
         return self._names.get(name)
@@ -146,18 +176,10 @@ class CacheKeys:
     def cached_fraction(self, endpoint: CacheView) -> float:
         """How much of the prompt `endpoint` is known to hold: 0 (nothing) to 1 (all of it)."""
         if self.tokens and endpoint.kv is not None:
-            keys: tuple[int, ...] = self.tokens
-            view: object = endpoint.kv
-        elif self.blocks and endpoint.prefix is not None:
-            keys, view = self.blocks, endpoint.prefix
-        else:
-            return 0.0
-        count = 0
-        for key in keys:
-            if key not in view:  # type: ignore[operator]
-                break
-            count += 1
-        return count / len(keys)
+            return endpoint.kv.matched(self.tokens) / len(self.tokens)
+        if self.blocks and endpoint.prefix is not None:
+            return endpoint.prefix.matched(self.blocks) / len(self.blocks)
+        return 0.0
 
 
 class CacheView(Protocol):
