@@ -49,7 +49,7 @@ class ObserverSession:
                 # STREAMED or FULL_DUPLEX only: Envoy 1.40 sends an observer no body at all in the
                 # BUFFERED modes (measured), just as in NONE
                 self._bodies = translate.modes(request).sees_response_bodies
-            request_id = translate.header_map(request.request_headers).get(headers.PICKER_REQUEST_ID)
+            request_id = translate.header_value(request.request_headers, headers.PICKER_REQUEST_ID)
             self.record = self._path.attach_observer(request_id) if request_id else None
             self._ended = self.record is None  # not a request the picker routed: nothing to see
             return

@@ -10,7 +10,7 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import duration_pb2, struct_pb2
+from google.protobuf import duration_pb2
 
 from picker.config.model import canonical_address, format_address
 from picker.contract import Reply, headers
@@ -26,6 +26,14 @@ def header_map(message: ep.HttpHeaders) -> dict[str, str]:
         value = header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
         out[header.key.lower()] = value
     return out
+
+
+def header_value(message: ep.HttpHeaders, name: str) -> str | None:
+    """One header's value (`name` lower-cased), without building the whole map (`header_map`)."""
+    for header in message.headers.headers:
+        if header.key.lower() == name:
+            return header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
+    return None
 
 
 def served_endpoint(request: ep.ProcessingRequest) -> str | None:
@@ -146,34 +154,27 @@ def route_response(
 
     `remove` names the client's scheduling hints: they are the picker's, not the model server's.
     `extra`: headers the routed request carries (the trace context naming the picker's span).
+    Built in place, field by field: nested constructors copy each level again (3.4 us against 8.2).
     """
     value = ",".join(destinations)
-    mutation = ep.HeaderMutation(
-        set_headers=[
-            _set(headers.DESTINATION, value),
-            _set(headers.PICKER_REQUEST_ID, request_id),
-            *(_set(name, text) for name, text in extra),
-        ],
-        remove_headers=list(remove),
-    )
-    common = ep.CommonResponse(header_mutation=mutation)
-    metadata = struct_pb2.Struct()  # field by field: Struct.update() is slower pure Python
-    lb = metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value
-    lb.fields[headers.DESTINATION].string_value = value
+    response = ep.ProcessingResponse()
     match phase:
-        case "request_headers":
-            return ep.ProcessingResponse(
-                request_headers=ep.HeadersResponse(response=common), dynamic_metadata=metadata
-            )
-        case "request_body":
-            return ep.ProcessingResponse(
-                request_body=ep.BodyResponse(response=common), dynamic_metadata=metadata
-            )
+        case "request_headers" | "request_body":
+            mutation = getattr(response, phase).response.header_mutation
+            for name, text in ((headers.DESTINATION, value), (headers.PICKER_REQUEST_ID, request_id), *extra):
+                option = mutation.set_headers.add()
+                option.header.key = name
+                option.header.raw_value = text.encode()
+                option.append_action = _OVERWRITE
+            mutation.remove_headers.extend(remove)
         case "request_trailers":
             # A trailers answer cannot change request headers: only metadata-reading data planes route.
-            return ep.ProcessingResponse(request_trailers=ep.TrailersResponse(), dynamic_metadata=metadata)
+            response.request_trailers.SetInParent()
         case _:
             raise ValueError(f"no route response for phase {phase!r}")
+    lb = response.dynamic_metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value
+    lb.fields[headers.DESTINATION].string_value = value
+    return response
 
 
 def streamed_body(phase: str, body: bytes, end_of_stream: bool) -> ep.ProcessingResponse:
@@ -195,24 +196,29 @@ def response_headers_answer(set_headers: Sequence[tuple[str, str]] = ()) -> ep.P
     return ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
 
 
+_CONTINUE_PHASES = frozenset(
+    {
+        "request_headers",
+        "response_headers",
+        "request_body",
+        "response_body",
+        "request_trailers",
+        "response_trailers",
+    }
+)
+
+
 def continue_response(phase: str) -> ep.ProcessingResponse:
-    """Let Envoy carry on unchanged in the given phase."""
-    common = ep.CommonResponse()
-    match phase:
-        case "request_headers":
-            return ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common))
-        case "response_headers":
-            return ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
-        case "request_body":
-            return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
-        case "response_body":
-            return ep.ProcessingResponse(response_body=ep.BodyResponse(response=common))
-        case "request_trailers":
-            return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
-        case "response_trailers":
-            return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
-        case _:
-            raise ValueError(f"no continue response for phase {phase!r}")
+    """Let Envoy carry on unchanged in the given phase (an empty answer of that phase's kind)."""
+    if phase not in _CONTINUE_PHASES:
+        raise ValueError(f"no continue response for phase {phase!r}")
+    response = ep.ProcessingResponse()
+    answer = getattr(response, phase)
+    if phase.endswith("trailers"):
+        answer.SetInParent()
+    else:
+        answer.response.SetInParent()  # headers and body answers carry an (empty) CommonResponse
+    return response
 
 
 def extend_timeout(seconds: float) -> ep.ProcessingResponse:
