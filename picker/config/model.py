@@ -9,6 +9,7 @@ documentation's configuration page is generated from it, group by group, in this
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
 import re
@@ -53,6 +54,7 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+@functools.lru_cache(maxsize=4096)  # asked of every access-log entry: 2.7 us a parse, 0.1 a lookup
 def canonical_address(value: str) -> str:
     """One spelling per endpoint, whichever source names it (IP addresses in their compressed form)."""
     host, port = parse_address(value)

@@ -9,9 +9,9 @@ they stay with it; what can stand alone already does (placement, tracking, hints
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -80,7 +80,7 @@ class RequestPath(ResponseSide):
         reject_without_endpoints: bool = False,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
-        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        new_id: Callable[[], str] = lambda: os.urandom(16).hex(),  # unguessable; uuid4's cost / 4
         schedule: Schedule = _call_later,
         access_log_grace_s: float = 1.0,
         stall_after_s: float = 30.0,
