@@ -94,12 +94,20 @@ def modes(request: ep.ProcessingRequest) -> Modes:
     if not request.HasField("protocol_config"):
         return Modes()
     config = request.protocol_config
-    return Modes(
-        request_body=config.request_body_mode,
-        response_body=config.response_body_mode,
-        body_without_waiting=config.send_body_without_waiting_for_header_response,
-        known=True,
+    key = (
+        config.request_body_mode,
+        config.response_body_mode,
+        config.send_body_without_waiting_for_header_response,
     )
+    found = _KNOWN_MODES.get(key)  # a filter's modes are its config's: a handful of combinations
+    if found is None:
+        found = Modes(request_body=key[0], response_body=key[1], body_without_waiting=key[2], known=True)
+        if len(_KNOWN_MODES) < 64:  # the enums' values come from the wire: bounded all the same
+            _KNOWN_MODES[key] = found
+    return found
+
+
+_KNOWN_MODES: dict[tuple[int, int, bool], Modes] = {}
 
 
 def mode_name(mode: int) -> str:

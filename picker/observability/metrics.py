@@ -148,6 +148,7 @@ class _DrainCollector(Collector):
 
 
 _MAX_MODELS = 32
+_MAX_CACHED_ENDPOINTS = 4096  # labelled children kept per family for lookups (picks by endpoint)
 # The longest label value exported. Model names come from request bodies and endpoint addresses
 # from sources (or Envoy's upstream host): one 2 MiB name must not make every scrape of /metrics
 # carry it, in every series it labels, forever. 256: a model name the door admits by default
@@ -618,6 +619,10 @@ class Metrics:
         )
         self._models = _CappedLabels(_MAX_MODELS)
         self._itl_children: dict[str, Histogram] = {}  # by the request's model name (not yet capped)
+        # labelled children looked up once (each lookup ~1 us): picks by endpoint (dropped with the
+        # endpoint's series in forget_endpoint), prediction errors by kind
+        self._pick_children: dict[str, Counter] = {}
+        self._error_children: dict[str, Histogram] = {}
         self._ttft = _Histogram(
             "picker_time_to_first_token_seconds",
             "Admission to first response byte, by model",
@@ -755,7 +760,10 @@ class Metrics:
     ) -> None:
         """One checked prediction (`kind` ttft or tpot), and the request's objective for it, if any."""
         if predicted is not None and measured > 0:
-            self._latency_error.labels(kind).observe(abs(predicted - measured) / measured)
+            child = self._error_children.get(kind)
+            if child is None:  # kind: "ttft" or "tpot", from code
+                child = self._error_children[kind] = self._latency_error.labels(kind)
+            child.observe(abs(predicted - measured) / measured)
         bound = None if slo is None else slo.ttft_s if kind == "ttft" else slo.tpot_s
         if bound is not None:
             self._slo.labels(kind, "met" if measured <= bound else "missed").inc()
@@ -775,6 +783,7 @@ class Metrics:
         """Drop an endpoint's labelled series once the pool forgets it: with pod churn (every
         rollout brings new addresses) they would otherwise grow the page without bound."""
         label = {"endpoint": bounded_label(address)}
+        self._pick_children.pop(address, None)
         for family in (self._picks, self._truncations, self._stalls, self._retries, self._scrape_failures):
             family.remove_by_labels(label)
 
@@ -863,7 +872,12 @@ class Metrics:
         self._retries.labels(bounded_label(endpoint)).inc(retries)
 
     def count_pick(self, endpoint: str, seconds: float) -> None:
-        self._picks.labels(bounded_label(endpoint)).inc()  # not cached: forget_endpoint removes it
+        child = self._pick_children.get(endpoint)
+        if child is None:
+            child = self._picks.labels(bounded_label(endpoint))
+            if len(self._pick_children) < _MAX_CACHED_ENDPOINTS:  # the pool's, forgotten with it
+                self._pick_children[endpoint] = child
+        child.inc()
         self._pick_seconds.observe(seconds)
 
     def set_leader(self, leading: bool) -> None:
