@@ -70,7 +70,11 @@ def start_floor(stack: Stack, workdir: Path) -> tuple[Proc, Proc, int]:
     argv = [sys.executable, "-m", "loadtest.ext_proc_bare", "--stack", "grpc-aio-uvloop", "--shipped"]
     argv += ["--port", str(port), "--upstream", ",".join(stack.replicas)]
     server = Proc("floor", argv, workdir / "floor.log")
-    server.wait_ready(lambda: "listening" in server.log_text())
+    try:
+        server.wait_ready(lambda: "listening" in server.log_text())
+    except BaseException:
+        server.stop()
+        raise
     params = replace(
         params,
         listen_port=listen,
@@ -87,6 +91,7 @@ def start_floor(stack: Stack, workdir: Path) -> tuple[Proc, Proc, int]:
     try:
         envoy.wait_ready(lambda: health_ok(admin, "/ready") and port_open(listen), timeout=30)
     except BaseException:
+        envoy.stop()
         server.stop()
         raise
     return server, envoy, listen

@@ -45,8 +45,10 @@ class AsyncService(ep_grpc.ExternalProcessorServicer):
         self._ends_at_answer = ends_at_answer
 
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest], context: object):  # type: ignore[override]
-        upstream = next(self._upstreams)
+        upstream = ""
         async for request in request_iterator:
+            if request.WhichOneof("request") == "request_body":  # a routing stream's pick: the next
+                upstream = next(self._upstreams)
             reply = answer(request, upstream)
             if reply is not None:
                 yield reply

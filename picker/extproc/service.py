@@ -199,10 +199,9 @@ class ExtProcService(ep_grpc.ExternalProcessorServicer):
         if peer is not None and peer in self._list_peers:
             return True
         metadata = context.invocation_metadata() if context is not None else None
-        if any(key == headers.DATA_PLANE and value == headers.OVERRIDE_HOST for key, value in metadata or ()):
-            _remember(self._list_peers, peer)  # per connection, as a served endpoint teaches it
-            return True
-        return False
+        return any(
+            key == headers.DATA_PLANE and value == headers.OVERRIDE_HOST for key, value in metadata or ()
+        )
 
     def _skips_responses(self, peer: str | None, record: RequestRecord) -> bool:
         """Whether Envoy kept this routing stream open through the response and closed it at the

@@ -103,7 +103,7 @@ class Placement:
             if block_size:
                 token_keys = token_blocks(tokens[: block_size * config.max_blocks], block_size, seed)
         estimated = len(tokens) if tokens else len(request.prompt) // config.bytes_per_token
-        return CacheKeys(blocks, token_keys, estimated, request.model, session)
+        return CacheKeys(blocks, token_keys, estimated, request.model, session, self.block_tokens)
 
     def bound_endpoint(self, record: RequestRecord) -> str | None:
         """The endpoint the request's session is bound to (affinity.session_header), if any."""
@@ -214,7 +214,8 @@ class Placement:
         if endpoint is not None and record.prefill:
             endpoint.pending_prefill += record.prefill
             record.prefill_at = address
-        if endpoint is not None and keys.blocks:
+        # keys cut before the block size changed (tune) stay out of the indexes cut at the new one
+        if endpoint is not None and keys.blocks and keys.block_tokens == self.block_tokens:
             if endpoint.prefix is None:
                 endpoint.prefix = PrefixIndex(self._index_capacity(endpoint))
             endpoint.prefix.add(keys.blocks)

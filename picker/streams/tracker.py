@@ -6,6 +6,7 @@ finish_reason); every other token chunk is counted from its bytes.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,16 @@ from picker.streams.sse import SSEParser
 _NULL_FINISH = (b'"finish_reason":null', b'"finish_reason": null')
 _NORMAL_FINISH = frozenset({"stop", "length", "tool_calls", "function_call", "content_filter"})
 _BODY_CAP = 1 << 20  # non-streaming bodies larger than this are not decoded (counted only)
-# msgspec: a few times json's speed (picker/request/inference.py); a ValueError or RecursionError
-decode_json = msgspec.json.Decoder().decode
+_decode = msgspec.json.Decoder().decode  # a few times json's speed (picker/request/inference.py)
+
+
+def decode_json(data: bytes) -> Any:
+    """An engine's JSON. Python's own json.dumps writes NaN and Infinity, which msgspec refuses: an
+    engine that does is read by json instead (rare, off the hot path). ValueError or RecursionError."""
+    try:
+        return _decode(data)
+    except msgspec.DecodeError:
+        return json.loads(data)
 
 
 @dataclass(slots=True)

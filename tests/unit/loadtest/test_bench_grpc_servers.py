@@ -4,12 +4,13 @@ servers answer each routing message as the picker would (issue 15)."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from loadtest.bench_grpc_servers import envoy_config
-from loadtest.ext_proc_bare import answer
+from loadtest.ext_proc_bare import AsyncService, answer
 from picker.cli.envoyconf import envoy_binary
 from picker.contract import headers
 from tests.unit.extproc.test_extproc_service import BODY, body, request_headers, response_headers
@@ -36,3 +37,24 @@ def test_the_bare_server_answers_like_the_picker_and_never_an_observer() -> None
     lb = routed.dynamic_metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value
     assert lb.fields[headers.DESTINATION].string_value == "10.0.0.1:8000"
     assert answer(response_headers(observer=True), "10.0.0.1:8000") is None
+
+
+async def test_the_floor_server_ends_the_routing_stream_at_its_answer_as_the_picker_does() -> None:
+    """bench_cost's floor: its routing stream ends at the body's answer, the replicas taken in turn."""
+
+    async def feed(messages: list[object]) -> AsyncIterator[object]:
+        for message in messages:
+            yield message
+
+    service = AsyncService("10.0.0.1:8000,10.0.0.2:8000", ends_at_answer=True)
+    routing = [request_headers(), body(BODY), response_headers()]  # what would follow the answer
+    first = [r async for r in service.Process(feed(routing), None)]
+    assert [r.WhichOneof("response") for r in first] == ["request_headers", "request_body"]
+    second = [r async for r in service.Process(feed(routing), None)]
+    chosen = [
+        r.dynamic_metadata.fields[headers.LB_METADATA_NAMESPACE].struct_value.fields[headers.DESTINATION]
+        for r in (first[-1], second[-1])
+    ]
+    assert [v.string_value for v in chosen] == ["10.0.0.1:8000", "10.0.0.2:8000"]
+    observer = [response_headers(observer=True), response_headers(observer=True)]
+    assert [r async for r in service.Process(feed(observer), None)] == []  # read to the end, no answer

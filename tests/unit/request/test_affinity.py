@@ -174,3 +174,20 @@ def test_saturated_endpoints_are_never_the_primary_whatever_they_hold(cached: fl
         AffinityPolicy.of(AffinityConfig()),
     )
     assert choice.destinations[0] == B
+
+
+def test_keys_cut_before_the_block_size_changed_stay_out_of_the_new_index() -> None:
+    """The index's binary search needs one block size an index: a request routed before the engines
+    published a larger one, and served (or resumed) after, adds nothing to the index cut anew."""
+    path, pool = path_of(A)
+    record = path.admit(request(SYSTEM + "q"), flow="f").payload  # type: ignore[arg-type]
+    assert record.keys.block_tokens == 64
+    record_engine_info(pool.get(A), 128, None, None)  # type: ignore[arg-type]
+    path.placement._refreshed_at = float("-inf")  # the next tune is due
+    path.placement.tune()
+    assert path.placement.block_tokens == 128 and pool.get(A).prefix is None  # type: ignore[union-attr]
+    path.placement.dispatched(record, A)  # a fallback served it, or a resume moved it, after
+    index = pool.get(A).prefix  # type: ignore[union-attr]
+    assert index is None or len(index) == 0
+    fresh = path.admit(request(SYSTEM + "q"), flow="f").payload  # type: ignore[arg-type]
+    assert fresh.keys.block_tokens == 128 and len(pool.get(A).prefix) == len(fresh.keys.blocks)  # type: ignore[union-attr]

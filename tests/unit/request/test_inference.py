@@ -41,6 +41,11 @@ def test_content_type_with_charset_is_json() -> None:
     assert isinstance(parse(b'{"model":"m"}', None), InferenceRequest)
 
 
+def test_a_utf8_byte_order_mark_is_skipped() -> None:
+    parsed = parse(b'\xef\xbb\xbf{"model": "m", "prompt": "hi"}')
+    assert isinstance(parsed, InferenceRequest) and parsed.model == "m"
+
+
 def test_get_without_body_is_routable() -> None:
     assert isinstance(parse(b"", None, "GET"), InferenceRequest)
 
@@ -60,11 +65,13 @@ def test_get_without_body_is_routable() -> None:
         (b"\xff\xfe\x00", "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
         (b"[" * 100_000, "application/json", Outcome.TOO_LARGE, "limit"),
         (b"[" * 9_000, "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
-        # not JSON as RFC 8259 has it: a number out of range, a literal, a UTF-16 body, garbage after
+        # JSON the engine cannot take either: a number out of range, NaN, a UTF-16 body, garbage after,
+        # an unpaired surrogate (which failed here with a 500 before)
         (b'{"model": "m", "temperature": 1e400}', "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
         (b'{"model": "m", "temperature": NaN}', "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
         ('{"model": "m"}'.encode("utf-16"), "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
         (b'{"model": "m"} {"model": "n"}', "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
+        (b'{"model": "m", "prompt": "\\ud800"}', "application/json", Outcome.BAD_REQUEST, "not valid JSON"),
     ],
 )
 def test_bad_input_gets_a_contract_reply(

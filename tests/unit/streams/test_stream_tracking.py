@@ -70,6 +70,19 @@ def test_non_streaming_body_is_decoded_once_at_the_end() -> None:
     assert tracker.finish_reason == "length" and tracker.tokens == 7 and tracker.completed
 
 
+def test_an_engine_writing_nan_is_still_read() -> None:
+    """Python's json.dumps writes NaN, which strict JSON readers refuse: the usage is read anyway."""
+    tracker = ResponseTracker(streaming=False)
+    tracker.feed(
+        b'{"choices": [{"finish_reason": "stop", "logprob": NaN}], "usage": {"completion_tokens": 3}}', 0.0
+    )
+    tracker.end()
+    assert tracker.finish_reason == "stop" and tracker.tokens == 3
+    streamed = ResponseTracker(streaming=True)
+    streamed.feed(b'data: {"choices": [{"finish_reason": "length", "x": -Infinity}]}\n\n', 0.0)
+    assert streamed.finish_reason == "length"
+
+
 @settings(max_examples=100, deadline=None)
 @given(tokens=st.integers(1, 30), cuts=st.lists(st.integers(0, 5000), max_size=10))
 def test_any_chunking_counts_the_same(tokens: int, cuts: list[int]) -> None:
