@@ -29,35 +29,29 @@ from loadtest.traffic import percentile
 from picker.cli.envoyconf import envoy_binary, render
 
 
+def _start_envoy(name: str, config: str, workdir: Path, admin: int, listen: int) -> Proc:
+    """One Envoy (one worker thread) on `config`, ready; stopped by its PID if it is not."""
+    path = workdir / f"{name}.yaml"
+    path.write_text(config)
+    argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--log-level", "warn"]
+    proc = Proc(name, [*argv, "--concurrency", "1"], workdir / f"{name}.log")
+    try:
+        proc.wait_ready(lambda: health_ok(admin, "/ready") and port_open(listen), timeout=30)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
 def start_baseline_envoy(stack: Stack, workdir: Path) -> tuple[Proc, int]:
     """The stack's Envoy config minus both ext_proc filters: override_host falls back to round robin."""
-    params = stack.envoy_params()
     listen, admin = free_port(), free_port()
-    config = yaml.safe_load(
-        render(params.__class__(**{**params.__dict__, "listen_port": listen, "admin_port": admin}))
-    )
+    config = yaml.safe_load(render(replace(stack.envoy_params(), listen_port=listen, admin_port=admin)))
     hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["http_filters"] = [
         f for f in hcm["http_filters"] if not f["name"].startswith("envoy.filters.http.ext_proc")
     ]
-    path = workdir / "envoy-baseline.yaml"
-    path.write_text(yaml.safe_dump(config))
-    proc = Proc(
-        "envoy-baseline",
-        [
-            envoy_binary(),
-            "-c",
-            str(path),
-            "--use-dynamic-base-id",
-            "--log-level",
-            "warn",
-            "--concurrency",
-            "1",
-        ],
-        workdir / "envoy-baseline.log",
-    )
-    proc.wait_ready(lambda: health_ok(admin, "/ready") and port_open(listen), timeout=30)
-    return proc, listen
+    return _start_envoy("envoy-baseline", yaml.safe_dump(config), workdir, admin, listen), listen
 
 
 def start_floor(stack: Stack, workdir: Path) -> tuple[Proc, Proc, int]:
@@ -65,33 +59,23 @@ def start_floor(stack: Stack, workdir: Path) -> tuple[Proc, Proc, int]:
     --shipped: TLS, the routing stream ended at its answer, observer and access log read): what
     Python gRPC alone costs in the shipped shape. The pool is a static cluster (the bare server
     serves no EDS), its replicas taken in turn. Returns (server, Envoy, listen port)."""
-    params = stack.envoy_params()
     port, listen, admin = free_port(), free_port(), free_port()
     argv = [sys.executable, "-m", "loadtest.ext_proc_bare", "--stack", "grpc-aio-uvloop", "--shipped"]
     argv += ["--port", str(port), "--upstream", ",".join(stack.replicas)]
     server = Proc("floor", argv, workdir / "floor.log")
     try:
         server.wait_ready(lambda: "listening" in server.log_text())
+        params = replace(
+            stack.envoy_params(),
+            listen_port=listen,
+            admin_port=admin,
+            picker_port=port,
+            eds=False,
+            picker_tls=True,
+            access_log=str(workdir / "envoy-floor-access.log"),
+        )
+        envoy = _start_envoy("envoy-floor", render(params), workdir, admin, listen)
     except BaseException:
-        server.stop()
-        raise
-    params = replace(
-        params,
-        listen_port=listen,
-        admin_port=admin,
-        picker_port=port,
-        eds=False,
-        picker_tls=True,
-        access_log=str(workdir / "envoy-floor-access.log"),
-    )
-    path = workdir / "envoy-floor.yaml"
-    path.write_text(render(params))
-    argv = [envoy_binary(), "-c", str(path), "--use-dynamic-base-id", "--log-level", "warn"]
-    envoy = Proc("envoy-floor", [*argv, "--concurrency", "1"], workdir / "envoy-floor.log")
-    try:
-        envoy.wait_ready(lambda: health_ok(admin, "/ready") and port_open(listen), timeout=30)
-    except BaseException:
-        envoy.stop()
         server.stop()
         raise
     return server, envoy, listen

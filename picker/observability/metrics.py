@@ -148,7 +148,6 @@ class _DrainCollector(Collector):
 
 
 _MAX_MODELS = 32
-_MAX_CACHED_ENDPOINTS = 4096  # labelled children kept per family for lookups (picks by endpoint)
 # The longest label value exported. Model names come from request bodies and endpoint addresses
 # from sources (or Envoy's upstream host): one 2 MiB name must not make every scrape of /metrics
 # carry it, in every series it labels, forever. 256: a model name the door admits by default
@@ -196,6 +195,10 @@ class _Children:
             if len(self._cache) < _MAX_CACHED_CHILDREN:
                 self._cache[value] = child
         return child
+
+    def forget(self, value: str) -> None:
+        """The series of `value` was removed from the metric: a later lookup makes a new child."""
+        self._cache.pop(value, None)
 
 
 class _CappedLabels:
@@ -619,10 +622,6 @@ class Metrics:
         )
         self._models = _CappedLabels(_MAX_MODELS)
         self._itl_children: dict[str, Histogram] = {}  # by the request's model name (not yet capped)
-        # labelled children looked up once (each lookup ~1 us): picks by endpoint (dropped with the
-        # endpoint's series in forget_endpoint), prediction errors by kind
-        self._pick_children: dict[str, Counter] = {}
-        self._error_children: dict[str, Histogram] = {}
         self._ttft = _Histogram(
             "picker_time_to_first_token_seconds",
             "Admission to first response byte, by model",
@@ -751,6 +750,7 @@ class Metrics:
         self._ends_by, self._output_tokens_by = _Children(self._ends), _Children(self._output_tokens)
         self._ttft_by, self._itl_by = _Children(self._ttft), _Children(self._itl)
         self._placements_by = _Children(self._placements)
+        self._picks_by, self._latency_error_by = _Children(self._picks), _Children(self._latency_error)
 
     def register_latency(self, model: LatencyModel) -> None:
         self.registry.register(_LatencyCollector(model))
@@ -760,10 +760,7 @@ class Metrics:
     ) -> None:
         """One checked prediction (`kind` ttft or tpot), and the request's objective for it, if any."""
         if predicted is not None and measured > 0:
-            child = self._error_children.get(kind)
-            if child is None:  # kind: "ttft" or "tpot", from code
-                child = self._error_children[kind] = self._latency_error.labels(kind)
-            child.observe(abs(predicted - measured) / measured)
+            self._latency_error_by(kind).observe(abs(predicted - measured) / measured)
         bound = None if slo is None else slo.ttft_s if kind == "ttft" else slo.tpot_s
         if bound is not None:
             self._slo.labels(kind, "met" if measured <= bound else "missed").inc()
@@ -783,7 +780,7 @@ class Metrics:
         """Drop an endpoint's labelled series once the pool forgets it: with pod churn (every
         rollout brings new addresses) they would otherwise grow the page without bound."""
         label = {"endpoint": bounded_label(address)}
-        self._pick_children.pop(address, None)
+        self._picks_by.forget(label["endpoint"])  # dropped with its series below
         for family in (self._picks, self._truncations, self._stalls, self._retries, self._scrape_failures):
             family.remove_by_labels(label)
 
@@ -872,12 +869,7 @@ class Metrics:
         self._retries.labels(bounded_label(endpoint)).inc(retries)
 
     def count_pick(self, endpoint: str, seconds: float) -> None:
-        child = self._pick_children.get(endpoint)
-        if child is None:
-            child = self._picks.labels(bounded_label(endpoint))
-            if len(self._pick_children) < _MAX_CACHED_ENDPOINTS:  # the pool's, forgotten with it
-                self._pick_children[endpoint] = child
-        child.inc()
+        self._picks_by(bounded_label(endpoint)).inc()  # forget_endpoint drops it with its series
         self._pick_seconds.observe(seconds)
 
     def set_leader(self, leading: bool) -> None:

@@ -23,7 +23,7 @@ _JSON_TYPES = ("application/json",)
 # what json let through to the engine: NaN and Infinity, numbers out of a double's range, unpaired
 # surrogate escapes (json's then failed here with a 500), other encodings. Its DecodeError is a
 # ValueError; nesting too deep, a RecursionError, as json's.
-decode_json = msgspec.json.Decoder().decode
+_decode_json = msgspec.json.Decoder().decode
 _BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark, which json accepted: skipped
 
 
@@ -131,7 +131,7 @@ def parse_request(
                 Outcome.BAD_REQUEST, f"content-type {media_type!r} is not supported; send application/json"
             )
     try:
-        data = decode_json(body[3:] if body.startswith(_BOM) else body)
+        data = _decode_json(body[3:] if body.startswith(_BOM) else body)
     except (ValueError, RecursionError):
         return reply_for(Outcome.BAD_REQUEST, "request body is not valid JSON")
     if not isinstance(data, dict):

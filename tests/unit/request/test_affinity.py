@@ -183,7 +183,6 @@ def test_keys_cut_before_the_block_size_changed_stay_out_of_the_new_index() -> N
     record = path.admit(request(SYSTEM + "q"), flow="f").payload  # type: ignore[arg-type]
     assert record.keys.block_tokens == 64
     record_engine_info(pool.get(A), 128, None, None)  # type: ignore[arg-type]
-    path.placement._refreshed_at = float("-inf")  # the next tune is due
     path.placement.tune()
     assert path.placement.block_tokens == 128 and pool.get(A).prefix is None  # type: ignore[union-attr]
     path.placement.dispatched(record, A)  # a fallback served it, or a resume moved it, after
