@@ -301,6 +301,27 @@ async def _idle(client: httpx.AsyncClient, target: Target) -> bool:
     )
 
 
+async def _post_on_raw_connection(
+    base_url: str, path: str, body: dict[str, Any]
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Send one POST on a socket of its own and return it unread.
+
+    The disconnect checks drop the connection themselves: cancelling an httpx request task is not
+    a disconnect the check controls (a clean-clone CI run saw the cancelled task wait 33 s for the
+    whole answer, twice, and vLLM rightly counted the request as finished).
+    """
+    parts = urlsplit(base_url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n"
+    )
+    writer.write(head.encode() + payload)
+    await writer.drain()
+    return reader, writer
+
+
 async def check_non_streaming_disconnect_aborts(
     target: Target, long_tokens: int, deadline_s: float = 10.0, start_deadline_s: float = 30.0
 ) -> float:
@@ -310,14 +331,15 @@ async def check_non_streaming_disconnect_aborts(
         # that time: an attempt whose request finished before it was seen running proves nothing, and
         # is tried again (its completion counts as "length", so `before` is re-read).
         for _attempt in range(3):
-            async with http_client.AsyncClient(base_url=target.base_url, timeout=120) as client:
-                request = asyncio.create_task(
-                    client.post("/v1/completions", json=completion_body(target, long_tokens, False))
-                )
-                ran = await wait_until(lambda: _running_at_least(probe, target, 1), start_deadline_s, 0.05)
-                caught = ran and not request.done()
-                request.cancel()  # drops the connection while the server is generating
-                await asyncio.gather(request, return_exceptions=True)
+            reader, writer = await _post_on_raw_connection(
+                target.base_url, "/v1/completions", completion_body(target, long_tokens, False)
+            )
+            answered = asyncio.create_task(reader.read(1))  # a non-streaming answer: the request ended
+            ran = await wait_until(lambda: _running_at_least(probe, target, 1), start_deadline_s, 0.05)
+            caught = ran and not answered.done()
+            answered.cancel()
+            writer.close()  # the client goes away while the server is generating
+            await asyncio.gather(answered, writer.wait_closed(), return_exceptions=True)
             if caught:
                 break
             await wait_until(lambda: _idle(probe, target), deadline_s)
