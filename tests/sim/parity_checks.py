@@ -301,8 +301,8 @@ async def _idle(client: httpx.AsyncClient, target: Target) -> bool:
     )
 
 
-async def _post_on_raw_connection(
-    base_url: str, path: str, body: dict[str, Any]
+async def post_on_raw_connection(
+    base_url: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Send one POST on a socket of its own and return it unread.
 
@@ -313,9 +313,10 @@ async def _post_on_raw_connection(
     parts = urlsplit(base_url)
     reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
     payload = json.dumps(body).encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\n\r\n"
+        f"Content-Length: {len(payload)}\r\n{extra}\r\n"
     )
     writer.write(head.encode() + payload)
     await writer.drain()
@@ -331,7 +332,7 @@ async def check_non_streaming_disconnect_aborts(
         # that time: an attempt whose request finished before it was seen running proves nothing, and
         # is tried again (its completion counts as "length", so `before` is re-read).
         for _attempt in range(3):
-            reader, writer = await _post_on_raw_connection(
+            reader, writer = await post_on_raw_connection(
                 target.base_url, "/v1/completions", completion_body(target, long_tokens, False)
             )
             answered = asyncio.create_task(reader.read(1))  # a non-streaming answer: the request ended
