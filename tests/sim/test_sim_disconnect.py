@@ -2,8 +2,8 @@
 
 The slot must be freed at the disconnect, not when the request would have finished: each request here
 would run for 25 s, and the bound (the simulator's own clock, the request log's `end`, against the
-moment the client closed) is 2 s, which only an implementation that never notices the disconnect
-misses, whatever else shares the machine. Detection is event-driven (handler cancellation): the real
+moment the client closed) is 10 s, which only an implementation that never notices the disconnect
+misses, however slow or busy the machine. Detection is event-driven (handler cancellation): the real
 figure is ~1 ms, measured by loadtest/bench_sim.py, not here.
 """
 
@@ -21,14 +21,14 @@ from loadtest.sim import CapacityConfig, Replica, run_sim
 from loadtest.sse_client import stream_request
 
 LONG = {"prompt": "x", "max_tokens": 5000, "ignore_eos": True}  # 25 s at the fast config's 5 ms ITL
-SLOT_FREED_WITHIN_S = 2.0  # far below the 25 s a request that is not aborted would take
+SLOT_FREED_WITHIN_S = 10.0  # far below the 25 s a request that is not aborted would take
 
 
 async def aborted_entry(replica: Replica, request_id: str) -> dict[str, Any]:
     async def ended() -> bool:
         return (await sim_requests(replica.url, request_id))[0]["outcome"] != "in-flight"
 
-    assert await pc.wait_until(ended, 2)
+    assert await pc.wait_until(ended, SLOT_FREED_WITHIN_S)
     (entry,) = await sim_requests(replica.url, request_id)
     assert entry["outcome"] == "aborted", entry
     return entry
@@ -86,8 +86,8 @@ async def test_queued_disconnect_leaves_the_queue() -> None:
 
 async def test_abort_counted_by_sim_counter_not_by_vllm_success(sim: Replica) -> None:
     target = pc.Target(sim.url)
-    assert await pc.check_stream_disconnect_aborts(target, long_tokens=5000, deadline_s=2) < 2
-    assert await pc.check_non_streaming_disconnect_aborts(target, long_tokens=5000, deadline_s=2) < 2
+    await pc.check_stream_disconnect_aborts(target, long_tokens=5000, deadline_s=SLOT_FREED_WITHIN_S)
+    await pc.check_non_streaming_disconnect_aborts(target, long_tokens=5000, deadline_s=SLOT_FREED_WITHIN_S)
     async with http_client.AsyncClient(base_url=sim.url) as http:
         exposition = await pc.scrape(http)
     assert pc.metric_value(exposition, "sim_requests_aborted_total") == 2

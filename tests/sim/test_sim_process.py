@@ -71,8 +71,9 @@ async def test_parity_checks_pass_against_the_process(sim_process: Any) -> None:
     await pc.check_unknown_model_404(target)
     await pc.check_malformed_json_400(target)
     await pc.check_metric_names(target)
-    assert await pc.check_stream_disconnect_aborts(target, long_tokens=2000, deadline_s=2) < 2
-    assert await pc.check_non_streaming_disconnect_aborts(target, long_tokens=2000, deadline_s=2) < 2
+    # 2,000 tokens take 20 s here: freed within 10 s is missed only by an abort that never happens
+    await pc.check_stream_disconnect_aborts(target, long_tokens=2000, deadline_s=10)
+    await pc.check_non_streaming_disconnect_aborts(target, long_tokens=2000, deadline_s=10)
 
 
 async def test_sigterm_drain(sim_process: Any) -> None:
