@@ -138,12 +138,16 @@ def main() -> None:
     parser.add_argument("--stack", choices=STACKS, required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument(
-        "--upstream", required=True, help="ip:port[,ip:port...] the body answers route to, in turn"
+        "--upstream",
+        required=True,
+        help="ip:port every body answer routes to (the grpc.aio stacks: ip:port,... taken in turn)",
     )
     parser.add_argument(
         "--shipped", action="store_true", help="what the shipped Envoy config asks (the grpc.aio stacks)"
     )
     args = parser.parse_args()
+    if not args.stack.startswith("grpc-aio") and (args.shipped or "," in args.upstream):
+        parser.error(f"--shipped and a list of upstreams are served by the grpc.aio stacks, not {args.stack}")
     if args.stack == "grpc-sync-threads":
         _serve_grpc_sync(args.port, args.upstream)
     elif args.stack == "grpclib":

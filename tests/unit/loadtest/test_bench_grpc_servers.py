@@ -4,6 +4,7 @@ servers answer each routing message as the picker would (issue 15)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -58,3 +59,15 @@ async def test_the_floor_server_ends_the_routing_stream_at_its_answer_as_the_pic
     assert [v.string_value for v in chosen] == ["10.0.0.1:8000", "10.0.0.2:8000"]
     observer = [response_headers(observer=True), response_headers(observer=True)]
     assert [r async for r in service.Process(feed(observer), None)] == []  # read to the end, no answer
+
+
+@pytest.mark.parametrize("extra", [["--shipped"], []], ids=["shipped", "a-list"])
+def test_the_stacks_without_the_shipped_shape_refuse_it(extra: list[str]) -> None:
+    """Only the grpc.aio stacks serve --shipped and take a list of upstreams in turn: the others say so
+    rather than route every request to the whole list."""
+    upstream = "10.0.0.1:8000" if extra else "10.0.0.1:8000,10.0.0.2:8000"
+    argv = [sys.executable, "-m", "loadtest.ext_proc_bare", "--stack", "grpclib", "--port", "0"]
+    result = subprocess.run(
+        [*argv, "--upstream", upstream, *extra], capture_output=True, text=True, timeout=20
+    )
+    assert result.returncode == 2 and "served by the grpc.aio stacks" in result.stderr, result.stderr
