@@ -12,7 +12,6 @@ import os
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -157,20 +156,13 @@ class TestServing:
         assert exit_code is not None, f"still running after an abort-mode SIGTERM:\n{vllm_server.log_tail()}"
 
 
-async def raw_refusal_then_close(url: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+async def raw_refusal_then_close(url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
     """POST on a raw socket; returns (status, headers, what the server sent after the body).
 
     Bypasses httpx's pool so the check sees exactly what vLLM does with the connection afterwards.
     """
-    parts = urlsplit(url)
-    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    reader, writer = await pc.post_on_raw_connection(url, "/v1/completions", body)
     try:
-        request = (
-            f"POST /v1/completions HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode() + body
-        writer.write(request)
-        await writer.drain()
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
         status_line, *header_lines = head.decode("latin-1").strip().split("\r\n")
         headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
@@ -279,8 +271,9 @@ async def test_sigterm_drain(vllm_workdir: Path) -> None:
             assert (await get_on_new_connection(server.url, "/health")).status_code == 200
             chat = await post_on_new_connection(server.url, "/v1/chat/completions", pc.chat_body(target, 1))
             pc.check_error(chat, 500, "InternalServerError", pc.DRAIN_REFUSAL)
-            body = httpx.Request("POST", server.url, json=pc.completion_body(target, 1, False)).content
-            status, headers, after_body = await raw_refusal_then_close(server.url, body)
+            status, headers, after_body = await raw_refusal_then_close(
+                server.url, pc.completion_body(target, 1, False)
+            )
             assert status == 500, (status, headers)
             assert headers.get("connection", "").lower() != "close", headers
             assert after_body == b"", "the connection of a drain-time 500 is closed right after it"
