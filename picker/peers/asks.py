@@ -39,8 +39,9 @@ class Refused(Exception):
 
 
 class _Reader:
-    """The peer's messages, in order, however the reads split them; at most `HELLO_MAX` bytes before
-    its welcome is proven (whoever listens at that address may not be a member)."""
+    """The peer's messages, in order, however the reads split them; each bounded by itself (at most
+    `HELLO_MAX` bytes before its welcome is proven: whoever listens at that address may not be a
+    member), never by the read it came in: a welcome and the answer after it often share one."""
 
     def __init__(self, reader: asyncio.StreamReader) -> None:
         self._reader = reader
@@ -48,18 +49,19 @@ class _Reader:
         self._fed = 0
 
     async def next(self, limit: int = MAX_FRAME) -> Any:
-        """The next whole message, or None when the peer closed."""
+        """The next whole message, or None when the peer closed; FrameError("too-large") once the
+        part of it read so far is larger than `limit`."""
         while True:
             try:
                 return self._unpacker.unpack()
             except msgpack.OutOfData:
                 pass
+            if self._fed - self._unpacker.tell() > limit:  # all of it is this message's beginning
+                raise FrameError("too-large")
             data = await self._reader.read(65536)
             if not data:
                 return None
             self._fed += len(data)
-            if self._fed - self._unpacker.tell() > limit:  # what is not parsed yet: a welcome's
-                raise FrameError("too-large")  # answer may come in the same read, whatever its size
             self._unpacker.feed(data)
 
 

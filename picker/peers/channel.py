@@ -239,7 +239,7 @@ class _Outbound(asyncio.Protocol):
         self.lost: asyncio.Future[None] = loop.create_future()
         self.ready: asyncio.Future[None] = loop.create_future()  # the peer's welcome, proven
         self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_FRAME, **STREAM_LIMITS)
-        self._fed = 0  # bytes read before the welcome
+        self._fed = 0  # bytes read
         self._kind, self._sender, self._receiver, self._secret = kind, sender, receiver, secret
         self._refused = refused if refused is not None else Counter()
         self._handshake: Handshake | None = None
@@ -256,11 +256,9 @@ class _Outbound(asyncio.Protocol):
             self._transport.write(self.session.seal(message))
 
     def data_received(self, data: bytes) -> None:
-        if self.session is None:
-            self._fed += len(data)
-            if self._fed - self._unpacker.tell() > HELLO_MAX:  # unparsed bytes before the welcome
-                self._fail("too-large")
-                return
+        """Take every whole message read so far; before the welcome, a message whose part read so
+        far is larger than HELLO_MAX closes the link (bounded by itself, not by the read it shares)."""
+        self._fed += len(data)
         try:
             self._unpacker.feed(data)
             for message in self._unpacker:
@@ -269,8 +267,12 @@ class _Outbound(asyncio.Protocol):
                 self._take(message)
         except FrameError as exc:
             self._fail(exc.reason)
+            return
         except (msgpack.UnpackException, ValueError, TypeError):
             self._fail("unreadable")
+            return
+        if self.session is None and self._fed - self._unpacker.tell() > HELLO_MAX:
+            self._fail("too-large")
 
     def _take(self, message: Any) -> None:
         assert self._transport is not None

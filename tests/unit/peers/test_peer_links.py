@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import select
+from collections import Counter
 from typing import Any
+
+import msgpack
 
 from loadtest.procs import async_wait_until
 from picker.observability.metrics import Metrics
 from picker.peers.asks import peer_drains
+from picker.peers.auth import CHALLENGE, new_nonce
 from picker.peers.books import Peering
 from picker.peers.channel import PeerLinks, wait_linked
 from picker.peers.inbox import PeerInbox
+from picker.peers.session import HELLO_MAX
 from picker.pool import Pool
 from picker.request.inference import InferenceRequest
 from picker.request.pipeline import RequestPath
@@ -34,11 +39,21 @@ def drain_summaries() -> list[dict[str, Any]]:
 DRAIN_RECORDS = drain_summaries()
 
 
+def many_drain_summaries(count: int) -> list[dict[str, Any]]:
+    """`count` drain records, one per endpoint (a picker after a rollout of a large pool)."""
+    pool = Pool()
+    addresses = [f"10.0.1.{i}:8000" for i in range(1, count + 1)]
+    pool.apply(ready=addresses)
+    pool.apply(ready=[], draining=addresses)
+    return pool.drain_summaries()
+
+
 class Side:
     """One picker's peering, its server on a loopback port and its links (started by `run`)."""
 
-    def __init__(self, token: str | None = "s3cret") -> None:
+    def __init__(self, token: str | None = "s3cret", drains: list[dict[str, Any]] | None = None) -> None:
         self.pool = Pool()
+        self.drains = DRAIN_RECORDS if drains is None else drains
         self.pool.apply(ready=[E1, E2])
         self.token = token
         self.peering: Peering | None = None
@@ -50,7 +65,7 @@ class Side:
         self.path = RequestPath(
             self.pool, Metrics(pool="default"), fallback_count=0, schedule=lambda d, f: lambda: None
         )
-        self.service = PeerInbox(self.probe, self.path, self.token, lambda: DRAIN_RECORDS, read_every_s)
+        self.service = PeerInbox(self.probe, self.path, self.token, lambda: self.drains, read_every_s)
         port = await self.service.listen("127.0.0.1", 0)
         self.tasks.append(asyncio.create_task(self.service.run()))
         self.name = f"127.0.0.1:{port}"
@@ -103,6 +118,40 @@ async def test_a_pick_and_its_end_cross_the_channel(sides: list[Side]) -> None:
     await async_wait_until(lambda: peer_counts(b) == 0, 5, what="B to drop it")
     assert await peer_drains(a.name, b.name, "s3cret") == DRAIN_RECORDS
     assert await peer_drains(a.name, b.name, "wrong") == []  # refused: not its drains
+
+
+async def test_a_peers_drain_records_past_a_hellos_size_all_arrive(sides: list[Side]) -> None:
+    """The welcome and the drains come in one write: each message is bounded by itself, not the read."""
+    many = many_drain_summaries(24)
+    a = Side(drains=many)
+    sides.append(a)
+    asker = await sides[0].listen()
+    a.accept([await a.listen(), asker])
+    assert len(msgpack.packb(many)) > HELLO_MAX
+    rejected: Counter[str] = Counter()
+    assert await peer_drains(a.name, asker, "s3cret", rejected=rejected) == many
+    assert not rejected
+
+
+async def test_a_strangers_welcome_larger_than_a_hello_is_refused_unread() -> None:
+    """Whoever listens at a peer's address may not be a member: its welcome is bounded."""
+
+    async def stranger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(msgpack.packb([CHALLENGE, new_nonce()]))
+        await reader.read(65536)  # the hello
+        writer.write(msgpack.packb(b"w" * (16 * HELLO_MAX)))
+        await reader.read()  # until the asker closes
+        writer.close()
+
+    server = await asyncio.start_server(stranger, "127.0.0.1", 0)
+    try:
+        peer = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        rejected: Counter[str] = Counter()
+        assert await peer_drains(peer, "127.0.0.1:1", "s3cret", rejected=rejected) == []
+        assert rejected == {"too-large": 1}
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def linked_from(side: Side, peer: Side) -> bool:

@@ -222,3 +222,28 @@ async def test_the_outbound_link_takes_a_challenge_and_welcome_split_across_read
     link.send([["pick", f"{B}~x", "10.0.0.1:8000"]])
     session = Session.listener(handshake, SECRET)
     assert session.open(msgpack.unpackb(transport.written[-1])) == [["pick", f"{B}~x", "10.0.0.1:8000"]]
+
+
+async def test_the_outbound_link_takes_a_welcome_and_a_large_frame_in_one_read() -> None:
+    """Each message before the welcome is bounded by itself, not by the read it shares with the next."""
+    link = _Outbound(lambda: None, EVENTS, B, A, SECRET)
+    transport = FakeTransport()
+    link.connection_made(transport)  # type: ignore[arg-type]
+    nonce = new_nonce()
+    link.data_received(msgpack.packb([CHALLENGE, nonce]))
+    kind, sender, receiver, connector_nonce, _ = msgpack.unpackb(transport.written[0])
+    handshake = Handshake(kind, sender, receiver, nonce, connector_nonce)
+    session = Session.listener(handshake, SECRET)
+    large = session.seal(["x" * 100] * (2 * HELLO_MAX // 100))
+    assert len(large) > HELLO_MAX
+    link.data_received(msgpack.packb(handshake.welcome(SECRET)) + large)
+    assert link.ready.done() and link.ready.exception() is None and not transport.closing
+
+
+async def test_the_outbound_link_closes_on_a_welcome_larger_than_a_hello() -> None:
+    link = _Outbound(lambda: None, EVENTS, B, A, SECRET)
+    transport = FakeTransport()
+    link.connection_made(transport)  # type: ignore[arg-type]
+    link.data_received(msgpack.packb([CHALLENGE, new_nonce()]))
+    one_byte_at_a_time(link, msgpack.packb(b"w" * (2 * HELLO_MAX))[: HELLO_MAX + 8])
+    assert transport.closing and not link.ready.done()
