@@ -38,7 +38,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from picker.admin import status_page
 from picker.admin.browser import refusal as browser_refusal
 from picker.admin.capacity_guard import CapacityGuard
-from picker.admin.read_auth import ReadGuard, is_loopback
+from picker.admin.read_auth import ReadGuard, loopback_may_change
 from picker.admin.status_page import Overview
 from picker.config.model import canonical_address
 from picker.observability.metrics import Metrics
@@ -187,8 +187,9 @@ class _Admin:
 
     def refusal(self, request: web.Request) -> web.Response | None:
         """None when the caller may change state: it presents the token, or no token is set (or
-        `trust_loopback`) and it calls from loopback. With a token set, loopback alone is no proof:
-        behind a sidecar (Istio forwards from 127.0.0.6) every caller looks local."""
+        `trust_loopback`) and it calls from loopback with a Host DNS cannot rebind (read_auth.py's
+        rule, the reads' too). With a token set, loopback alone is no proof: behind a sidecar (Istio
+        forwards from 127.0.0.6) every caller looks local."""
         token = self.token
         browser = browser_refusal(request.headers, token_set=token is not None)
         if browser is not None:  # a web page's request, not the operator's (picker/admin/browser.py)
@@ -201,7 +202,7 @@ class _Admin:
             scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
             if scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), token.encode()):
                 return None
-        if (token is None or self.trust_loopback) and is_loopback(request.remote):
+        if loopback_may_change(request, token_set=token is not None, trust=self.trust_loopback):
             return None
         if token is None:
             return _error(

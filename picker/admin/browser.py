@@ -11,7 +11,9 @@ it comes from the picker's own status page, whatever the token setting:
 - it must carry `X-Picker-Admin`, a header a simple request cannot carry: a cross-origin page can
   only send it after a CORS preflight, which the admin port never grants;
 - with no token set, its `Host` must be an IP literal or `localhost`: a DNS-rebound name (a page of
-  evil.example whose name now resolves to 127.0.0.1 is same-origin for the browser) is refused.
+  evil.example whose name now resolves to 127.0.0.1 is same-origin for the browser) is refused;
+  with a token set, such a Host never stands in for the token either, trust_loopback or not
+  (read_auth.loopback_may_change, the one rule for reads and writes).
 
 Requests without any browser mark (curl, `picker drain-wait`, `picker rollout`) are judged by the
 token rules alone, as before. Pure: headers in, a reason out.

@@ -78,8 +78,16 @@ class ReadGuard:
     def _may_change(self, request: web.Request, presented: str) -> bool:
         if _same(presented, self.admin_token):
             return True
-        trusted = self.admin_token is None or self.trust_loopback
-        return trusted and is_loopback(request.remote) and _literal_or_none(request.headers.get("Host", ""))
+        return loopback_may_change(request, token_set=self.admin_token is not None, trust=self.trust_loopback)
+
+
+def loopback_may_change(request: web.Request, *, token_set: bool, trust: bool) -> bool:
+    """Whether the caller may change state without the admin token: no token is set (or `trust`,
+    admin.trust_loopback), it calls from loopback, and its Host is one DNS cannot rebind (none, an IP
+    literal or localhost). The one rule for writes (api.py) and reads: a page of a name rebound to
+    127.0.0.1 reaches the port from loopback but names itself in Host, and is neither."""
+    trusted = not token_set or trust
+    return trusted and is_loopback(request.remote) and _literal_or_none(request.headers.get("Host", ""))
 
 
 def _same(presented: str, token: str | None) -> bool:

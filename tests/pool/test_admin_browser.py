@@ -116,6 +116,44 @@ async def test_a_dns_rebound_page_is_refused_without_a_token(
     assert answer.status == 403 and pool.get(ADDRESS).state is EndpointState.READY  # type: ignore[union-attr]
 
 
+async def test_a_dns_rebound_page_is_refused_with_a_token_and_trusted_loopback() -> None:
+    """With admin.trust_loopback, loopback stands in for the token only from a Host nothing can
+    rebind, as for the reads (picker/admin/read_auth.py): the page's drain changes nothing, its read
+    is refused too, and the status page's own request from 127.0.0.1 still drains."""
+    pool = Pool()
+    pool.reconcile({a: EndpointState.READY for a in (ADDRESS, "10.0.0.2:8000")}, "file")
+    app = admin_app(pool, Metrics(pool="default"), token=TOKEN, trust_loopback=True, metrics_token="m" * 16)
+    client = TestClient(TestServer(app, host="127.0.0.1"))
+    await client.start_server()
+    try:
+        rebound = {k: v.format(port=client.port) for k, v in REBOUND.items()}
+        for path in (f"/admin/endpoints/{ADDRESS}/drain", "/admin/rollout/abort"):
+            answer = await client.post(path, headers=rebound)
+            assert answer.status == 401, await answer.text()
+        assert (await client.get("/admin/endpoints", headers={"Host": rebound["Host"]})).status == 401
+        assert pool.get(ADDRESS).state is EndpointState.READY  # type: ignore[union-attr]
+        page = {
+            "Origin": f"http://127.0.0.1:{client.port}",
+            "Sec-Fetch-Site": "same-origin",
+            "X-Picker-Admin": "1",
+        }
+        answer = await client.post(f"/admin/endpoints/{ADDRESS}/drain", headers=page)
+        assert answer.status == 200 and pool.get(ADDRESS).state is EndpointState.DRAINING  # type: ignore[union-attr]
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("client_for", [None], indirect=True)
+async def test_writes_and_reads_agree_on_a_rebindable_host_without_browser_marks(
+    client_for: tuple[TestClient, Pool, str | None],
+) -> None:
+    """No token set, no browser marks, a Host that names a DNS name: a read would be refused
+    (read_auth.py), so a write is too."""
+    client, pool, _ = client_for
+    answer = await client.post(f"/admin/endpoints/{ADDRESS}/drain", headers={"Host": "evil.example"})
+    assert answer.status == 403 and pool.get(ADDRESS).state is EndpointState.READY  # type: ignore[union-attr]
+
+
 @pytest.mark.parametrize("client_for", [None, TOKEN], indirect=True, ids=["no-token", "token"])
 async def test_the_status_page_s_own_request_and_a_plain_client_still_drain(
     client_for: tuple[TestClient, Pool, str | None],
