@@ -39,7 +39,7 @@ import yaml
 from picker.config.model import canonical_address
 from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
 from picker.sources.drain_causes import OPERATOR, Cause, CauseKind, MalformedCause, Rejections, cause_of
-from picker.sources.static_file import EndpointsFile, EndpointsFileError, parse_endpoints
+from picker.sources.static_file import EndpointsFile, EndpointsFileError, decoded, parse_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -175,16 +175,30 @@ class EndpointsFileDrains:
         self._file = file
         self._pool = pool
         self._rejections = Rejections()
+        self._shown: dict[str, list[Cause]] = {}  # the last answer read from a good version
+        self._unreadable: str | None = None  # the last bad read, logged once
 
     @property
     def rejected(self) -> Mapping[str, int]:
         return self._rejections.counts
 
     def drained_by(self) -> dict[str, list[Cause]]:
+        """Read from the file as the source reads it; a version the source would reject (a partial
+        write) or that cannot be read keeps the last good answer, the bad read counted
+        (`unreadable`) and logged once: an admin read never fails on the file."""
+        path = self._file.path
         try:
-            data: Any = yaml.safe_load(self._file.path.read_text())
-        except (OSError, yaml.YAMLError, RecursionError):
-            return {}
+            text = decoded(path.read_bytes())
+            parse_endpoints(text)
+            data: Any = yaml.safe_load(text)
+        except (OSError, EndpointsFileError) as exc:
+            problem = str(exc)
+            self._rejections.count("unreadable", problem)
+            if problem != self._unreadable:
+                log.warning("endpoints file %s: drains not read (%s); showing the last good", path, problem)
+            self._unreadable = problem
+            return dict(self._shown)
+        self._unreadable = None
         entries = data.get("endpoints") if isinstance(data, dict) else data
         shown: dict[str, list[Cause]] = {}
         for entry in entries if isinstance(entries, list) else []:
@@ -192,7 +206,8 @@ class EndpointsFileDrains:
             causes = self._causes_of(entry)
             if address is not None and causes:
                 shown[address] = sorted(causes, key=str)
-        return shown
+        self._shown = shown
+        return dict(shown)
 
     async def drain(
         self, address: str, *, cause: Cause = OPERATOR, pod: str | None = None, check: Check | None = None
@@ -250,8 +265,11 @@ class EndpointsFileDrains:
         """The file's data and its entries list, if the source would accept the file."""
         path = self._file.path
         try:
-            text = path.read_text()
+            text = path.read_bytes().decode("utf-8")  # strict: a rewrite would replace other bytes
             parse_endpoints(text)  # a file the source would reject is not ours to rewrite
+        except UnicodeDecodeError as exc:
+            why = f"not UTF-8 at byte {exc.start}: a rewrite would change it"
+            raise EndpointConflict(f"the endpoints file {path} cannot be changed now ({why})") from None
         except (OSError, EndpointsFileError) as exc:
             raise EndpointConflict(f"the endpoints file {path} cannot be changed now ({exc})") from None
         data: Any = yaml.safe_load(text)

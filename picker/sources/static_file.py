@@ -45,6 +45,12 @@ class EndpointsFileError(ValueError):
 Labels = dict[str, dict[str, str]]
 
 
+def decoded(data: bytes) -> str:
+    """The file's text as every reader of it takes it: UTF-8, a byte that is not replaced (a stray
+    byte in a comment must not make one reader fail where another accepts the file)."""
+    return data.decode("utf-8", "replace")
+
+
 def parse_endpoints(text: str) -> dict[str, EndpointState]:
     """The desired state of each endpoint listed in `text`; EndpointsFileError when invalid."""
     return read_endpoints(text)[0]
@@ -197,7 +203,7 @@ class EndpointsFile:
         with self.path.open("rb") as handle:
             data = handle.read()
             signature = _Signature.of(os.fstat(handle.fileno()))
-        return signature, data.decode("utf-8", "replace")
+        return signature, decoded(data)
 
     def _apply(self, signature: _Signature, listed: tuple[dict[str, EndpointState], Labels]) -> None:
         desired, labels = listed

@@ -175,6 +175,53 @@ def test_the_file_records_each_drains_cause_and_a_rollouts_lift_takes_its_own(sh
     }
 
 
+def put(path: Path, data: bytes) -> None:
+    path.write_bytes(data)
+
+
+def got(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+async def test_a_file_that_is_not_utf8_never_answers_500(shared: Path) -> None:
+    """Bytes that are not UTF-8 (in a comment: the source reads the file as it always has) leave
+    GET /admin/endpoints answering who holds each drain; a drain answers 409, the file untouched (a
+    rewrite would change those bytes); a version the record cannot be read from (a partial write)
+    keeps the last good answer, and the bad read is counted."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from picker.admin.api import admin_app
+    from picker.observability.metrics import Metrics
+
+    comment = b"# caf\xe9 (latin-1)\n"
+    put(
+        shared,
+        comment + f"- {A}\n- {{address: {B}, draining: true, drained_by: [{{cause: prestop}}]}}\n".encode(),
+    )
+    pool, file, drains = replica(shared)
+    metrics = Metrics(pool="default")
+    client = TestClient(TestServer(admin_app(pool, metrics, drains=drains), host="127.0.0.1"))
+    await client.start_server()
+    try:
+        answer = await client.get("/admin/endpoints")
+        assert answer.status == 200, await answer.text()
+        shown = {e["address"]: e["drained_by"] for e in (await answer.json())["endpoints"]}
+        assert shown == {A: [], B: [{"cause": "prestop"}]}
+        before = got(shared)
+        answer = await client.post(f"/admin/endpoints/{A}/drain")
+        assert answer.status == 409 and "UTF-8" in (await answer.json())["error"]["message"]
+        assert got(shared) == before and states(pool)[A] is READY
+        put(shared, f"- {{address: {B}, draining: true, drained_by: [{{cause: pre".encode())  # mid-write
+        assert file.check() is False  # the source keeps its last good view; so does the record's read
+        answer = await client.get("/admin/endpoints")
+        assert answer.status == 200
+        assert {e["address"]: e["drained_by"] for e in (await answer.json())["endpoints"]} == shown
+        text = await (await client.get("/metrics")).text()
+        assert 'picker_drain_record_rejected_total{reason="unreadable"} 1.0' in text
+    finally:
+        await client.close()
+
+
 # Two picker processes on one endpoints file, through the real Envoy.
 
 POLL_S = 0.2  # --endpoints-file-poll of both pickers
