@@ -102,6 +102,8 @@ def parse_plugin_config(text: str, source: str = "--config-text") -> PluginConfi
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise PluginConfigError(f"{source}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise PluginConfigError(f"{source}: nested too deeply to read") from None
     document = _mapping(data or {}, source)
     notes: list[str] = []
     version = document.get("apiVersion")

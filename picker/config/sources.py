@@ -27,11 +27,15 @@ NOT_SETTINGS = frozenset({"PICKER_EVENT_LOOP", "PICKER_SKIP_REAL_VLLM", "PICKER_
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 (byte {exc.start})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path}: not valid YAML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"config file {path}: nested too deeply to read") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping")
     return data
@@ -151,9 +155,13 @@ def read_plugin_config(scheduling: SchedulingConfig) -> PluginConfig | None:
     parsed; None when neither is set. ConfigError naming the file (or the plugin) when unusable."""
     if scheduling.config_file is not None:
         try:
-            text, source = scheduling.config_file.read_text(), str(scheduling.config_file)
+            text, source = scheduling.config_file.read_text(encoding="utf-8"), str(scheduling.config_file)
         except OSError as exc:
             raise ConfigError(f"scheduling.config_file {scheduling.config_file}: {exc.strerror}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"scheduling.config_file {scheduling.config_file}: not UTF-8 (byte {exc.start})"
+            ) from None
     elif scheduling.config_text is not None:
         text, source = scheduling.config_text, "scheduling.config_text"
     else:

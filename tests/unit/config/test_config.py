@@ -61,6 +61,21 @@ def test_bad_files_are_clear(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.yaml")
 
 
+def test_unreadable_files_are_config_errors_naming_the_file(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8, or YAML nested past the parser's depth, are a ConfigError naming
+    the file (the command line says it and exits 2), never a traceback."""
+    from picker.config.model import SchedulingConfig
+    from picker.config.sources import read_plugin_config
+
+    bad = tmp_path / "bad.yaml"
+    for content in (b"server: {grpc_port: 1001}  # caf\xe9\n", b"a: " + b"[" * 100_000):
+        bad.write_bytes(content)
+        with pytest.raises(ConfigError, match=r"bad\.yaml"):
+            load_config(bad)
+        with pytest.raises(ConfigError, match=r"bad\.yaml"):
+            read_plugin_config(SchedulingConfig(config_file=bad))
+
+
 def test_address_parsing() -> None:
     assert parse_address("[fe80::1]:8000") == ("fe80::1", 8000)
     assert parse_address("pod.ns.svc:8000") == ("pod.ns.svc", 8000)
