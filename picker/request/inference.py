@@ -141,9 +141,11 @@ def parse_request(
         return reply_for(Outcome.BAD_REQUEST, "missing required field 'model'")
     if max_model_bytes is not None and len(model.encode()) > max_model_bytes:
         return reply_for(Outcome.BAD_REQUEST, f"'model' is longer than {max_model_bytes} bytes")
+    for key in ("max_tokens", "max_completion_tokens"):  # each: a resume counts down the one it reads
+        limit = data.get(key)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            return reply_for(Outcome.BAD_REQUEST, f"'{key}' must be an integer")
     max_tokens = data.get("max_tokens", data.get("max_completion_tokens"))
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int)):
-        return reply_for(Outcome.BAD_REQUEST, "'max_tokens' must be an integer")
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         return reply_for(Outcome.BAD_REQUEST, "'stream' must be a boolean")

@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from picker.streams.resume_fields import CHAT, COMPLETIONS, continued_fields, stops
+from picker.streams.resume_fields import CHAT, COMPLETIONS, asks_logprobs, continued_fields, flag, stops
 from picker.streams.resume_fields import refusal as field_refusal
 from picker.streams.resume_text import HeldText, as_chat, encode
 from picker.streams.sse import SSEParser
@@ -341,7 +341,8 @@ class Splice:
         rest["stream"] = True
         rest["return_token_ids"] = True
         options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
-        wanted = {k: True for k in ("include_usage", "continuous_usage_stats") if options.get(k)}
+        asked = ("include_usage", "continuous_usage_stats")
+        wanted = {k: True for k in asked if flag(options.get(k)) is True}
         if wanted:  # else none is asked: the client's usage is not wanted
             rest["stream_options"] = wanted
         else:
@@ -379,9 +380,9 @@ def prepare(body: dict[str, Any], chat: bool, max_ids: int = 0) -> tuple[dict[st
     """The request as sent upstream (token ids asked for; with stop strings, nothing held back by
     the engine: the splice holds it) and its splice. `max_ids`: streams.resume_max_tokens."""
     options = body.get("stream_options")
-    include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    continuous = isinstance(options, dict) and bool(options.get("continuous_usage_stats"))
-    client_ids = body.get("return_token_ids") is True
+    include_usage = isinstance(options, dict) and flag(options.get("include_usage")) is True
+    continuous = isinstance(options, dict) and flag(options.get("continuous_usage_stats")) is True
+    client_ids = flag(body.get("return_token_ids")) is True
     sent = {**body, "return_token_ids": True}
     found = stops(body)
     if found:
@@ -391,8 +392,8 @@ def prepare(body: dict[str, Any], chat: bool, max_ids: int = 0) -> tuple[dict[st
         body=sent,
         client_ids=client_ids,
         include_usage=include_usage,
-        held=HeldText.of(found, body.get("include_stop_str_in_output") is True) if found else None,
-        plain=not (found or continuous or body.get("logprobs") not in (None, False)),
+        held=HeldText.of(found, flag(body.get("include_stop_str_in_output")) is True) if found else None,
+        plain=not (found or continuous or asks_logprobs(body, chat)),
         max_ids=max_ids,
     )
     return sent, splice

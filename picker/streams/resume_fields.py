@@ -123,13 +123,41 @@ def stops(body: dict[str, Any]) -> tuple[str, ...]:
     return ()
 
 
+_TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})
+_FALSE = frozenset({"false", "0", "no", "off", "f", "n"})
+
+
+def flag(value: Any) -> bool | None:
+    """A boolean field as the engine reads it (vLLM's request models are lax pydantic): 0 and 1,
+    and strings such as "true" or "off", are booleans there, so `is True` or truthiness would
+    misread them. None: unset, or no boolean (the engine refuses the request)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        lowered = value.lower()
+        return True if lowered in _TRUE else False if lowered in _FALSE else None
+    return None
+
+
+def asks_logprobs(body: dict[str, Any], chat: bool) -> bool:
+    """The engine sends logprobs: chat's `logprobs` is a boolean, completions' a count (0 asks for
+    the chosen token's alone, and false is read as 0)."""
+    value = body.get("logprobs")
+    return value is not None and (not chat or flag(value) is not False)
+
+
 def refusal(body: dict[str, Any], path: str, greedy_only: bool) -> str | None:
     """Why this request's fields cannot be continued (None: they can). `greedy_only`: mode greedy."""
     if body.get("stream") is not True:
         return "not-streaming"
     if body.get("n", 1) not in (1, None) or body.get("best_of") not in (None, 1):
         return "several-choices"
-    for name in ("use_beam_search", "echo", "suffix", "prompt_embeds", "truncate_prompt_tokens"):
+    for name in ("use_beam_search", "echo"):
+        if body.get(name) is not None and flag(body.get(name)) is not False:
+            return FIELDS[name].reason
+    for name in ("suffix", "prompt_embeds", "truncate_prompt_tokens"):
         if body.get(name):
             return FIELDS[name].reason
     if body.get("prompt_logprobs") is not None:
@@ -149,8 +177,8 @@ def refusal(body: dict[str, Any], path: str, greedy_only: bool) -> str | None:
         return "kv-transfer"
     if body.get("mm_processor_kwargs") or (path == CHAT and _multimodal(body.get("messages"))):
         return "multimodal"
-    if stops(body) and body.get("include_stop_str_in_output") is not True:
-        if body.get("stop_token_ids") or body.get("skip_special_tokens") is False:
+    if stops(body) and flag(body.get("include_stop_str_in_output")) is not True:
+        if body.get("stop_token_ids") or flag(body.get("skip_special_tokens")) is False:
             return "stop-strings-with-stop-tokens"  # a stop token's text the picker could not strip
     if greedy_only and not greedy(body):
         return "sampling"
@@ -189,7 +217,7 @@ def continued_fields(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     """The client's fields a completions continuation keeps (the prompt and limits are the caller's)."""
     if chat:
         rest = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
-        if body.get("logprobs") is True:  # chat's logprobs, asked of the completions endpoint
+        if flag(body.get("logprobs")) is True:  # chat's logprobs, asked of the completions endpoint
             top = body.get("top_logprobs")
             rest["logprobs"] = top if isinstance(top, int) else 0
         return rest

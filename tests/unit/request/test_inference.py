@@ -5,6 +5,8 @@ import pytest
 from picker.contract import Outcome, Reply
 from picker.request.inference import InferenceRequest, parse_request
 
+JSON, BAD = "application/json", Outcome.BAD_REQUEST
+
 LIMIT = 10_000
 
 
@@ -59,6 +61,10 @@ def test_get_without_body_is_routable() -> None:
         (b'{"model": ""}', "application/json", Outcome.BAD_REQUEST, "model"),
         (b'{"model": 3}', "application/json", Outcome.BAD_REQUEST, "model"),
         (b'{"model": "m", "max_tokens": "9"}', "application/json", Outcome.BAD_REQUEST, "max_tokens"),
+        (b'{"model": "m", "max_tokens": true}', "application/json", Outcome.BAD_REQUEST, "max_tokens"),
+        # each limit is checked, not only the one read first (a resume counts down the chat one)
+        (b'{"model": "m", "max_tokens": 5, "max_completion_tokens": "7"}', JSON, BAD, "max_completion"),
+        (b'{"model": "m", "max_tokens": null, "max_completion_tokens": true}', JSON, BAD, "max_completion"),
         (b'{"model": "m", "stream": "yes"}', "application/json", Outcome.BAD_REQUEST, "stream"),
         (b'{"model": "m"}', "text/plain", Outcome.BAD_REQUEST, "content-type"),
         (b"", "application/json", Outcome.BAD_REQUEST, "empty"),

@@ -245,3 +245,66 @@ def test_a_continuation_keeps_the_endpoint_s_default_length_where_the_client_set
     )
     body = cut_and_continue(splice)
     assert "max_tokens" in body and body["max_tokens"] is None
+
+
+# --- a field's value as the engine reads it: 0 and 1 are no booleans, false is no count --------------
+
+
+def vllm_completion(ids: list[int], text: str, logprobs: Any, prompt: list[int] | None = None) -> bytes:
+    """A completions chunk in vLLM's own layout (its ids the last field: the splice's quick path)."""
+    choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None, "stop_reason": None,
+              "prompt_token_ids": prompt, "token_ids": ids}  # fmt: skip
+    frame = {"id": "a", "object": "text_completion", "created": 1, "model": "m", "choices": [choice]}
+    return b"data: " + json.dumps(frame, separators=(",", ":")).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("count", [0, False])
+def test_completions_logprobs_zero_keeps_counting_offsets_across_a_cut(count: Any) -> None:
+    """`logprobs: 0` asks for the chosen token's logprob alone (vLLM reads false as 0 too)."""
+
+    def lp(token: str, offset: int) -> dict[str, Any]:
+        return {"text_offset": [offset], "token_logprobs": [-0.5], "tokens": [token], "top_logprobs": None}
+
+    _, splice = prepare({**GREEDY, "logprobs": count}, chat=False)
+    out = splice.feed(vllm_completion([7], " a", lp(" a", 0), prompt=[1]))
+    out += splice.feed(vllm_completion([8], " bb", lp(" bb", 2)))
+    cut_and_continue(splice)
+    out += splice.feed(completion([9], " c", "length", logprobs=lp(" c", 0), rid="b"))
+    offsets = [f["choices"][0]["logprobs"]["text_offset"] for f in frames(out)]
+    assert offsets == [[0], [2], [5]]  # as an uncut run counts them
+
+
+@pytest.mark.parametrize("value", [1, "true", "on"])
+def test_return_token_ids_set_as_the_engine_reads_it_keeps_the_clients_ids(value: Any) -> None:
+    _, splice = prepare({**GREEDY, "return_token_ids": value}, chat=False)
+    out = splice.feed(vllm_completion([7], " a", None, prompt=[1]))
+    cut_and_continue(splice)
+    out += splice.feed(completion([8], " b", "length", rid="b"))
+    assert [f["choices"][0]["token_ids"] for f in frames(out)] == [[7], [8]]
+
+
+@pytest.mark.parametrize("value", [1, "true", "yes"])
+def test_include_stop_str_set_as_the_engine_reads_it_keeps_the_stop_string(value: Any) -> None:
+    _, splice = prepare({**GREEDY, "stop": "STOP", "include_stop_str_in_output": value}, chat=False)
+    out = splice.feed(
+        completion([7], " one", prompt=[1]) + completion([8], " two STOP", "stop", stop_reason="STOP")
+    )
+    assert text_of(out) == " one two STOP"
+
+
+@pytest.mark.parametrize("value", [0, "false", "off"])
+def test_include_usage_off_as_the_engine_reads_it_sends_no_usage(value: Any) -> None:
+    _, splice = prepare({**GREEDY, "stream_options": {"include_usage": value}}, chat=False)
+    usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    last = {"id": "a", "object": "text_completion", "created": 1, "model": "m", "choices": [], "usage": usage}
+    usage_chunk = b"data: " + json.dumps(last).encode() + b"\n\n"
+    out = splice.feed(completion([7], " a", "length", prompt=[1]) + usage_chunk)
+    assert len(frames(out)) == 1 and frames(out)[0].get("usage") is None
+
+
+@pytest.mark.parametrize("value", [1, "true"])
+def test_chat_logprobs_set_as_the_engine_reads_it_are_asked_of_the_continuation(value: Any) -> None:
+    _, splice = prepare({**CHAT_GREEDY, "logprobs": value}, chat=True)
+    splice.feed(chat({"role": "assistant", "content": ""}, None, prompt_token_ids=[1, 2]))
+    splice.feed(chat({"content": " a"}, [7]))
+    assert cut_and_continue(splice)["logprobs"] == 0

@@ -10,6 +10,8 @@ import pytest
 from picker.streams.resume import CHAT, COMPLETIONS, ResumeMode, prepare, refusal
 
 GREEDY = {"model": "m", "prompt": "hi", "stream": True, "temperature": 0, "max_tokens": 10}
+STOP_TOKENS = "stop-strings-with-stop-tokens"
+GREEDY_MODE = ResumeMode.GREEDY
 
 
 @pytest.mark.parametrize(
@@ -28,6 +30,12 @@ GREEDY = {"model": "m", "prompt": "hi", "stream": True, "temperature": 0, "max_t
         ({"temperature": 0.7}, ResumeMode.GREEDY, None, "sampling"),
         ({"temperature": 0.7}, ResumeMode.ALWAYS, None, None),
         ({"temperature": 0.7, "top_k": 1}, ResumeMode.GREEDY, None, None),
+        # a boolean as the engine reads it: 0 and "false" are false, 1 and "true" true
+        ({"stop": "x", "skip_special_tokens": 0}, ResumeMode.GREEDY, None, STOP_TOKENS),
+        ({"stop": "x", "skip_special_tokens": "false"}, ResumeMode.GREEDY, None, STOP_TOKENS),
+        ({"stop": "x", "skip_special_tokens": 0, "include_stop_str_in_output": 1}, GREEDY_MODE, None, None),
+        ({"echo": "false"}, ResumeMode.GREEDY, None, None),
+        ({"use_beam_search": 0}, ResumeMode.GREEDY, None, None),
     ],
 )
 def test_what_may_be_resumed(
