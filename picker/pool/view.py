@@ -87,6 +87,7 @@ class Pool:
         self._desired: dict[str, EndpointState] = {}
         self._admin_drained: set[str] = set()
         self.source = "static"
+        self._listed_drain = DrainCause.SOURCE  # what a drain the source lists opens as
         self.totals = DrainTotals()
         self._recent: deque[DrainRecord] = deque(maxlen=keep_drains)
         self._drain_listeners: list[Callable[[DrainRecord], None]] = []
@@ -154,11 +155,16 @@ class Pool:
         source: str,
         labels: Mapping[str, Mapping[str, str]] | None = None,
         instances: Mapping[str, str] | None = None,
+        *,
+        listed_drain: DrainCause = DrainCause.SOURCE,
     ) -> None:
         """Replace the desired set: listed endpoints take the given state, the rest become GONE.
         `labels`: each address's labels, when the source has them (canary groups); `instances`:
-        which instance (pod uid) stands behind each address, when the source knows."""
+        which instance (pod uid) stands behind each address, when the source knows. `listed_drain`:
+        the cause a drain the source lists opens its record with (ADMIN where the source is itself
+        the admin drains' record, as an endpoints file is)."""
         self.source = source
+        self._listed_drain = listed_drain
         self._desired = {a: s for a, s in desired.items() if s is not EndpointState.GONE}
         # An admin drain is about one instance: it ends when the source stops listing the address,
         # or lists another instance behind it (a new pod given a former one's IP).
@@ -287,7 +293,7 @@ class Pool:
     def _cause(self, address: str) -> DrainCause:
         if self._desired.get(address) is EndpointState.READY and address in self._admin_drained:
             return DrainCause.ADMIN
-        return DrainCause.SOURCE
+        return self._listed_drain
 
     def _open_drain(self, endpoint: Endpoint, cause: DrainCause) -> None:
         now = self._clock()

@@ -7,8 +7,9 @@ record makes every replica's admin API change the one place all of them read:
 - `EndpointsFileDrains` (no Kubernetes): the endpoints file itself. A drain rewrites it atomically
   (a temp file renamed over it, under an flock so two replicas on one host never lose each other's
   write) with `draining: true` on that entry; undrain removes the flag. This replica re-reads it at
-  once, the others at their next poll (`pool.endpoints_file_poll_s`, 1 s). The drain is then the
-  file's (cause `source`): it lasts until someone undrains it or edits the file, restarts included.
+  once, the others at their next poll (`pool.endpoints_file_poll_s`, 1 s). Every replica's drain
+  record says `admin` (the file holds admin drains only): it lasts until someone undrains it or edits
+  the file, restarts included.
   The rewrite keeps every entry and its order, not comments.
 - `ConfigMapDrains` (Kubernetes, `kube.drains_configmap`; picker/sources/kube_drains.py): one
   ConfigMap every replica lists and watches.

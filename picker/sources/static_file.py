@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from picker.config.model import canonical_address
-from picker.pool import EndpointState, Pool
+from picker.pool import DrainCause, EndpointState, Pool
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,9 @@ class EndpointsFile:
 
     def _apply(self, signature: _Signature, listed: tuple[dict[str, EndpointState], Labels]) -> None:
         desired, labels = listed
-        self._pool.reconcile(desired, source=SOURCE, labels=labels)
+        # the file is the admin drains' record (picker/sources/drain_store.py): a `draining: true`
+        # is the operator's, a preStop hook's or a rollback's, on every replica that reads it
+        self._pool.reconcile(desired, source=SOURCE, labels=labels, listed_drain=DrainCause.ADMIN)
         self._applied = self._seen = signature
         self._complained = None
         self.loads += 1

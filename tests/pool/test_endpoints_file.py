@@ -80,7 +80,8 @@ def test_load_then_atomic_replace_is_applied_at_the_next_check(path: Path) -> No
     assert source.check() is True
     assert state(pool) == {"10.0.0.1:8000": READY, "10.0.0.2:8000": DRAINING}
     record = pool.get("10.0.0.2:8000").drain  # type: ignore[union-attr]
-    assert record is not None and record.cause is DrainCause.SOURCE and record.source == "file"
+    # the file holds admin drains only (picker/sources/drain_store.py): the record says so
+    assert record is not None and record.cause is DrainCause.ADMIN and record.source == "file"
     replace_atomically(path, "- 10.0.0.1:8000\n")
     assert source.check() is True and state(pool) == {"10.0.0.1:8000": READY}
     assert pool.recent_drains()[0].exit is not None

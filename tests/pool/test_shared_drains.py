@@ -60,13 +60,34 @@ def test_drain_rewrites_the_file_and_every_replica_applies_it(shared: Path) -> N
     second, second_file, _ = replica(shared)
     endpoint = run(drains.drain(B))
     assert endpoint.state is DRAINING and endpoint.drain is not None
-    assert endpoint.drain.cause is DrainCause.SOURCE  # the file's drain now, not this replica's
     assert parse_endpoints(shared.read_text()) == {A: READY, B: DRAINING, C: READY}
     assert yaml.safe_load(shared.read_text()) == [A, {"address": B, "draining": True}, C]  # order kept
     assert states(second)[B] is READY  # until its next poll
     assert second_file.check()
     assert states(second) == {A: READY, B: DRAINING, C: READY}
     assert states(first) == states(second)
+    # the file holds admin drains (the operator's here): every replica's record says so, not `source`
+    assert [p.get(B).drain.cause for p in (first, second)] == [DrainCause.ADMIN] * 2  # type: ignore[union-attr]
+
+
+async def test_an_operators_drain_through_the_admin_api_is_recorded_as_the_admins(shared: Path) -> None:
+    """POST .../drain with an endpoints file: the drain record (/admin/drains, the scorecard) says
+    `admin`, held by the operator, as with any other store."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from picker.admin.api import admin_app
+    from picker.observability.metrics import Metrics
+
+    pool, _, drains = replica(shared)
+    client = TestClient(TestServer(admin_app(pool, Metrics(pool="default"), drains=drains), host="127.0.0.1"))
+    await client.start_server()
+    try:
+        assert (await client.post(f"/admin/endpoints/{B}/drain")).status == 200
+        (record,) = (await (await client.get("/admin/drains")).json())["drains"]
+        assert record["address"] == B and record["cause"] == "admin"
+        assert record["drained_by"] == [{"cause": "operator"}]
+    finally:
+        await client.close()
 
 
 def test_a_drain_and_its_undrain_keep_the_entrys_labels(tmp_path: Path) -> None:
