@@ -90,9 +90,7 @@ class ProxyApp:
             reuse_address=True,
         )
         proxy_port = self._listener.sockets[0].getsockname()[1]
-        admin = self.core.admin(self._spawn, move=self.frontend.move_streams)
-        if self.core.rollout is not None and self.config.rollout.move_streams:
-            self.core.rollout.move_streams = self.frontend.move_streams  # a rollback moves them too
+        admin = self.core.admin(self._spawn, move=self.frontend.move_streams)  # a rollback's moves too
         admin.router.add_get("/ready", self._readiness)
         self._admin = web.AppRunner(admin, access_log=None)
         await self._admin.setup()

@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from picker.config.model import PickerConfig
@@ -49,8 +49,9 @@ class RolloutRunner:
         self.clock = clock
         self.store: DrainStore | None = None  # set by the wiring once the admin drains are open
         # rollout.move_streams (picker proxy with streams.resume): a rollback moves the candidate's
-        # streams to stable replicas rather than let them run on the version it rolled back
-        self.move_streams: Callable[[str], int] | None = None
+        # streams to stable replicas rather than let them run on the version it rolled back; as the
+        # admin move does, on every picker sharing the books (picker/wiring.py `everywhere`)
+        self.move_streams: Callable[[str], Awaitable[int]] | None = None
         self._logged = canary.events
         self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
         self.cause: Cause = rollback(canary.plan.rollout_id)  # what its rollback's drains record
@@ -123,6 +124,7 @@ class RolloutRunner:
         self._log_events()
         if self.store is None:
             return
+        drained: list[str] = []
         for address in actions.drain if self.drain_on_rollback else []:
             # a rollback drains the candidate's pod, not its IP: a later pod given that IP is not drained
             endpoint = self.pool.get(address)
@@ -130,16 +132,28 @@ class RolloutRunner:
             try:
                 await self.store.drain(address, cause=self.cause, pod=pod)
                 log.info("rollout drain address=%s pod=%s cause=%s", address, pod or "-", self.cause)
-                if self.move_streams is not None:
-                    log.info("rollout moves %d stream(s) off %s", self.move_streams(address), address)
+                drained.append(address)
             except (EndpointConflict, UnknownEndpoint, DrainRecordUnavailable) as exc:
                 log.warning("rollout drain address=%s not done: %s", address, exc)
+        await self._move(drained)
         if lift or actions.undrain:
             try:
                 lifted = await self.store.lift(self.cause)
                 log.info("rollout undrain cause=%s addresses=%s", self.cause, ",".join(lifted) or "-")
             except (EndpointConflict, DrainRecordUnavailable) as exc:
                 log.warning("rollout undrain cause=%s not done: %s", self.cause, exc)
+
+    async def _move(self, addresses: list[str]) -> None:
+        """Move the streams off the drained `addresses`, all at once: a peer that does not answer
+        holds the rollback no longer than one ask's timeout, however many endpoints it drained."""
+        if self.move_streams is None or not addresses:
+            return
+        counts = await asyncio.gather(*(self.move_streams(a) for a in addresses), return_exceptions=True)
+        for address, moved in zip(addresses, counts, strict=True):
+            if isinstance(moved, BaseException):
+                log.warning("rollout moving streams off %s failed: %r", address, moved)
+            else:
+                log.info("rollout moves %d stream(s) off %s", moved, address)
 
     def _log_events(self) -> None:
         """One log line per decision the canary took since the last look (steps, rollback, ...)."""

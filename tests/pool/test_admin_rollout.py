@@ -157,7 +157,12 @@ async def test_a_rollback_moves_the_candidates_streams_when_asked(
     followed by moving its resumable streams to stable replicas."""
     client, runner = served
     moved: list[str] = []
-    runner.move_streams = lambda address: moved.append(address) or 3
+
+    async def move(address: str) -> int:
+        moved.append(address)
+        return 3
+
+    runner.move_streams = move
     auth = {"Authorization": f"Bearer {TOKEN}"}
     aborted = (await (await client.post("/admin/rollout/abort", headers=auth)).json())["rollout"]
     assert aborted["phase"] == "rolled-back"

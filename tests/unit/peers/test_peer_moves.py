@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -18,17 +19,21 @@ from hypothesis import strategies as st
 
 from loadtest.procs import free_port
 from picker.admin.api import admin_app
+from picker.config.model import PickerConfig
 from picker.observability.metrics import Metrics
 from picker.peers.asks import peer_moves
 from picker.peers.auth import EVENTS, MOVES, Handshake
 from picker.peers.books import Peering
-from picker.peers.events import MOVE_ASK, answer_problem, ask_problem
+from picker.peers.events import MOVE_ASK, MOVED, answer_problem, ask_problem
 from picker.peers.moves import PoolMoves
-from picker.pool import Pool
+from picker.pool import EndpointState, Pool
+from picker.wiring import build_core, spawn_owned
 from tests.unit.peers.peer_client import Client, FakePeer
 from tests.unit.peers.test_peer_links import E1, E2, Side
 
 SECRET = "s3cret"  # Side's
+SELF = "127.0.0.1:1"
+PEERS_SECRET = "rollback-peers-secret-0123"  # a configured credential: 16 characters or more
 
 GOOD_ASKS: list[Any] = [[MOVE_ASK, E1], [MOVE_ASK, "[fd00::1]:8000"]]
 BAD_ASKS: list[tuple[Any, str]] = [
@@ -292,3 +297,49 @@ async def test_the_admin_answer_carries_the_pool_move() -> None:
     assert response.status == 200, body
     assert body["moved_streams"] == 5 and body["moved_streams_by_picker"] == {"p1": 2, "p2": 3}
     assert body["endpoint"]["state"] == "draining" and own == []  # the pool move moves this one's too
+
+
+async def test_a_rollback_moves_the_candidates_streams_on_every_picker_sharing_the_books() -> None:
+    """rollout.move_streams with peers: the rollback's move is the admin move's, asking every peer to
+    move its streams off the candidate too (each proxy holds its own streams' bytes)."""
+    secret = PEERS_SECRET
+    peer = FakePeer([MOVED, 4], secret)
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        address = await peer.start()
+        config = PickerConfig.model_validate(
+            {
+                "peers": {"members": [SELF, address], "advertise": SELF, "secret": secret},
+                "rollout": {"candidate": "v2", "move_streams": True},
+            }
+        )
+        core = build_core(config)
+        label = config.rollout.group_label
+        core.pool.reconcile({E1: EndpointState.READY, E2: EndpointState.READY}, "file",
+                            labels={E1: {label: "v1"}, E2: {label: "v2"}})  # fmt: skip
+        own: list[str] = []
+        core.admin(partial(spawn_owned, tasks), move=lambda a: own.append(a) or 2)
+        assert core.rollout is not None
+        await core.rollout.command("abort")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await peer.close()
+    assert core.pool.get(E2).state is EndpointState.DRAINING  # type: ignore[union-attr]
+    assert own == [E2] and peer.asks == [[MOVE_ASK, E2]]
+
+
+def test_a_rollout_with_peers_and_no_shared_drain_store_says_its_rollback_drains_here_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = PickerConfig.model_validate(
+        {
+            "peers": {"members": [SELF, "127.0.0.1:2"], "advertise": SELF, "secret": PEERS_SECRET},
+            "rollout": {"candidate": "v2"},
+        }
+    )
+    core = build_core(config)
+    core.admin(lambda coro, name: coro.close())
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("no shared drain store" in m for m in said), said
