@@ -337,20 +337,21 @@ class _DeletionCostCollector(Collector):
         written = CounterMetricFamily(
             "picker_deletion_cost_writes",
             "pod-deletion-cost annotation writes (PATCH of that annotation), by result: written, gone "
-            "(the pod went, or its name is another pod's now), failed",
+            "(the pod went, or its name is another pod's now), forbidden (403: the picker may not patch "
+            "pods), failed",
             labels=["result"],
         )
-        for result in ("written", "gone", "failed"):
+        for result in ("written", "gone", "forbidden", "failed"):
             written.add_metric([result], writes.get(result, 0))
         yield written
         held = CounterMetricFamily(
             "picker_deletion_cost_skipped",
             "Annotation changes held back at a step, by why: interval (the pod was written less than "
             "kube.deletion_cost_interval_s ago), bound (scale_down.max_writes reached), standby (steps "
-            "while another picker writes)",
+            "while another picker writes), forbidden (steps held back after a patch was refused)",
             labels=["reason"],
         )
-        for reason in ("interval", "bound", "standby"):
+        for reason in ("interval", "bound", "standby", "forbidden"):
             held.add_metric([reason], skipped.get(reason, 0))
         yield held
 

@@ -15,7 +15,11 @@ writing forgets what it wrote, so the next writer starts from what the pods say.
 
 Patching pods is a broad permission: the picker asks the API server (SelfSubjectAccessReview) at
 start and refuses to start without it (`DeletionCostRefused`); when the review cannot be made then,
-it starts and asks again before its first write, writing nothing until allowed.
+it starts and asks again before its first write, writing nothing until allowed. An API server that
+does not serve the review (404; a proxy in front of it may not) gives no answer either way: the
+picker says so once, never asks again, and lets the patches say. A patch refused (403) is counted
+(`forbidden`) and holds the writes back, for longer at each refusal up to `_REFUSED_MAX_S`, so a
+picker without the grant sends a patch every few minutes, not every step.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ from picker.sources.kube import SourceError
 from picker.streams import RequestRecord
 
 log = logging.getLogger(__name__)
+
+_REFUSED_FIRST_S = 5.0  # writes held back after a first refused patch; doubled at each next one
+_REFUSED_MAX_S = 300.0
 
 
 class DeletionCostRefused(ConfigError):
@@ -99,12 +106,22 @@ def refusal(namespace: str, reason: str) -> str:
     )
 
 
+NOT_SERVED = "not-served"  # the kind of deletion_cost_api.ReviewNotServed
+_LET_THE_PATCHES_SAY = (
+    "the review is not served: not asked again, the patches will say whether they are allowed"
+)
+
+
 async def verified(patcher: PodPatcher) -> bool:
-    """At start: True when allowed, False when the review could not be made (asked again before the
-    first write); DeletionCostRefused when the API server says no."""
+    """At start: True when allowed (or when the review is not served: the patches will say), False
+    when the review could not be made (asked again before the first write); DeletionCostRefused
+    when the API server says no."""
     try:
         allowed, reason = await patcher.may_patch(patcher.namespace)
     except SourceError as exc:
+        if exc.kind == NOT_SERVED:
+            log.warning("kube.deletion_cost: %s; %s", exc, _LET_THE_PATCHES_SAY)
+            return True
         log.warning(
             "kube.deletion_cost: cannot ask whether pods may be patched (%s); asking again later", exc
         )
@@ -155,9 +172,11 @@ class DeletionCostWriter:
         self.allowed = allowed  # the API server said this picker may patch pods
         self._clock = clock
         self.writer = False  # whether the last step found this picker to be the writer
-        self.writes: Counter[str] = Counter()  # written | gone | failed
-        self.skipped: Counter[str] = Counter()  # interval | bound | standby
+        self.writes: Counter[str] = Counter()  # written | gone | forbidden | failed
+        self.skipped: Counter[str] = Counter()  # interval | bound | standby | forbidden
         self.problem: str | None = None  # the last failure, logged once
+        self._held_until = 0.0  # after a refused patch: no writes before this (clock)
+        self._hold_s = 0.0  # how long the last refusal held them back
 
     @classmethod
     def of(cls, core: Parts) -> DeletionCostWriter:
@@ -204,6 +223,10 @@ class DeletionCostWriter:
         pods = self._pods()
         now = self._clock()
         streams = self._streams()
+        if now < self._held_until:  # a patch was refused: not one a step
+            self.skipped["forbidden"] += 1
+            self._steer(pods, lambda pod: pod.value, streams)
+            return 0
         work = pod_work(pods, streams, {e.address: e for e in self._pool.endpoints()}, self.cost, now)
         self.ranker.keep_only({pod.key for pod in pods})
         plan = self.ranker.plan(pods, {key: w.cost for key, w in work.items()}, now)
@@ -214,7 +237,10 @@ class DeletionCostWriter:
             try:
                 await self._patcher.annotate(write.pod, write.value)
             except SourceError as exc:
-                self.writes["gone" if exc.kind == "gone" else "failed"] += 1
+                self.writes[exc.kind if exc.kind in ("gone", "forbidden") else "failed"] += 1
+                if exc.kind == "forbidden":
+                    self._hold_s = min(max(2 * self._hold_s, _REFUSED_FIRST_S), _REFUSED_MAX_S)
+                    self._held_until = self._clock() + self._hold_s
                 if exc.kind != "gone":
                     self._failed(exc)
                     break  # the API server is unhappy: the rest waits for the next step
@@ -226,7 +252,7 @@ class DeletionCostWriter:
             self.ranker.wrote(write.pod, write.value, self._clock())
             self.writes["written"] += 1
             made += 1
-            self.problem = None
+            self.problem, self._hold_s = None, 0.0
         self._steer(pods, self.ranker.current, streams)
         if made and log.isEnabledFor(logging.DEBUG):
             order = ", ".join(f"{key}={work[key].cost:.2f}s/{work[key].streams}" for key in plan.order)
@@ -248,6 +274,10 @@ class DeletionCostWriter:
         try:
             allowed, reason = await self._patcher.may_patch(self._patcher.namespace)
         except SourceError as exc:
+            if exc.kind == NOT_SERVED:
+                self._failed(f"{exc}; {_LET_THE_PATCHES_SAY}")
+                self.allowed = True
+                return True
             self._failed(exc)
             return False
         if not allowed:

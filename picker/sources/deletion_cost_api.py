@@ -32,11 +32,25 @@ class PodGone(SourceError):
     kind = "gone"
 
 
+class ReviewNotServed(ApiFailure):
+    """The API server, or a proxy in front of it, does not serve SelfSubjectAccessReview (404): no
+    answer either way; the operation itself will say whether it is allowed."""
+
+    kind = "not-served"
+
+
+class Forbidden(ApiFailure):
+    """The API server refused the write (403): this identity may not make it."""
+
+    kind = "forbidden"
+
+
 async def self_review(
     client: GenericAsyncClient, verb: str, resource: str, group: str, namespace: str, subresource: str = ""
 ) -> tuple[bool, str]:
     """Whether this picker's identity may `verb` the resource (a SelfSubjectAccessReview), and the API
-    server's reason. SourceError when the review cannot be made (the API server down or refusing it)."""
+    server's reason. SourceError when the review cannot be made (the API server down or refusing it);
+    ReviewNotServed when the API server does not serve the review at all."""
     attributes = ResourceAttributes(
         verb=verb, resource=resource, group=group, namespace=namespace, subresource=subresource or None
     )
@@ -44,7 +58,9 @@ async def self_review(
     try:
         answer: Any = await client.request("post", obj=review)
     except httpx2.HTTPStatusError as exc:
-        raise ApiFailure(f"selfsubjectaccessreview: HTTP {exc.response.status_code}") from None
+        code = exc.response.status_code
+        failure = ReviewNotServed if code == 404 else ApiFailure
+        raise failure(f"selfsubjectaccessreview: HTTP {code}") from None
     except httpx2.HTTPError as exc:
         raise Disconnected(f"selfsubjectaccessreview: {type(exc).__name__}: {exc}") from None
     except msgspec.MsgspecError as exc:
@@ -68,8 +84,8 @@ class LightkubePodPatcher:
         return await self_review(self._client, "patch", "pods", "", namespace)
 
     async def annotate(self, pod: PodRef, value: int) -> None:
-        """Set the pod's annotation to `value`: PodGone, ApiFailure or Disconnected when it did not.
-        The answer (the whole pod) is not decoded: a field the client library's model does not know
+        """Set the pod's annotation to `value`: PodGone, Forbidden, ApiFailure or Disconnected when it
+        did not. The answer (the whole pod) is not decoded: a field the client library's model does not know
         must not turn a write that went through into one that seems to have failed (and is repeated)."""
         metadata: dict[str, Any] = {"annotations": {ANNOTATION: str(value)}}
         if pod.uid is not None:
@@ -91,9 +107,12 @@ class LightkubePodPatcher:
         code = response.status_code
         if code in (404, 409):
             raise PodGone(f"pod {pod.key}: HTTP {code}")
+        if code == 403:
+            raise Forbidden(
+                f"patch pod {pod.key}: HTTP 403: the picker needs patch on pods in {pod.namespace}"
+            )
         if code >= 300:
-            hint = f": the picker needs patch on pods in {pod.namespace}" if code == 403 else ""
-            raise ApiFailure(f"patch pod {pod.key}: HTTP {code}{hint}")
+            raise ApiFailure(f"patch pod {pod.key}: HTTP {code}")
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -237,6 +237,30 @@ async def test_an_unanswered_review_starts_and_writes_nothing_until_allowed(
     assert await cost.step() == 4
 
 
+async def test_a_review_the_api_server_does_not_serve_leaves_the_answer_to_the_patches(
+    pool_pods: FakeApiServer, open_sources: Callable[..., Any]
+) -> None:
+    """A 404 from SelfSubjectAccessReview (not served there, or by a proxy in front) is no refusal:
+    the picker starts, never asks again, and tries the patches; one answered 403 is counted
+    (`forbidden`) and holds the writes back for a while, not every step; once granted, it writes."""
+    fake = pool_pods
+    fake.rbac()
+    fake.fail_next(1, 404, resource="selfsubjectaccessreviews")
+    sources = await open_sources()
+    assert sources.patch_allowed  # unknown: the patches will say
+    clock = Clock()
+    cost = writer(sources, streams_with({"vllm-2": 2000}), clock, allowed=sources.patch_allowed)
+    assert await cost.step() == 0
+    assert [p["status"] for p in fake.patches] == [403] and cost.writes == {"forbidden": 1}
+    clock.now += 1.0
+    assert await cost.step() == 0 and len(fake.patches) == 1  # held back: not a patch a step
+    assert cost.skipped["forbidden"] == 1
+    fake.grant_resource(fake.user_of(fake.token), "patch", "pods")
+    clock.now += 60.0
+    assert await cost.step() == 4
+    assert fake.self_reviews == []  # the review was asked once, at start, and never again
+
+
 class Replica:
     """One picker of two: its own client for the pods, the Lease and the patches."""
 
