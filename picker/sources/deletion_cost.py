@@ -39,7 +39,7 @@ from picker.pool.deletion_cost import CostPolicy, PodRef, Stream, pod_work, time
 from picker.pool.deletion_rank import Ranker, RankPolicy, ScaleDownRanks, next_to_go
 from picker.request.live_work import live_streams
 from picker.sources.cancel import raise_if_cancelled
-from picker.sources.kube import SourceError
+from picker.sources.kube import ReviewNotServed, SourceError
 from picker.streams import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,6 @@ def refusal(namespace: str, reason: str) -> str:
     )
 
 
-NOT_SERVED = "not-served"  # the kind of deletion_cost_api.ReviewNotServed
 _LET_THE_PATCHES_SAY = (
     "the review is not served: not asked again, the patches will say whether they are allowed"
 )
@@ -118,10 +117,10 @@ async def verified(patcher: PodPatcher) -> bool:
     when the API server says no."""
     try:
         allowed, reason = await patcher.may_patch(patcher.namespace)
+    except ReviewNotServed as exc:
+        log.warning("kube.deletion_cost: %s; %s", exc, _LET_THE_PATCHES_SAY)
+        return True
     except SourceError as exc:
-        if exc.kind == NOT_SERVED:
-            log.warning("kube.deletion_cost: %s; %s", exc, _LET_THE_PATCHES_SAY)
-            return True
         log.warning(
             "kube.deletion_cost: cannot ask whether pods may be patched (%s); asking again later", exc
         )
@@ -273,11 +272,11 @@ class DeletionCostWriter:
     async def _ask(self) -> bool:
         try:
             allowed, reason = await self._patcher.may_patch(self._patcher.namespace)
+        except ReviewNotServed as exc:
+            self._failed(f"{exc}; {_LET_THE_PATCHES_SAY}")
+            self.allowed = True
+            return True
         except SourceError as exc:
-            if exc.kind == NOT_SERVED:
-                self._failed(f"{exc}; {_LET_THE_PATCHES_SAY}")
-                self.allowed = True
-                return True
             self._failed(exc)
             return False
         if not allowed:

@@ -20,7 +20,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from picker.pool.deletion_cost import ANNOTATION, PodRef
-from picker.sources.kube import ApiFailure, Disconnected, SourceError
+from picker.sources.kube import ApiFailure, Disconnected, ReviewNotServed, SourceError
 from picker.sources.kube_api import make_client
 
 FIELD_MANAGER = "inference-picker"
@@ -30,13 +30,6 @@ class PodGone(SourceError):
     """The pod is gone, or its name belongs to another pod now (404, or the uid precondition's 409)."""
 
     kind = "gone"
-
-
-class ReviewNotServed(ApiFailure):
-    """The API server, or a proxy in front of it, does not serve SelfSubjectAccessReview (404): no
-    answer either way; the operation itself will say whether it is allowed."""
-
-    kind = "not-served"
 
 
 class Forbidden(ApiFailure):

@@ -60,6 +60,13 @@ class ApiFailure(SourceError):
     kind = "api-error"
 
 
+class ReviewNotServed(ApiFailure):
+    """The API server, or a proxy in front of it, does not serve SelfSubjectAccessReview (404): no
+    answer either way; the operation itself will say whether it is allowed."""
+
+    kind = "not-served"
+
+
 class BadData(SourceError):
     """The API server (or something in between) sent something undecodable."""
 

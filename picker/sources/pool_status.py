@@ -27,7 +27,8 @@ election); otherwise it records the `PickerStopping` event and leaves the condit
 Permission: asked at start (SelfSubjectAccessReview) for `patch inferencepools/status` and `create
 events`; with neither the picker refuses to start (PoolStatusRefused); with one, it does what that
 one allows and says so once (no condition: events only, as the issue asks where the status cannot be
-written).
+written). An API server that does not serve the review (404) answers neither way: the picker says
+so once, never asks again, and tries both, each failure counted (writes and events by result).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from picker.contract.pool_status import CONDITION_TYPE, STATE_EVENT, PoolEvent, 
 from picker.pool import Pool
 from picker.pool.status import Phase, PoolHealth, pool_health
 from picker.sources.cancel import raise_if_cancelled
-from picker.sources.kube import SourceError
+from picker.sources.kube import ReviewNotServed, SourceError
 from picker.sources.pool_status_body import condition, event_body, parent_ref, same_ref, shows
 
 log = logging.getLogger(__name__)
@@ -84,15 +85,26 @@ class Grants:
     events: bool
 
 
+_LET_THE_WRITES_SAY = "the review is not served: not asked again, the writes will say what is allowed"
+
+
 async def verified(api: StatusApi) -> Grants | None:
     """At start: the grants; None when they could not be asked (asked again before the first write);
-    PoolStatusRefused when neither is granted."""
+    both when the review is not served (the writes say, their failures counted); PoolStatusRefused
+    when neither is granted."""
     try:
-        status = await api.may("patch", "inferencepools", "inference.networking.k8s.io", "status")
-        events = await api.may("create", "events", "events.k8s.io")
+        return await _asked(api)
+    except ReviewNotServed as exc:
+        log.warning("kube.pool_status: %s; %s", exc, _LET_THE_WRITES_SAY)
+        return Grants(True, True)
     except SourceError as exc:
         log.warning("kube.pool_status: cannot ask what this picker may write (%s); asking again later", exc)
         return None
+
+
+async def _asked(api: StatusApi) -> Grants:
+    status = await api.may("patch", "inferencepools", "inference.networking.k8s.io", "status")
+    events = await api.may("create", "events", "events.k8s.io")
     return _grants(api.namespace, status, events)
 
 
@@ -293,9 +305,10 @@ class PoolStatusWriter:
 
     async def _ask(self) -> bool:
         try:
-            status = await self._api.may("patch", "inferencepools", "inference.networking.k8s.io", "status")
-            events = await self._api.may("create", "events", "events.k8s.io")
-            self.grants = _grants(self._api.namespace, status, events)
+            self.grants = await _asked(self._api)
+        except ReviewNotServed as exc:
+            self._failed(f"{exc}; {_LET_THE_WRITES_SAY}")
+            self.grants = Grants(True, True)
         except (SourceError, PoolStatusRefused) as exc:
             self._failed(exc)
             return False

@@ -254,3 +254,22 @@ async def test_the_picker_refuses_to_start_with_no_grant_and_with_events_alone_w
     both = await open_sources()
     assert both.status_grants is not None and both.status_grants.status
     assert await writer(both).step() and shows(fake, "True", "Ready")()
+
+
+async def test_a_review_the_api_server_does_not_serve_leaves_the_answer_to_the_writes(
+    pool_pods: FakeApiServer, open_sources: Callable[..., Any]
+) -> None:
+    """A 404 from SelfSubjectAccessReview answers neither way: the picker starts, never asks again,
+    and writes what it may (the condition here); what it may not fails and is counted."""
+    fake = pool_pods
+    fake.rbac()
+    fake.grant_resource(
+        fake.user_of(fake.token), "patch", "inferencepools/status", "inference.networking.k8s.io"
+    )
+    fake.fail_next(1, 404, resource="selfsubjectaccessreviews")
+    sources = await open_sources()
+    assert sources.status_grants is not None  # not "asked again at each look"
+    status = writer(sources)
+    assert await status.step() and shows(fake, "True", "Ready")()
+    assert status.events["failed"] == 1 and status.events["created"] == 0  # no grant for events: said
+    assert fake.self_reviews == []  # asked once, at start
