@@ -21,8 +21,10 @@ in one), one per rollback of this picker's canary.
 One writer per pool, as kube.deletion_cost (deletion_cost.writer_gate): the Lease's holder, or the
 first of the linked peers; the others stand by, looking at the gate every `_STANDBY_CHECK_S` (a look
 that stands by does no I/O), so a new writer writes within about a second of a handover. At shutdown
-the writer writes `Stopping` only when no other picker can take over (no linked peer, no leader
-election); otherwise it records the `PickerStopping` event and leaves the condition to its successor.
+the writer writes `Stopping` unless another picker serves on (a linked peer in another pod); then it
+records the `PickerStopping` event alone and leaves the condition to it. A standby for the Lease is
+no such picker (only the holder is ready, and there may be no standby at all): the leader writes
+`Stopping`, and a standby's first look as the new holder writes `Ready`.
 
 Permission: asked at start (SelfSubjectAccessReview) for `patch inferencepools/status` and `create
 events`; with neither the picker refuses to start (PoolStatusRefused); with one, it does what that
@@ -322,8 +324,8 @@ class PoolStatusWriter:
 
     async def stopping(self, timeout_s: float) -> None:
         """Shutdown's first step, within `timeout_s`, while still the writer: with a successor (a linked
-        peer, a standby for the Lease) the `PickerStopping` event alone, the condition left to it (its
-        first look writes what it sees); without one, the entry says Stopping too."""
+        peer that serves on) the `PickerStopping` event alone, the condition left to it (its first
+        look writes what it sees); without one, the entry says Stopping too."""
         self.phase = Phase.STOPPING
         self.handing_over = self._successor()
         try:

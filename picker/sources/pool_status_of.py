@@ -59,10 +59,13 @@ def open_pool_status(core: Parts) -> PoolStatusWriter:
         return dict(drains.drained_by()) if drains is not None else {}
 
     def successor() -> bool:
-        """Whether another picker can take over the pool's status: a standby for the Lease, or a
-        linked peer (then a Stopping condition would say "not ready" while the others serve)."""
-        if core.leader is not None:
-            return True
+        """Whether another picker serves on once this one stops: a linked peer in another pod
+        (then a Stopping condition would say "not ready" while the others serve). Not a standby for
+        the Lease: only the holder is ready, so until one takes it no picker serves, and there may
+        be none at all; Stopping says so, and the new holder's first look says Ready again. Not a
+        worker of this pod either (server.workers): they all stop with it."""
+        if core.leader is not None or core.config.server.workers > 1:
+            return False
         return peering is not None and bool(set(peering.peers) - set(peering.unlinked()))
 
     writer = PoolStatusWriter(

@@ -235,8 +235,9 @@ async def test_an_event_names_its_pool_by_uid_and_stays_within_the_api_servers_l
 
 
 def test_the_wiring_names_a_successor_and_wakes_the_writer_on_the_sources_problem() -> None:
-    """open_pool_status (picker/sources/pool_status_of.py): a successor is a standby for the Lease
-    or a linked peer; a change of the endpoint source's problem wakes the writer."""
+    """open_pool_status (picker/sources/pool_status_of.py): a successor is a linked peer in another
+    pod, never a standby for the Lease (not ready until it holds it, and maybe absent) nor a worker
+    of the same pod (they stop together); a change of the endpoint source's problem wakes the writer."""
     from types import SimpleNamespace
 
     from picker.config.sources import load_config
@@ -250,8 +251,9 @@ def test_the_wiring_names_a_successor_and_wakes_the_writer_on_the_sources_proble
         status_api=MemoryStatusApi(), status_grants=None, problem=None, on_problem=listeners.append
     )
 
-    def core(leader: Callable[[], bool] | None, peers: object) -> Any:
+    def core(leader: Callable[[], bool] | None, peers: object, workers: int = 1) -> Any:
         config = load_config(overrides={"kube": {"pool_name": "vllm", "pool_status": True}})
+        config = config.model_copy(update={"server": config.server.model_copy(update={"workers": workers})})
         return SimpleNamespace(
             config=config,
             sources=sources,
@@ -263,7 +265,9 @@ def test_the_wiring_names_a_successor_and_wakes_the_writer_on_the_sources_proble
             drains=None,
         )
 
-    assert open_pool_status(core(lambda: True, None))._successor()  # a standby may take the Lease
+    assert not open_pool_status(core(lambda: True, None))._successor()  # a standby is not ready
+    assert not open_pool_status(core(lambda: True, peering))._successor()  # nor a linked one
+    assert not open_pool_status(core(None, peering, workers=2))._successor()  # the pod's own workers
     alone = open_pool_status(core(None, None))
     assert not alone._successor()
     linked = open_pool_status(core(None, peering))
