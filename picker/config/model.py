@@ -716,7 +716,8 @@ class PeersConfig(_Group):
     )
     # Connections on the peer port that have not said their hello are strangers': each may hold a
     # few KiB for a few seconds (picker/peers/listener.py), and only so many at once. A member needs
-    # one for its link and one per question it asks (drains, moves) while it is being answered.
+    # one for its link and one per question it asks (drains, moves) while it is being answered; from
+    # an address a member is named by, it waits apart from the strangers (their total cannot block it).
     max_unauthenticated: int = Field(
         64,
         ge=1,
@@ -727,7 +728,8 @@ class PeersConfig(_Group):
         8,
         ge=1,
         le=100_000,
-        description="... and from one address: more are refused (counted)",
+        description="... and from one source (an IPv4 address, an IPv6 /64; each peer's address has its "
+        "own): more are refused (counted)",
     )
     # The pickers' own credential (picker/peers/auth.py: a mutual handshake and HMACs, never sent), from
     # a Secret (PICKER_PEERS__SECRET, or --peer-secret-file); not the admin token.

@@ -293,7 +293,7 @@ _REJECTED_DOCS = {
     "lease": "Reads of the leader Lease refused whole (malformed, out-of-range), by reason",
     "peer_move_answers": "Peers' answers to a move ask (?move_streams=true) refused whole, by reason",
     "peer_connections": "Connections on the channel between pickers refused or closed for what they did, "
-    "by reason: too many not past their hello (from one address, or in all), a hello too large or late, "
+    "by reason: too many not past their hello (from one source, or in all), a hello too large or late, "
     "a failed accept (out of descriptors), a frame whose MAC failed, a peer that did not prove itself",
     "peer_drain_answers": "Peers' answers to the drains query (/admin/drains?scope=pool) refused whole, "
     "by reason",

@@ -27,6 +27,7 @@ peers' latest picks and ends, which a message ready in the same loop turn as the
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -34,7 +35,7 @@ from typing import Any
 
 import msgpack
 
-from picker.config.model import canonical_address
+from picker.config.model import canonical_address, parse_address
 from picker.peers.auth import DRAINS, EVENTS, REFUSAL, hello_of, proven
 from picker.peers.books import Peering, owner_of
 from picker.peers.events import CANNOT, MOVED, REFUSED, ask_problem, problem
@@ -46,6 +47,28 @@ log = logging.getLogger(__name__)
 
 OWN_ONLY = frozenset({"pick", "move", "sync"})  # events a picker sends only about its own requests
 _SAID = 1024  # (who, cause) pairs logged once each, then forgotten: a flood must not flood the log
+
+
+def member_addresses(peering: Peering) -> Callable[[str], bool]:
+    """Whether a connection's source address is one a peer is named by (`ip:port` members, as
+    peers.service resolves them; a peer named by DNS is not known this way), read at each call so
+    a re-resolved member list counts at once."""
+
+    def known(source: str) -> bool:
+        address = _ip(source)
+        return address is not None and any(_ip(member, named=True) == address for member in peering.peers)
+
+    return known
+
+
+def _ip(text: str, named: bool = False) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address `text` is (a member's name `host:port` when `named`), None when it names none."""
+    try:
+        ip = ipaddress.ip_address(parse_address(text)[0] if named else text)
+    except ValueError:
+        return None
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return mapped or ip
 
 
 class PeerInbox:
@@ -74,7 +97,7 @@ class PeerInbox:
         self.watched = False  # events are read as they arrive (requests are queued), not on demand
         self._connections: set[Inbound] = set()  # every open one, hello or not
         self._answers: set[asyncio.Task[None]] = set()
-        self._gate = Gate(max_unauthenticated, max_unauthenticated_per_source)
+        self._gate = Gate(max_unauthenticated, max_unauthenticated_per_source, member_addresses(peering))
         self._listener: PeerListener | None = None
         # a member's move ask moves this picker's streams through this (picker proxy wires its own)
         self.mover: Callable[[str], int] | None = None

@@ -3,9 +3,11 @@
 
 Until its hello is accepted a connection is a stranger's, and bounded: it may send HELLO_MAX bytes
 (a hello is under 1.2 KiB; past that it is closed), for HELLO_TIMEOUT_S, and at most
-`max_per_source` such connections from one address and `max_total` in all are open at once (more are
-closed at accept, unread). So what strangers can make a picker hold is about `max_total` x
-(HELLO_MAX + a 64 KiB read buffer + a socket's buffers), whatever they send. Out of descriptors
+`max_per_source` such connections from one source (an IPv4 address, an IPv6 /64) and `max_total` in
+all are open at once (more are closed at accept, unread); the pool's own peers, known by the
+addresses they are named by, wait in places of their own (`Gate`), so strangers cannot block them.
+So what strangers can make a picker hold is about `max_total` x (HELLO_MAX + a 64 KiB read buffer +
+a socket's buffers), whatever they send. Out of descriptors
 (EMFILE, ENFILE), or any other failing accept, the accept loop stops reading the listener and tries
 again after a backoff, instead of spinning on a listener that stays readable. Every refusal is
 counted by reason (`picker_peer_connections_rejected_total`), with a proven peer's frame that fails
@@ -18,9 +20,11 @@ read when the inbox pulls it (before each admission), and a paused transport can
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgpack
@@ -48,29 +52,67 @@ class Host(Protocol):
 
 
 class Gate:
-    """The connections not past their hello, by source address: how many may be open (pure)."""
+    """The connections not past their hello, by source: how many may be open (pure).
 
-    def __init__(self, max_total: int, max_per_source: int) -> None:
+    A stranger's source is its prefix (`source_prefix`: an IPv4 address, an IPv6 /64), so one host
+    with a whole /64 of addresses holds `max_per_source` places, not `max_total`. The pool's own
+    peers (`known`: a source address a member is named by) wait in places of their own, each
+    address up to `max_per_source`, so strangers holding every stranger's place never refuse a
+    peer's new link or question."""
+
+    def __init__(
+        self, max_total: int, max_per_source: int, known: Callable[[str], bool] = lambda _: False
+    ) -> None:
         self.max_total, self.max_per_source = max_total, max_per_source
-        self._by_source: Counter[str] = Counter()
-        self.total = 0
+        self._known = known
+        self._by_source: Counter[str] = Counter()  # strangers' places, by prefix
+        self._members: Counter[str] = Counter()  # known peers' places, by address
+        self.total = 0  # strangers' places taken
 
     def enter(self, source: str) -> str | None:
         """None when a new connection from `source` may wait for its hello (it is counted); else why not."""
-        if self._by_source[source] >= self.max_per_source:
+        if self._known(source):
+            if self._members[source] >= self.max_per_source:
+                return "too-many-from-source"
+            self._members[source] += 1
+            return None
+        prefix = source_prefix(source)
+        if self._by_source[prefix] >= self.max_per_source:
             return "too-many-from-source"
         if self.total >= self.max_total:
             return "too-many-unauthenticated"
-        self._by_source[source] += 1
+        self._by_source[prefix] += 1
         self.total += 1
         return None
 
     def leave(self, source: str) -> None:
-        """A connection from `source` said its hello, or closed without one."""
+        """A connection from `source` said its hello, or closed without one. A source counted as a
+        known peer's gives back a peer's place first (its connections are one pod's)."""
+        if self._members[source] > 0:
+            self._members[source] -= 1
+            if not self._members[source]:
+                del self._members[source]
+            return
+        self._members.pop(source, None)
+        prefix = source_prefix(source)
         self.total -= 1
-        self._by_source[source] -= 1
-        if self._by_source[source] <= 0:
-            del self._by_source[source]
+        self._by_source[prefix] -= 1
+        if self._by_source[prefix] <= 0:
+            del self._by_source[prefix]
+
+
+def source_prefix(source: str) -> str:
+    """What a stranger's per-source cap counts by: an IPv4 address itself (an IPv4-mapped one too),
+    an IPv6 address by its /64 (what one host or subscriber is given); anything else as it is."""
+    try:
+        ip = ipaddress.ip_address(source)
+    except ValueError:
+        return source
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 class PeerListener:

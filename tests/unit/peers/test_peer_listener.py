@@ -41,10 +41,10 @@ class Listening:
         return dict(self.inbox.connections_refused)
 
 
-async def listening(per_source: int = 8, total: int = 64) -> Listening:
+async def listening(per_source: int = 8, total: int = 64, peer: str = B) -> Listening:
     pool = Pool()
     pool.apply(ready=[E1, E2])
-    peering = Peering(A, (A, B), pool)
+    peering = Peering(A, (A, peer), pool)
     path = RequestPath(
         pool, Metrics(pool="default"), fallback_count=0, schedule=lambda d, f: lambda: None, peering=peering
     )
@@ -135,7 +135,7 @@ async def test_unauthenticated_connections_are_capped_per_source(opened: list[An
 
 
 async def test_unauthenticated_connections_are_capped_in_all(opened: list[Any]) -> None:
-    listener = await listening(per_source=64, total=2)
+    listener = await listening(per_source=64, total=2, peer="10.0.0.9:2")  # 127.0.0.1: no peer's address
     opened.append(listener)
     clients = [await Client.connect(listener.port), await Client.connect(listener.port)]
     opened += clients
@@ -247,3 +247,34 @@ async def test_the_outbound_link_closes_on_a_welcome_larger_than_a_hello() -> No
     link.data_received(msgpack.packb([CHALLENGE, new_nonce()]))
     one_byte_at_a_time(link, msgpack.packb(b"w" * (2 * HELLO_MAX))[: HELLO_MAX + 8])
     assert transport.closing and not link.ready.done()
+
+
+def test_strangers_are_capped_by_prefix_and_cannot_crowd_out_a_known_peer() -> None:
+    """Strangers holding every pre-hello place (from many IPv6 addresses: one /64 counts as one
+    source) do not keep a member's address out: the pool's peers have places of their own."""
+    from picker.peers.listener import Gate
+
+    gate = Gate(max_total=4, max_per_source=2, known=lambda source: source in ("10.0.0.7", "fd00:1::7"))
+    assert [gate.enter(f"2001:db8:0:1::{i}") for i in range(1, 4)] == [None, None, "too-many-from-source"]
+    assert gate.enter("::ffff:192.0.2.1") is None and gate.enter("192.0.2.1") is None  # one IPv4 address
+    assert gate.enter("192.0.2.1") == "too-many-from-source"
+    assert gate.enter("2001:db8:0:2::1") == "too-many-unauthenticated"  # every strangers' place taken
+    assert gate.enter("10.0.0.7") is None and gate.enter("fd00:1::7") is None  # the peers still get in
+    assert gate.enter("10.0.0.7") is None and gate.enter("10.0.0.7") == "too-many-from-source"
+    for source in ("10.0.0.7", "10.0.0.7", "2001:db8:0:1::2"):
+        gate.leave(source)
+    assert gate.enter("2001:db8:0:2::1") is None  # the stranger's place freed, not the peer's
+    assert gate.enter("2001:db8:0:3::1") == "too-many-unauthenticated"
+
+
+def test_a_peers_address_is_known_by_the_listening_picker() -> None:
+    """Peers named by address (as peers.service resolves them) are known by the source address
+    their connections come from, an IPv4-mapped one too."""
+    from picker.peers.inbox import member_addresses
+
+    peering = Peering(
+        "10.0.0.1:9004", ("10.0.0.1:9004", "10.0.0.2:9004", "[fd00::3]:9004", "picker-d:9004"), Pool()
+    )
+    known = member_addresses(peering)
+    assert known("10.0.0.2") and known("::ffff:10.0.0.2") and known("fd00:0::3")
+    assert not known("10.0.0.1") and not known("10.0.0.9") and not known("picker-d")
