@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 DEFAULT_CAPACITY = 31_250  # blocks per endpoint (the reference's lruCapacityPerServer)
-_MIN_CAPACITY = 64
+_MIN_CAPACITY = 4  # blocks: a tiny cache (a test engine's) is still sized as it is
 _FEEDBACK_WINDOW = 50  # engine reports judged together (PrefixIndex.observed)
 
 
@@ -36,8 +36,9 @@ class PrefixIndex:
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.bound = max(_MIN_CAPACITY, capacity)  # the engine's size (num_gpu_blocks) or the default
         self.capacity = self.bound  # what the index keeps now (corrected by `observed`)
-        self._new: dict[int, None] = {}  # blocks routed since the last rotation
-        self._old: dict[int, None] = {}  # blocks routed in the half before that
+        # block -> when it was last routed here (`add`'s stamp): since the last rotation, and before
+        self._new: dict[int, int] = {}
+        self._old: dict[int, int] = {}
         # the engine's reports in this window, how many fell short, and how many found nothing at all
         self._seen = self._over = self._emptied = 0
 
@@ -67,9 +68,20 @@ class PrefixIndex:
                 high = middle
         return low
 
-    def add(self, keys: Sequence[int]) -> None:
-        """A prompt was routed here: its blocks are (or will be) in the engine's cache."""
-        self._new.update(dict.fromkeys(keys))  # in C: about 20 ns a block
+    def routed_at(self, keys: Sequence[int], held: int) -> int:
+        """When the deepest of the `held` leading keys (`matched`'s count) was last routed here; 0
+        when none is. Where several endpoints hold the same prefix by the index, the engine that took
+        it last is the one whose cache still has it: an index that believes more than the engine
+        keeps (pseudo-tokens, a smaller cache) goes wrong on the older holders first."""
+        if held <= 0:
+            return 0
+        key = keys[held - 1]
+        return self._new.get(key) or self._old.get(key, 0)
+
+    def add(self, keys: Sequence[int], stamp: int = 1) -> None:
+        """A prompt was routed here (`stamp`: a clock that grows with every routing, the pool's):
+        its blocks are (or will be) in the engine's cache."""
+        self._new.update(dict.fromkeys(keys, stamp))  # in C: about 20 ns a block
         if len(self._new) >= self.capacity:
             self._old, self._new = self._new, {}  # the older generation goes, in one step
 
@@ -97,9 +109,11 @@ class PrefixIndex:
         self._seen = self._over = self._emptied = 0
 
     def resize(self, bound: int) -> None:
-        """The engine published its cache size (vllm:cache_config_info num_gpu_blocks)."""
-        self.bound = max(_MIN_CAPACITY, bound)
-        self.capacity = min(self.capacity, self.bound)
+        """The engine's cache, in this index's blocks, is `bound` (its published num_gpu_blocks, in
+        the prompt's own tokens): what the index keeps follows in proportion (its feedback kept)."""
+        bound = max(_MIN_CAPACITY, bound)
+        self.capacity = max(_MIN_CAPACITY, min(bound, round(self.capacity * bound / self.bound)))
+        self.bound = bound
 
     def clear(self) -> None:
         self._new.clear()
@@ -182,6 +196,18 @@ class CacheKeys:
         if self.blocks and endpoint.prefix is not None:
             return endpoint.prefix.matched(self.blocks) / len(self.blocks)
         return 0.0
+
+    def holding(self, endpoint: CacheView) -> tuple[float, int]:
+        """`cached_fraction`, and when that much of the prompt was last routed to `endpoint`
+        (approximate: `PrefixIndex.routed_at`; 0 when unknown, as with the engines' own KV events,
+        which say what is held, not guessed)."""
+        if self.tokens and endpoint.kv is not None:
+            return endpoint.kv.matched(self.tokens) / len(self.tokens), 0
+        index = endpoint.prefix
+        if self.blocks and index is not None:
+            held = index.matched(self.blocks)
+            return held / len(self.blocks), index.routed_at(self.blocks, held)
+        return 0.0, 0
 
 
 class CacheView(Protocol):

@@ -35,10 +35,8 @@ def record_engine_info(
     """What a scrape said of the engine's cache and adapters (absent: unchanged)."""
     if block_size is not None:
         endpoint.block_size = block_size
-    if num_blocks is not None and num_blocks != endpoint.num_blocks:
-        endpoint.num_blocks = num_blocks
-        if endpoint.prefix is not None:
-            endpoint.prefix.resize(num_blocks)
+    if num_blocks is not None:
+        endpoint.num_blocks = num_blocks  # the approximate index follows it (Placement.tune)
     if adapters is not None:
         endpoint.running_adapters, endpoint.waiting_adapters, endpoint.max_adapters = adapters
 

@@ -42,6 +42,7 @@ from picker.streams.record import Slo
 
 log = logging.getLogger(__name__)
 
+_MAX_RATIO = 8.0  # engine tokens per pseudo-token believed at most (and its inverse at least)
 # a critical request's SLO guards the sheddable work admitted after it for this long (seconds)
 GUARD_S = 10.0
 
@@ -77,6 +78,11 @@ class Placement:
         )
         metrics.set_latency_engaged(self.engaged)
         self._refreshed_at = float("-inf")
+        self._routings = 0  # the indexes' clock: prompts routed so far (PrefixIndex.routed_at)
+        # approximate: the engines' tokens per pseudo-token of a prompt, learned from the prompt
+        # sizes they report (usage.prompt_tokens); a real tokenizer's differs from the bytes / 4 the
+        # keys are cut by, and the engine's cache holds its own tokens
+        self.token_ratio = 1.0
         # the latest critical request's SLO, and when it came: sheddable work gives way to it
         self._guarded: tuple[Slo, float] | None = None
         pool.on_forget(self._forgotten)
@@ -218,7 +224,8 @@ class Placement:
         if endpoint is not None and keys.blocks and keys.block_tokens == self.block_tokens:
             if endpoint.prefix is None:
                 endpoint.prefix = PrefixIndex(self._index_capacity(endpoint))
-            endpoint.prefix.add(keys.blocks)
+            self._routings += 1
+            endpoint.prefix.add(keys.blocks, self._routings)
         if keys.session is not None and self.sessions is not None:
             self.sessions.bind(keys.session, address)
 
@@ -300,15 +307,18 @@ class Placement:
             endpoint.pending_prefill = max(0.0, endpoint.pending_prefill - record.prefill)
 
     def ended(self, record: RequestRecord) -> None:
-        """It completed: the model learns its time per output token; the engine said how much of the
-        prompt it had cached: correct the approximate index."""
+        """It completed: the model learns its time per output token; the engine said how large the
+        prompt was and how much of it it had cached: the approximate index learns both."""
         self._learn_tpot(record)
         keys, tracker = record.keys, record.tracker
-        if keys is None or not keys.blocks or tracker is None or tracker.usage_cached_tokens is None:
-            return
-        if not self._config.engine_feedback:
+        if keys is None or not keys.blocks or tracker is None:
             return
         prompt = tracker.usage_prompt_tokens
+        if prompt and keys.estimated_tokens and self._config.engine_feedback:
+            ratio = min(_MAX_RATIO, max(1.0 / _MAX_RATIO, prompt / keys.estimated_tokens))
+            self.token_ratio += 0.1 * (ratio - self.token_ratio)
+        if tracker.usage_cached_tokens is None or not self._config.engine_feedback:
+            return
         if not prompt or not record.picked or record.endpoint != record.picked[0]:
             return
         endpoint = self._pool.get(record.endpoint)
@@ -341,6 +351,7 @@ class Placement:
             self._refreshed_at = now
             self.latency.refresh(now)
             self._judge(now)
+        self._size_indexes()
         published = max((e.block_size or 0 for e in self._pool.endpoints()), default=0)
         wanted = max(self._config.block_tokens, published)
         if self._config.prefix != "approximate" or wanted == self.block_tokens:
@@ -365,10 +376,21 @@ class Placement:
         self._metrics.set_latency_engaged(self.engaged, measured)
 
     def _index_capacity(self, endpoint: Endpoint) -> int:
-        """The engine's cache in the index's blocks when it publishes it, else the configured size."""
+        """The engine's cache in the index's blocks when it publishes it (its tokens, over the
+        engines' tokens per pseudo-token), else the configured size."""
         if endpoint.num_blocks and endpoint.block_size:
-            return max(1, endpoint.num_blocks * endpoint.block_size // self.block_tokens)
+            tokens = endpoint.num_blocks * endpoint.block_size / self.token_ratio
+            return max(1, int(tokens // self.block_tokens))
         return self._config.index_blocks
+
+    def _size_indexes(self) -> None:
+        """Each approximate index follows its engine's published cache, in the index's blocks."""
+        for endpoint in self._pool.endpoints():
+            index = endpoint.prefix
+            if index is not None and endpoint.num_blocks:
+                wanted = self._index_capacity(endpoint)
+                if abs(wanted - index.bound) > 0.05 * index.bound:  # not at every wobble of the ratio
+                    index.resize(wanted)
 
     def _kv_block_size(self) -> int | None:
         for endpoint in self._pool.ready():

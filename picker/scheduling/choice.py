@@ -125,12 +125,11 @@ def _primary(rows: list[Row], policy: AffinityPolicy, slo: Slo | None, predicted
     lora = within[0].lora > 0
     holders = filters.holders(within, policy.sticky_threshold)
     if holders:
-        # an endpoint holding the prefix keeps it until the prefill the request would wait for there
+        # the endpoint holding the prefix keeps it until the prefill the request would wait for there
         # (its backlog of uncached tokens not started, plus what it lacks) exceeds the quickest
         # endpoint's by more than the penalty: computing a prefix again costs more than its own time
         # (it evicts other prefixes), as the reference's maxTTFTPenalty says
-        # (with predictions: the holder predicted to finish it first)
-        sticky = min(holders, key=lambda row: (row.latency_s or row.prefill, row.cost, row.tiebreak))
+        sticky = min(holders, key=_holding)
         quickest = min(row.prefill for row in within)
         if sticky.prefill <= quickest + policy.prefill_penalty_tokens:
             return sticky, "sticky"
@@ -149,3 +148,11 @@ def _primary(rows: list[Row], policy: AffinityPolicy, slo: Slo | None, predicted
     # with predictions, only the replicas within the latency gap (and meeting the SLO) are scored:
     # a slow one is no choice at all while a quick one has room
     return max(within if predicted else rows, key=score), "score"
+
+
+def _holding(row: Row) -> tuple[float, int, float, float, float]:
+    """Which holder keeps a prefix: the one holding the most of the prompt, then the one it was
+    routed to last (of several the index believes hold it, that one still does: a prefix that
+    alternated between two holders would be kept by neither engine once their caches are full),
+    then the least prefill to wait for (with predictions: the one predicted to finish it first)."""
+    return -row.cached, -row.routed, row.latency_s or row.prefill, row.cost, row.tiebreak

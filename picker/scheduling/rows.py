@@ -76,6 +76,8 @@ class Row:
     # prefill tokens it would wait for there: the candidate's backlog plus its own uncached tokens
     prefill: float = 0.0
     room: float = 1.0  # the share of the candidate's cache not yet known to be taken (0-1)
+    # when the prefix it holds was last routed there (approximate; higher is later, 0 unknown)
+    routed: int = 0
     # the latency model's predicted seconds to this request's first token, per output token, and its
     # cost there (TTFT + TPOT x the tokens it asks for + what the streams running there lose to it:
     # what the pick minimizes); None: not used
@@ -119,7 +121,7 @@ def build(
             cost, tiebreak = Stagger.whole(cost, policy), float(order[address])
         else:
             tiebreak = rng.random()
-        cached = keys.cached_fraction(c) if keys is not None else 0.0
+        cached, routed = keys.holding(c) if keys is not None else (0.0, 0)
         adapter = 0.0
         if ask.lora:
             adapter = lora_score(ask.model, c.running_adapters, c.waiting_adapters, c.max_adapters)
@@ -138,6 +140,7 @@ def build(
             address == bound,
             c.pending_prefill + uncached,
             _room(c),
+            routed,
         )
         if latency is not None:
             row.ttft_s, row.tpot_s, row.ttft_x, row.tpot_x = predict(latency, c, current, uncached, policy)
