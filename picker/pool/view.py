@@ -86,8 +86,7 @@ class Pool:
         self._endpoints: dict[str, Endpoint] = {}
         self._desired: dict[str, EndpointState] = {}
         self._admin_drained: set[str] = set()
-        self.source = "static"
-        self._listed_drain = DrainCause.SOURCE  # what a drain the source lists opens as
+        self.source, self._listed_drain = "static", DrainCause.SOURCE  # what a listed drain opens as
         self.totals = DrainTotals()
         self._recent: deque[DrainRecord] = deque(maxlen=keep_drains)
         self._drain_listeners: list[Callable[[DrainRecord], None]] = []
@@ -155,16 +154,13 @@ class Pool:
         source: str,
         labels: Mapping[str, Mapping[str, str]] | None = None,
         instances: Mapping[str, str] | None = None,
-        *,
         listed_drain: DrainCause = DrainCause.SOURCE,
     ) -> None:
         """Replace the desired set: listed endpoints take the given state, the rest become GONE.
         `labels`: each address's labels, when the source has them (canary groups); `instances`:
         which instance (pod uid) stands behind each address, when the source knows. `listed_drain`:
-        the cause a drain the source lists opens its record with (ADMIN where the source is itself
-        the admin drains' record, as an endpoints file is)."""
-        self.source = source
-        self._listed_drain = listed_drain
+        what a listed drain's record says (ADMIN: the source is the admin drains' record, a file)."""
+        self.source, self._listed_drain = source, listed_drain
         self._desired = {a: s for a, s in desired.items() if s is not EndpointState.GONE}
         # An admin drain is about one instance: it ends when the source stops listing the address,
         # or lists another instance behind it (a new pod given a former one's IP).
