@@ -644,19 +644,17 @@ class AffinityConfig(_Group):
         "due first)",
     )
     latency_engage_ratio: float = Field(
-        1.6,
+        1.4,
         gt=1,
-        description="auto: engaged when the slowest measured replica's predicted time for the same request "
-        "is at least this many times the median replica's, for latency_engage_after_s",
+        description="auto: engaged when the slower replicas' predicted time for the pool's typical request "
+        "is at least this many times the quicker ones' (split where the gap is widest), for "
+        "latency_engage_after_s",
     )
-    # 1 s: judged against the median replica at the pool's own load, a uniform pool's spread stayed
-    # at most 1.12 on bench_affinity (engage at 1.6), while every second unrouted in a pool that is not
-    # uniform sends a slow replica its full share (bench_shapes: 6 % -> 4 % of the requests there)
     latency_engage_after_s: float = Field(
         1.0, ge=0, description="auto: how long the pool must look not uniform before it engages"
     )
     latency_release_ratio: float = Field(
-        1.3, gt=1, description="auto: released when it is below this many times, for latency_release_after_s"
+        1.2, gt=1, description="auto: released when it is below this many times, for latency_release_after_s"
     )
     latency_release_after_s: float = Field(
         10.0, ge=0, description="auto: how long the pool must look uniform before it is released"

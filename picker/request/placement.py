@@ -29,6 +29,7 @@ from picker.observability.metrics import Metrics
 from picker.pool import Endpoint, Pool
 from picker.pool.cache import CacheKeys, PrefixIndex
 from picker.pool.sessions import Sessions
+from picker.request import index_size
 from picker.request.inference import InferenceRequest
 from picker.scheduling import LoadPolicy, Stagger, rows
 from picker.scheduling.choice import AffinityPolicy, Choice, choose
@@ -36,13 +37,12 @@ from picker.scheduling.latency import LatencyModel
 from picker.scheduling.load import measure
 from picker.scheduling.prefix import prompt_blocks, seed_of, token_blocks
 from picker.scheduling.rows import Ask, output_tokens, steer
-from picker.scheduling.uniformity import Uniformity, spread
+from picker.scheduling.uniformity import Uniformity
 from picker.streams import RequestRecord
 from picker.streams.record import Slo
 
 log = logging.getLogger(__name__)
 
-_MAX_RATIO = 8.0  # engine tokens per pseudo-token believed at most (and its inverse at least)
 # a critical request's SLO guards the sheddable work admitted after it for this long (seconds)
 GUARD_S = 10.0
 
@@ -79,10 +79,7 @@ class Placement:
         metrics.set_latency_engaged(self.engaged)
         self._refreshed_at = float("-inf")
         self._routings = 0  # the indexes' clock: prompts routed so far (PrefixIndex.routed_at)
-        # approximate: the engines' tokens per pseudo-token of a prompt, learned from the prompt
-        # sizes they report (usage.prompt_tokens); a real tokenizer's differs from the bytes / 4 the
-        # keys are cut by, and the engine's cache holds its own tokens
-        self.token_ratio = 1.0
+        self.token_ratio = 1.0  # approximate: the engines' tokens per pseudo-token (index_size.py)
         # the latest critical request's SLO, and when it came: sheddable work gives way to it
         self._guarded: tuple[Slo, float] | None = None
         pool.on_forget(self._forgotten)
@@ -223,7 +220,10 @@ class Placement:
         # keys cut before the block size changed (tune) stay out of the indexes cut at the new one
         if endpoint is not None and keys.blocks and keys.block_tokens == self.block_tokens:
             if endpoint.prefix is None:
-                endpoint.prefix = PrefixIndex(self._index_capacity(endpoint))
+                capacity = index_size.capacity(
+                    endpoint, self.block_tokens, self.token_ratio, self._config.index_blocks
+                )
+                endpoint.prefix = PrefixIndex(capacity)
             self._routings += 1
             endpoint.prefix.add(keys.blocks, self._routings)
         if keys.session is not None and self.sessions is not None:
@@ -315,8 +315,7 @@ class Placement:
             return
         prompt = tracker.usage_prompt_tokens
         if prompt and keys.estimated_tokens and self._config.engine_feedback:
-            ratio = min(_MAX_RATIO, max(1.0 / _MAX_RATIO, prompt / keys.estimated_tokens))
-            self.token_ratio += 0.1 * (ratio - self.token_ratio)
+            self.token_ratio = index_size.learned(self.token_ratio, prompt, keys.estimated_tokens)
         if tracker.usage_cached_tokens is None or not self._config.engine_feedback:
             return
         if not prompt or not record.picked or record.endpoint != record.picked[0]:
@@ -351,7 +350,7 @@ class Placement:
             self._refreshed_at = now
             self.latency.refresh(now)
             self._judge(now)
-        self._size_indexes()
+        index_size.follow(self._pool.endpoints(), self.block_tokens, self.token_ratio)
         published = max((e.block_size or 0 for e in self._pool.endpoints()), default=0)
         wanted = max(self._config.block_tokens, published)
         if self._config.prefix != "approximate" or wanted == self.block_tokens:
@@ -365,32 +364,17 @@ class Placement:
         """auto: whether the pool is uniform (picker/scheduling/uniformity.py); a switch is logged once."""
         if self.uniformity is None or self.latency is None:
             return
-        measured = spread(self.latency)
-        if self.uniformity.check(measured, now):
+        slots = {e.address: float(e.learned_slots) for e in self._pool.ready() if e.learned_slots}
+        switched = self.uniformity.judge(self.latency, now, slots)
+        measured = self.uniformity.last_spread
+        if switched:
             self.engaged = self.latency.eager = self.uniformity.engaged
             log.info(
-                "affinity.latency auto: %s (the slowest replica's predicted time %.2f x the median one's)",
+                "affinity.latency auto: %s (the slower replicas' predicted time %.2f x the quicker ones')",
                 "engaged: the pool is not uniform" if self.engaged else "released: the pool is uniform",
                 measured or 0.0,
             )
         self._metrics.set_latency_engaged(self.engaged, measured)
-
-    def _index_capacity(self, endpoint: Endpoint) -> int:
-        """The engine's cache in the index's blocks when it publishes it (its tokens, over the
-        engines' tokens per pseudo-token), else the configured size."""
-        if endpoint.num_blocks and endpoint.block_size:
-            tokens = endpoint.num_blocks * endpoint.block_size / self.token_ratio
-            return max(1, int(tokens // self.block_tokens))
-        return self._config.index_blocks
-
-    def _size_indexes(self) -> None:
-        """Each approximate index follows its engine's published cache, in the index's blocks."""
-        for endpoint in self._pool.endpoints():
-            index = endpoint.prefix
-            if index is not None and endpoint.num_blocks:
-                wanted = self._index_capacity(endpoint)
-                if abs(wanted - index.bound) > 0.05 * index.bound:  # not at every wobble of the ratio
-                    index.resize(wanted)
 
     def _kv_block_size(self) -> int | None:
         for endpoint in self._pool.ready():

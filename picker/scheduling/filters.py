@@ -10,7 +10,7 @@ from typing import Protocol
 
 from picker.scheduling.rows import Row
 
-_BALANCE_SLACK = 0.05  # requests: a pool at rest is never out of balance
+_BALANCE_SLACK = 1.0  # requests: less than one request above the mean is never out of balance
 
 Slo = tuple[float | None, float | None]  # a request's (TTFT, TPOT) objectives in seconds
 
@@ -49,8 +49,10 @@ def load_limit(rows: Sequence[Row], gaps: Gaps) -> float:
 def in_range(rows: Sequence[Row], gaps: Gaps) -> list[Row]:
     """Within the load gap (`max_load_gap` requests of the least loaded, or `load_gap_ratio` of its
     load when larger) and in balance (load averaged over the last seconds at most `balance_ratio`
-    above the pool's average: a hot prefix's endpoint that stays busier than the rest is out of
-    balance, a moment's swing is not); the least loaded when every one is past a bound."""
+    and one request above the pool's average: a hot prefix's endpoint that stays busier than the
+    rest is out of balance; a moment's swing is not, nor, on a lightly loaded pool, a request more
+    than the mean, which moving a prefix would not repay); the least loaded when every one is past
+    a bound."""
     limit = load_limit(rows, gaps)
     balanced = sum(row.load_avg for row in rows) / len(rows) * (1 + gaps.balance_ratio) + _BALANCE_SLACK
     return [row for row in rows if row.load <= limit and row.load_avg <= balanced] or list(rows[:1])

@@ -2,29 +2,36 @@
 
 The latency model (picker/scheduling/latency.py) learns every replica's speed whatever the setting;
 routing by its predictions helps only a pool whose replicas differ (another GPU, another version, a
-noisy neighbour) and costs a uniform pool prefix hits and a few microseconds a pick. So under
-`auto` the pick uses the predictions only while the pool measurably is not uniform:
+noisy neighbour, fewer batch slots) and costs a uniform pool prefix hits and a few microseconds a
+pick. So under `auto` the pick uses the predictions only while the pool measurably is not uniform.
 
-- the **spread** is the slowest measured replica's predicted time for the same request (the pool's
-  typical one: the prefill tokens and the requests running beside it that the pool was measured at
-  lately, the tokens a stream produces lately) over the median replica's (the quicker's, with
-  two: on bench_affinity's uniform pool of four, the slowest over the quickest swung between 1.1
-  and 1.7); a replica counts once it has observations of its own on both figures (one that got no
-  traffic lately has none: it tells nothing either way). Compared where the pool runs, not at a
-  fixed load: a fit is right where it was measured, and a pool near its capacity is measured only
-  there (13-16 running on bench_shapes: compared at four, a replica twice as slow looked 1.24x);
-- engaged once the spread has stayed at or above `engage_ratio` for `engage_after_s`; released once
-  it has stayed below `release_ratio` (lower) for `release_after_s` (longer: a pool that is not
-  uniform costs more while the switch is off than a uniform one while it is on). Between the two
-  ratios, or with fewer than two measured replicas, the state holds: a slow replica the pick stopped
-  sending work to does not switch it off by going unmeasured.
-Checked after the scrapes (about once a second), never per request. Pure: no clock, no I/O.
+Each replica's **speed** is what its fits predict for the pool's typical request where the pool
+runs: its first token (the prefill tokens the pool was measured at lately), its time per output
+token (beside as many running requests as the pool ran lately), and, where its batch slots are
+known, the wait for one at the pool's typical load (a replica with half the slots of the rest is
+slower there, though no token of it is). A replica counts once it has observations of its own on
+both figures; one the pick stopped feeding keeps the speed it was last measured at (it is not
+uniform by going unmeasured) until it is measured again or leaves the pool.
+
+The **spread** is the largest gap between two groups: the replicas sorted by their time for the
+typical request, split at every place, the slower group's median over the quicker group's. One slow
+replica of four, half of them, or three of four read alike (the slowest over the median did not:
+speeds 1, 1, 2, 2 read 1.3). A first token that is slower while the decode is not is what a cache
+miss looks like, not a slower replica (an approximate index wrong about what an engine holds makes
+a uniform pool's first tokens differ): the slower group's first token counts above the quicker's
+only as far as its decode is slower too.
+
+Engaged once the spread has stayed at or above `engage_ratio` for `engage_after_s`; released once
+it has stayed below `release_ratio` (lower) for `release_after_s` (longer). Between the two ratios,
+or with fewer than two replicas known, the state holds. Checked after the scrapes (about once a
+second), never per request. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
 
@@ -33,29 +40,67 @@ _PROBE_PREFILL = 1000.0  # prefill tokens of the typical request compared, befor
 _PROBE_RUNNING = 4.0  # requests running beside it, before any observation
 
 
-def spread(model: LatencyModel) -> float | None:
-    """The slowest measured replica's predicted time for the typical request over the median
-    replica's (the quicker's, with two); None with fewer than two measured."""
+@dataclass(frozen=True, slots=True)
+class Speed:
+    """One replica's predicted times for the pool's typical request."""
+
+    first_s: float  # to the first token, once in a batch slot
+    token_s: float  # per output token
+    wait_s: float = 0.0  # for a batch slot, at the pool's typical load
+
+
+def speeds(model: LatencyModel, slots: Mapping[str, float] | None = None) -> dict[str, Speed]:
+    """The speed of every replica measured lately. `slots`: each replica's batch slots, where known."""
     pool = model.pool
-    # no slot wait: the replicas' speed is compared, not their queues (the pick counts those)
+    running = pool.tpot.mean(1, _PROBE_RUNNING)
     ttft_x = ttft_features(pool.ttft.mean(1, _PROBE_PREFILL / 1000.0) * 1000.0, 0.0)
-    tpot_x = tpot_features(pool.tpot.mean(1, _PROBE_RUNNING))
+    tpot_x = tpot_features(running)
     tokens = model.output_tokens
-    times = [
-        model.ttft(address, ttft_x) + model.tpot(address, tpot_x) * tokens
-        for address, replica in model.replicas.items()
-        if replica.ttft.weight >= MEASURED and replica.tpot.weight >= MEASURED
-    ]
-    if len(times) < 2:
+    out = {}
+    for address, replica in model.replicas.items():
+        if replica.ttft.weight < MEASURED or replica.tpot.weight < MEASURED:
+            continue
+        token_s = model.tpot(address, tpot_x)
+        held = (slots or {}).get(address, 0.0)
+        wait_s = 0.0
+        if held > 0 and running + 1.0 > held:  # the typical request waits for a slot there
+            wait_s = (running + 1.0 - held) * token_s * tokens / held
+        out[address] = Speed(model.ttft(address, ttft_x), token_s, wait_s)
+    return out
+
+
+def spread_of(known: Mapping[str, Speed], tokens: float) -> float | None:
+    """The largest gap between a slower and a quicker group of replicas (see the module's
+    docstring); None with fewer than two known."""
+    if len(known) < 2:
         return None
-    # against the median replica (the quicker of two): one replica's noisy fit (a prefill queue, a
-    # time per token learned from a few short streams) must not make a uniform pool look uneven
-    return max(times) / (min(times) if len(times) == 2 else statistics.median(times))
+    ranked = sorted(known.values(), key=lambda s: s.first_s + s.wait_s + s.token_s * tokens)
+    widest = 1.0
+    for split in range(1, len(ranked)):
+        quick, slow = ranked[:split], ranked[split:]
+        first_q, token_q = _median(s.first_s for s in quick), _median(s.token_s for s in quick)
+        first_s, token_s = _median(s.first_s for s in slow), _median(s.token_s for s in slow)
+        wait_q, wait_s = _median(s.wait_s for s in quick), _median(s.wait_s for s in slow)
+        decode = token_s / token_q if token_q > 0 else 1.0
+        first = min(first_s, first_q * max(1.0, decode))  # slower only as far as the decode is
+        quicker = first_q + wait_q + token_q * tokens
+        if quicker > 0:
+            widest = max(widest, (first + wait_s + token_s * tokens) / quicker)
+    return widest
+
+
+def spread(model: LatencyModel, slots: Mapping[str, float] | None = None) -> float | None:
+    """The spread of the replicas measured lately (none held)."""
+    return spread_of(speeds(model, slots), model.output_tokens)
+
+
+def _median(values: Sequence[float] | object) -> float:
+    return statistics.median(list(values))  # type: ignore[call-overload]
 
 
 @dataclass(slots=True)
 class Uniformity:
-    """The `auto` switch with hysteresis: `check` after the model changed; `engaged` is the state."""
+    """The `auto` switch with hysteresis: `judge` after the model changed; `engaged` is the state."""
 
     engage_ratio: float  # the settings (affinity.latency_*; their defaults: config/model.py)
     release_ratio: float
@@ -64,6 +109,16 @@ class Uniformity:
     engaged: bool = False
     last_spread: float | None = None
     _contrary_since: float | None = None  # since when the spread says the other state
+    # every replica's last measured speed: one that goes unmeasured keeps it until it leaves
+    held: dict[str, Speed] = field(default_factory=dict)
+
+    def judge(self, model: LatencyModel, now: float, slots: Mapping[str, float] | None = None) -> bool:
+        """Measure the replicas, keep what each was last measured at, take one reading; True when
+        the state switched."""
+        known = {address: speed for address, speed in self.held.items() if address in model.replicas}
+        known.update(speeds(model, slots))
+        self.held = known
+        return self.check(spread_of(known, model.output_tokens), now)
 
     def check(self, spread: float | None, now: float) -> bool:
         """Take one reading; True when the state switched."""

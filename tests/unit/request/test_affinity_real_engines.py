@@ -9,8 +9,12 @@ backlog and neither engine kept it. These checks pin the two rules that keep a g
 
 from __future__ import annotations
 
+from picker.config.model import AffinityConfig
 from picker.pool.cache import PrefixIndex
 from picker.pool.scrapes import record_engine_info
+from picker.scheduling import filters
+from picker.scheduling.choice import AffinityPolicy
+from picker.scheduling.rows import Row
 from picker.streams import EndReason, ResponseTracker
 from tests.unit.request.test_affinity import SYSTEM, A, B, path_of, request, route
 
@@ -71,3 +75,16 @@ def test_the_index_is_sized_in_the_engines_own_tokens() -> None:
     path.capacity_changed()
     assert endpoint.prefix.bound == 16  # 40 x 128 / 2.5 tokens, in blocks of 128
     assert endpoint.prefix.capacity <= 16
+
+
+def test_less_than_a_request_above_the_mean_is_not_out_of_balance() -> None:
+    """Two engines at two requests in all: one that averaged 1.6 over the last seconds against the
+    other's 0.4 keeps its prefixes (moving one costs a whole prefill there and evicts another); a
+    hot prefix's endpoint more than a fifth and a request above a loaded pool's mean still spreads."""
+    policy = AffinityPolicy.of(AffinityConfig())
+    holder = Row(A, False, False, False, 1.0, 0.0, 1.0, load_avg=1.6)
+    other = Row(B, False, False, False, 0.0, 0.0, 0.0, load_avg=0.4)
+    assert holder in filters.in_range([other, holder], policy)
+    hot = Row(A, False, False, False, 8.0, 0.0, 8.0, load_avg=9.5)
+    cool = Row(B, False, False, False, 4.0, 0.0, 4.0, load_avg=3.5)
+    assert hot not in filters.in_range([cool, hot], policy)
