@@ -41,10 +41,13 @@ from loadtest.traffic import percentile
 KV_OFFSET = 1000  # each engine publishes its KV events on its port + this
 SETUPS: dict[str, tuple[str, ...] | None] = {
     "rr": None,
+    "oracle": None,  # each group to one engine, straight (no Envoy, no picker): perfect affinity
     "load": ("--prefix-affinity", "off"),
     "approx": (),
+    "approx-off": (),  # affinity.latency off (ENVIRONMENTS)
     "precise": ("--prefix-affinity", "precise", "--kv-events-port-offset", str(KV_OFFSET)),
 }
+ENVIRONMENTS = {"approx-off": {"PICKER_AFFINITY__LATENCY": "off"}}
 
 
 def prompts(groups: int, words: int, seed: int) -> list[str]:
@@ -87,6 +90,39 @@ def reset_caches(servers: Sequence[launcher.RealVllm]) -> None:
         http_client.post(f"{server.url}/reset_prefix_cache", timeout=30).raise_for_status()
 
 
+def requests_of(texts: list[str], count: int, seed: int) -> list[tuple[int, str]]:
+    """`count` (group, prompt) pairs: a group's shared prompt and a short question of its own."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        group = rng.randrange(len(texts))
+        question = " Question: " + " ".join(f"q{rng.randrange(10**6)}" for _ in range(12))
+        out.append((group, texts[group] + question))
+    return out
+
+
+async def closed_loop(
+    urls: Sequence[str], texts: list[str], concurrency: int, count: int, seed: int
+) -> list[float | None]:
+    """`count` requests, `concurrency` at a time, in a seeded order; with several `urls`, group g
+    goes to urls[g % len(urls)] (the oracle's perfect affinity)."""
+    todo = requests_of(texts, count, seed)
+    results: list[float | None] = [None] * count
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        position = 0
+
+        async def worker() -> None:
+            nonlocal position
+            while position < count:
+                index, position = position, position + 1
+                group, prompt = todo[index]
+                results[index] = await one(session, urls[group % len(urls)], prompt)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results
+
+
 async def replay(url: str, texts: list[str], rate: float, count: int, seed: int) -> list[float | None]:
     rng = random.Random(seed)
     timeout = aiohttp.ClientTimeout(total=120)
@@ -113,24 +149,41 @@ async def run_setup(
 ) -> str:
     addresses = [f"127.0.0.1:{s.port}" for s in servers]
     options = StackOptions(
-        replicas=0, extra_envoy_endpoints=addresses, picker_endpoints=addresses, picker_args=flags or ()
+        replicas=0,
+        extra_envoy_endpoints=addresses,
+        picker_endpoints=addresses,
+        picker_args=flags or (),
+        picker_env=ENVIRONMENTS.get(name),
     )
     stack = Stack(workdir / name, options)
     (workdir / name).mkdir(parents=True, exist_ok=True)
     baseline: Proc | None = None
+    picker_page: dict = {}
+    picker_log = ""
     try:
-        if flags is None:
+        if name == "oracle":
+            port = 0
+        elif flags is None:
             baseline, port = await asyncio.to_thread(start_baseline_envoy, stack, workdir / name)
         else:
             await asyncio.to_thread(stack.start)
             port = stack.listen_port
         await asyncio.to_thread(reset_caches, servers)  # every setup starts from empty caches
-        url = f"http://127.0.0.1:{port}"
+        urls = [s.url for s in servers] if name == "oracle" else [f"http://127.0.0.1:{port}"]
         texts = prompts(args.groups, args.words, seed=1)
-        await replay(url, texts, args.rate, args.warmup, seed=2)  # warm-up, not measured
-        before = counters(servers)
-        ttfts = await replay(url, texts, args.rate, args.requests, seed=3)
+        if args.concurrency:
+            await closed_loop(urls, texts, args.concurrency, args.warmup, seed=2)
+            before = counters(servers)
+            ttfts = await closed_loop(urls, texts, args.concurrency, args.requests, seed=3)
+        else:
+            await replay(urls[0], texts, args.rate, args.warmup, seed=2)  # warm-up, not measured
+            before = counters(servers)
+            ttfts = await replay(urls[0], texts, args.rate, args.requests, seed=3)
         after = counters(servers)
+        if flags is not None and name != "oracle":
+            metrics_port = stack.picker_ports[0][2]
+            picker_page = parse_metrics(http_client.get(f"http://127.0.0.1:{metrics_port}/metrics").text)
+            picker_log = stack.picker.log_text() if stack.picker is not None else ""
     finally:
         if baseline is not None:
             baseline.stop()
@@ -139,9 +192,17 @@ async def run_setup(
     queries, hits = after[0] - before[0], after[1] - before[1]
     p50 = percentile(done, 50) * 1e3 if done else float("nan")
     p99 = percentile(done, 99) * 1e3 if done else float("nan")
+    picks = sorted(int(v) for (n, _), v in picker_page.items() if n == "picker_picks_total")
+    reasons = {
+        dict(labels).get("how", "?"): int(v)
+        for (n, labels), v in picker_page.items()
+        if n == "picker_affinity_picks_total"
+    }
+    engaged = sum(1 for line in picker_log.splitlines() if "affinity.latency auto: engaged" in line)
+    extra = f" picks {picks} reasons {reasons} engaged {engaged}x" if picker_page else ""
     return (
-        f"  {name:<8} {len(done):>5} {len(ttfts) - len(done):>4} {p50:>9.0f} {p99:>9.0f} "
-        f"{hits / queries * 100 if queries else 0:>7.1f}   (load {load()})"
+        f"  {name:<10} {len(done):>5} {len(ttfts) - len(done):>4} {p50:>9.0f} {p99:>9.0f} "
+        f"{hits / queries * 100 if queries else 0:>7.1f}  {extra} (load {load()})"
     )
 
 
@@ -211,6 +272,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--requests", type=int, default=90)
     parser.add_argument("--cores", default="0,1")
+    parser.add_argument(
+        "--concurrency", type=int, default=0, help="closed loop, this many at a time (0: Poisson at --rate)"
+    )
     import uvloop
 
     uvloop.run(run(parser.parse_args()))
