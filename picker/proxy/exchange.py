@@ -19,11 +19,14 @@ class Exchange:
 
     __slots__ = (
         "_cut",
+        "_interrupting",
         "_task",
         "body",
         "current",
+        "exhausted",
         "moving",
         "outgoing",
+        "reading",
         "resume_refused",
         "routed",
         "splice",
@@ -39,18 +42,36 @@ class Exchange:
         self.splice = splice  # streams.resume: the stream may continue on another replica if cut
         self.outgoing: list[tuple[str, str]] = []  # the headers sent upstream (a resume sends them again)
         self.current: Opened | None = None  # a resumable stream's part now running
-        self.moving: Why | None = None  # ... which the picker is ending, to continue it elsewhere: why
+        self.moving: Why | None = None  # ... which the picker asked to continue elsewhere: why
+        self.reading = False  # the relay waits for the running part's next bytes (and only for them)
+        self.exhausted = False  # streams.resume_max tries spent (or it cannot be continued): no more moves
         self.resume_refused: str | None = None  # it asked for resume and cannot have it: why
+        self._interrupting = False  # `move` cancelled the relay's read
 
     def move(self, why: Why = Why.MOVED) -> bool:
-        """Continue this stream on another replica now (its own is draining, or it stalled): end
-        the part running (vLLM aborts it) and let the resume take it on. False when it cannot."""
-        current = self.current
-        if current is None or self.moving is not None or self.splice is None or self.splice.done:
+        """Continue this stream on another replica now (its own is draining, or it stalled). The
+        part running is not ended here: the relay opens the continuation first and ends the part
+        only once it has opened, so a move no replica takes leaves the stream as it was. A relay
+        waiting for the part's bytes is woken (its read cancelled: nothing read is lost). False
+        when it cannot move."""
+        splice = self.splice
+        if self.current is None or self.moving is not None or splice is None or splice.done:
+            return False
+        if self.exhausted and splice.finished is None:  # one that lacks only its end needs no try
             return False
         self.moving = why
-        current.response.close()
+        if self.reading and self._task is not None:
+            self._interrupting = True
+            self._task.cancel()
         return True
+
+    def interrupted(self) -> bool:
+        """The cancellation the relay caught at its read is this exchange's move alone (withdrawn
+        here); False: something else cancels the relay too (the client left, or a cut)."""
+        if not self._interrupting or self._task is None:
+            return False
+        self._interrupting = False
+        return self._task.uncancel() == 0
 
     def cut(self, reply: Reply) -> None:
         """The drain deadline: end this exchange with `reply` (a stream gets it as an error event)."""

@@ -9,6 +9,7 @@ continuation on the replica the core names.
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 from typing import Any
@@ -82,6 +83,11 @@ async def open_continuation(
     return opened
 
 
+class _Ended(enum.Enum):
+    COMPLETE = "complete"  # the stream is complete
+    MOVE = "move"  # the picker asked to move it: the part still runs, its unread bytes kept
+
+
 async def relay_resumable(
     path: RequestPath,
     upstream: Upstream,
@@ -93,18 +99,26 @@ async def relay_resumable(
     """A resumable stream: whole events rewritten into the client's stream (so a cut of it always
     falls between two events); a cut part continued on the replica the core names
     (picker/streams/resume.py), until the stream is complete. A continuation that does not open
-    is tried on the next replica; `resume_max` bounds the tries of one stream."""
+    is tried on the next replica; `resume_max` bounds the tries of one stream. A move the picker
+    asks (a drain, a stall) ends the running part only once its continuation has opened: with
+    none, the stream reads on where it was, as it would have without resume."""
     record, splice = exchange.routed.record, exchange.splice
     assert splice is not None
     current, outgoing, tries = opened, exchange.outgoing, 0
     try:
         while True:
             exchange.current = current
-            why = await _part(path, down, record, splice, current)
-            exchange.current = None
-            if why is None:
+            why = await _part(path, down, record, splice, current, exchange)
+            if why is _Ended.COMPLETE:
+                exchange.current = None
                 return
-            if exchange.moving is not None:  # the picker ended the part: draining, or stalled
+            if why is _Ended.MOVE and splice.finished is None and path.may_stay(record):
+                moved, tries = await _move(path, upstream, resume_max, exchange, current, tries)
+                if moved is not None:
+                    current = moved
+                continue  # on the continuation, or on the part that no replica could replace
+            exchange.current = None
+            if exchange.moving is not None:  # a move asked as the part broke off, or with nowhere to stay
                 exchange.moving, why = None, exchange.moving
             current.response.close()  # vLLM aborts what it still had of this part
             local = splice.finish_locally()
@@ -128,6 +142,7 @@ async def relay_resumable(
                 tries += 1
                 continued = await open_continuation(upstream, splice, target, outgoing)
                 failed = target
+            exchange.exhausted = tries >= resume_max
             if continued is None:
                 if splice.error_frame:
                     path.body_chunk(record, splice.error_frame)  # the engine's word on it stands
@@ -141,22 +156,79 @@ async def relay_resumable(
         current.response.close()
 
 
+async def _move(
+    path: RequestPath, upstream: Upstream, resume_max: int, exchange: Exchange, current: Opened, tries: int
+) -> tuple[Opened | None, int]:
+    """The move the picker asked, with the part still running: the rest opened on another replica,
+    and only then the part ended (vLLM aborts it). With no continuation opened, the part runs on
+    (a stalled one is kept). The opened continuation (None: none) and the tries spent so far."""
+    record, splice = exchange.routed.record, exchange.splice
+    why = exchange.moving
+    assert splice is not None and why is not None
+    continued, tried = None, [current.served]
+    refused = splice.refused()
+    if refused is None and splice.continuation() is None:
+        refused = "nothing-left"  # every token was sent, its finish_reason was not
+    if refused is not None:
+        path.resume_refused(refused)
+    while continued is None and refused is None:
+        if tries >= resume_max:
+            path.resume_refused("limit" if splice.resumes >= resume_max else "failed")
+            break
+        target = path.move_target(record, tried)
+        if target is None:
+            break  # counted: no-replica
+        tries += 1
+        continued = await open_continuation(upstream, splice, target, exchange.outgoing)
+        tried.append(target)
+    exchange.moving, exchange.exhausted = None, tries >= resume_max or refused is not None
+    if continued is None:
+        path.kept(record)
+        log.info(
+            "request_id=%s not moved (%s): it goes on from %s", record.request_id, why.value, current.served
+        )
+        return None, tries
+    current.response.close()  # the continuation is open: vLLM aborts the part it replaces
+    if current.served not in record.cut_on:
+        record.cut_on = (*record.cut_on, current.served)
+    path.moved(record, continued.served)
+    path.resumed(why.value)
+    log.info("request_id=%s resumed on %s (%s)", record.request_id, continued.served, why.value)
+    return continued, tries
+
+
 async def _part(
-    path: RequestPath, down: Downstream, record: RequestRecord, splice: Splice, opened: Opened
-) -> Why | None:
-    """One replica's part of a resumable stream; why it was cut (None: the stream is complete)."""
+    path: RequestPath,
+    down: Downstream,
+    record: RequestRecord,
+    splice: Splice,
+    opened: Opened,
+    exchange: Exchange,
+) -> Why | _Ended:
+    """One replica's part of a resumable stream: why it was cut, or that it ended (the stream is
+    complete) or the picker asked to move it (the part still running, nothing of it lost)."""
     reader = opened.response.content
     pending = [opened.head] if opened.head is not None else []
+    opened.head = None  # read once, should a move that finds no taker return to this part
     while True:
         if pending:
             chunk = pending.pop()
+        elif exchange.moving is not None:
+            return _Ended.MOVE  # asked while the relay wrote: taken before its next read
         else:
+            exchange.reading = True
             try:
                 chunk = await reader.readany()
             except UPSTREAM_READ_ERRORS:
                 return Why.RESET
+            except asyncio.CancelledError:
+                if not exchange.interrupted():
+                    raise  # the client left, or a cut: not (only) the move
+                return _Ended.MOVE
+            finally:
+                exchange.reading = False
         if not chunk:
-            return None if splice.done else Why.SHORT
+            return _Ended.COMPLETE if splice.done else Why.SHORT
         out = splice.feed(chunk)
         if out:
             path.body_chunk(record, out)
@@ -164,10 +236,10 @@ async def _part(
         if splice.error:
             return Why.ERROR_EVENT
         if splice.ended_here:  # a stop string straddled the cut: the rest is not wanted
-            return None  # the caller closes the part: vLLM aborts what it still generates
+            return _Ended.COMPLETE  # the caller closes the part: vLLM aborts what it still generates
         if splice.done:
             await _read_to_end(reader)  # the body's own end: its connection goes back to the pool
-            return None
+            return _Ended.COMPLETE
 
 
 async def _read_to_end(reader: Any, limit: int = 64 * 1024, within_s: float = END_READ_S) -> None:

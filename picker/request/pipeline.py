@@ -13,7 +13,7 @@ import os
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -367,11 +367,24 @@ class RequestPath(ResponseSide):
         The caller counts the resume once it opened (`resumed`), or why it did not."""
         if failed not in record.cut_on:
             record.cut_on = (*record.cut_on, failed)
-        candidates = self._resume_candidates(record)
+        target = self.move_target(record, (failed,))
+        if target is not None:
+            self.moved(record, target)
+        return target
+
+    def move_target(self, record: RequestRecord, tried: Collection[str]) -> str | None:
+        """Where the rest of a stream would go (as `resume` chooses, and never to one of `tried`
+        nor where it runs now), nothing moved yet: a stream still running moves only once its
+        continuation has opened. None when there is nowhere (counted)."""
+        candidates = [
+            e
+            for e in self._resume_candidates(record)
+            if e.address not in tried and e.address != record.served
+        ]
         if not candidates:
             self._metrics.count_resume("no-replica")
             return None
-        suspects = self._pool.health.suspects() | {failed}
+        suspects = self._pool.health.suspects() | set(tried)
         choice = self.placement.choose(
             record, candidates, 1, self._rng, self._clock(), self._policy, suspects
         )
@@ -379,7 +392,11 @@ class RequestPath(ResponseSide):
         found = found or pick(candidates, 1, self._rng, self._clock(), self._policy, suspects)
         # the stream held a slot already: it moves with it even where every replica looks full
         # (or its sample is stale), queued on an engine rather than cut
-        target = found[0] if found else min(candidates, key=estimated_load).address
+        return found[0] if found else min(candidates, key=estimated_load).address
+
+    def moved(self, record: RequestRecord, target: str) -> None:
+        """The rest of the stream is asked of `target`: its slot and its place in the books move
+        there, and its new part is judged afresh."""
         record.resumed_on = (*record.resumed_on, target)
         record.stalled = record.stall_kept = False  # its new part is judged afresh ...
         record.part_started_at = self._clock()  # ... its silence counted from now
@@ -389,7 +406,6 @@ class RequestPath(ResponseSide):
         self.placement.dispatched(record, target)
         if self.peering is not None:
             self.peering.placed(record, target, moved=True)
-        return target
 
     def _resume_candidates(self, record: RequestRecord) -> list[Endpoint]:
         tried = {*record.cut_on, *record.resumed_on}  # never back to a replica that cut it
@@ -400,6 +416,19 @@ class RequestPath(ResponseSide):
         to a full or absent one would only cut it)."""
         candidates = [e for e in self._resume_candidates(record) if e.address != record.served]
         return bool(candidates) and bool(pick(candidates, 1, self._rng, self._clock(), self._policy))
+
+    def may_stay(self, record: RequestRecord) -> bool:
+        """A stream asked to move may run on where it is should no replica take it: its replica is
+        not gone (a gone one will never send again: its part is ended first, as after a cut)."""
+        endpoint = self._pool.get(record.endpoint or "")
+        return endpoint is not None and endpoint.state is not EndpointState.GONE
+
+    def kept(self, record: RequestRecord) -> None:
+        """A move found no replica to open the stream's rest: it runs on where it was (a stalled
+        one waits there, judged afresh once it sends again; counted `stall-kept`)."""
+        if record.stalled and not record.stall_kept:
+            record.stall_kept = True
+            self._metrics.count_resume("stall-kept")
 
     def resumed(self, why: str) -> None:
         """A cut stream continued: counted once, with why it was cut."""

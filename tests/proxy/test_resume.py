@@ -383,6 +383,39 @@ async def test_a_stream_that_stalls_continues_elsewhere(stalling_stack: ProxySta
     assert await resumes(stack) == {"stalled": 2.0}
 
 
+async def test_a_stall_no_replica_will_take_keeps_the_stream_where_it_was(stalling_stack: ProxyStack) -> None:
+    """A move opens the continuation before it ends the stalled part: when every replica refuses it
+    (streams.resume_max tries), the part was never aborted, and a stall that was only brief finishes
+    there as it would have without resume. Before: the part was aborted first, and the stream cut."""
+    stack = stalling_stack
+    body, slow = {**COMPLETION, "max_tokens": 80}, {"x-sim-itl-ms": "40"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        uncut = await read_stream(session, stack.url, "/v1/completions", body)
+        strike, seen = asyncio.Event(), Stream()
+        task = asyncio.create_task(
+            read_stream(session, stack.url, "/v1/completions", body, slow, 10, strike, seen)
+        )
+        await asyncio.wait_for(strike.wait(), 20)
+        for replica in stack.replicas:
+            if replica != seen.served:
+                await set_fault(replica, {"status": 503, "count": 1})  # each refuses the continuation
+        frozen = process_of(stack, seen.served)
+        frozen.signal(signal.SIGSTOP)  # its replica stops sending, the connection open
+        try:
+            async with asyncio.timeout(20):
+                while True:  # until both replicas were tried, and refused it
+                    if (await resumes(stack)).get("failed", 0) >= 1:
+                        break
+                    await asyncio.sleep(0.05)  # a poll of the picker's count, not a synchronisation
+        finally:
+            frozen.signal(signal.SIGCONT)  # the stall was only brief
+        result = await asyncio.wait_for(task, 30)
+    assert result.status == 200 and not result.broken and result.done == 1
+    assert result.text == uncut.text and result.usage == uncut.usage
+    counted = await resumes(stack)
+    assert "stalled" not in counted and counted.get("failed") == 1, counted
+
+
 def envoy_in_front(proxy: str, workdir: Path) -> tuple[Proc, int]:
     """Envoy with the shipped route (its retries before the first byte) and no ext_proc, its pool one
     `picker proxy`: a gateway in front of the proxy, the shape the guide gives for pools that want
