@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from picker.admin.api import Propagate
     from picker.peers.asks import PoolDrains
     from picker.peers.inbox import PeerInbox
-    from picker.peers.moves import PoolMoves
     from picker.rollout.runner import RolloutRunner
     from picker.sources.kube_drains_api import LightkubeDrainRecordApi
     from picker.sources.kv_events import KvEvents
@@ -56,18 +55,6 @@ class StartupProblem(Exception):
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], None]  # a frontend's way to run a background task
 Mover = Callable[[str], int]  # picker proxy: moves an endpoint's streams elsewhere (streams.resume)
-
-
-def everywhere(move: Mover, moves: PoolMoves | None) -> Callable[[str], Awaitable[int]]:
-    """Moving an endpoint's streams as `?move_streams=true` does: with peers, every picker's sharing
-    the books (each proxy holds its own streams' bytes), else this one's; how many moved."""
-
-    async def moved(address: str) -> int:
-        if moves is None:
-            return move(address)
-        return int((await moves.move(address))["moved_streams"])
-
-    return moved
 
 
 def spawn_owned(tasks: set[asyncio.Task[None]], coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -171,7 +158,9 @@ class Core:
             if self.peer_inbox is not None:
                 self.peer_inbox.mover = move  # and a peer's ask moves this picker's streams the same way
         if self.rollout is not None and move is not None and self.config.rollout.move_streams:
-            self.rollout.move_streams = everywhere(move, moves)  # a rollback moves as the admin move does
+            from picker.peers.moves import everywhere  # a rollback moves as the admin move does
+
+            self.rollout.move_streams = everywhere(move, moves)
         return admin_app(
             self.pool,
             self.metrics,

@@ -30,6 +30,18 @@ log = logging.getLogger(__name__)
 Ask = Callable[[str, str, str | None, str, float, Counter[str]], Awaitable[Any]]
 
 
+def everywhere(move: Callable[[str], int], moves: PoolMoves | None) -> Callable[[str], Awaitable[int]]:
+    """Moving an endpoint's streams as `?move_streams=true` does (a canary's rollback moves its
+    candidate's so): with peers, every picker's sharing the books, else this one's; how many moved."""
+
+    async def moved(address: str) -> int:
+        if moves is None:
+            return move(address)
+        return int((await moves.move(address))["moved_streams"])
+
+    return moved
+
+
 class PoolMoves:
     """One picker's `?move_streams=true`, reaching every peer's streams (see the module docstring)."""
 

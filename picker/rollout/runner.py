@@ -50,7 +50,7 @@ class RolloutRunner:
         self.store: DrainStore | None = None  # set by the wiring once the admin drains are open
         # rollout.move_streams (picker proxy with streams.resume): a rollback moves the candidate's
         # streams to stable replicas rather than let them run on the version it rolled back; as the
-        # admin move does, on every picker sharing the books (picker/wiring.py `everywhere`)
+        # admin move does, on every picker sharing the books (picker/peers/moves.py `everywhere`)
         self.move_streams: Callable[[str], Awaitable[int]] | None = None
         self._logged = canary.events
         self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
