@@ -5,8 +5,10 @@ the second core takes about half of it (a noisy neighbour: the second replica ru
 speed, as a replica with half the CPU threads would). The same seeded Poisson arrivals (shared system
 prompts of a few hundred words, a short question each, 24 tokens out) go through two `picker proxy`
 processes over the same two replicas:
-  default   load + prefix affinity (the picker's default)
-  latency   the same with affinity.latency on (each replica's TTFT and time per token learned online)
+  off       load + prefix affinity alone (affinity.latency off)
+  auto      the picker's defaults (affinity.latency auto: routed by the predictions once the pool
+            measurably is not uniform)
+  on        affinity.latency on (each replica's TTFT and time per token learned online, always)
 Prints TTFT p50/p90/p99, time per output token p50/p90 and each replica's share, per row. Bounded:
 a finite arrival list per row, every request with a deadline. About 4 minutes with both vLLM starts.
 Run: `python -m loadtest.bench_realvllm_slo` (needs `make real-vllm`).
@@ -110,13 +112,13 @@ async def replay(
     return out
 
 
-def start_proxy(workdir: Path, name: str, addresses: list[str], latency: bool) -> tuple[Proc, str]:
+def start_proxy(workdir: Path, name: str, addresses: list[str], latency: str) -> tuple[Proc, str]:
     port, metrics = launcher.free_port(), launcher.free_port()
     argv = [
         sys.executable, "-m", "picker", "proxy", "--bind-address", "127.0.0.1", "--port", str(port),
         "--metrics-port", str(metrics), "--endpoints", ",".join(addresses), "--log-level", "WARNING",
     ]  # fmt: skip
-    env = {"PICKER_AFFINITY__LATENCY": "true"} if latency else None
+    env = {"PICKER_AFFINITY__LATENCY": latency}
     proc = Proc(f"proxy-{name}", argv, workdir / f"proxy-{name}.log", env=env)
     proc.wait_ready(lambda: "picker proxy ready" in proc.log_text() and port_open(port))
     return proc, f"http://127.0.0.1:{port}"
@@ -142,8 +144,8 @@ async def run(args: argparse.Namespace) -> None:
         print(f"\n{args.requests} requests per row at {args.rate:g}/s (Poisson), 24 tokens out, greedy")
         print("  row       ok  TTFT p50  TTFT p90  TTFT p99  TPOT p50  TPOT p90  share (full/half)")
         rows = {}
-        for name, latency in (("default", False), ("latency", True)):
-            proc, url = start_proxy(workdir, name, addresses, latency)
+        for name in args.rows.split(","):
+            proc, url = start_proxy(workdir, name, addresses, name)
             try:
                 async with aiohttp.ClientSession() as session:
                     for s in servers:
@@ -164,8 +166,11 @@ async def run(args: argparse.Namespace) -> None:
                 f"  {share['full']}% / {share['half']}%",
                 flush=True,
             )
-        base, new = ([t for _, t, _ in rows[k]] for k in ("default", "latency"))
-        print(f"  latency vs default: TTFT p90 {100 * (1 - ms(new, 90) / ms(base, 90)):+.0f}% lower")
+        if "off" in rows:
+            base = [t for _, t, _ in rows["off"]]
+            for name in rows.keys() - {"off"}:
+                new = [t for _, t, _ in rows[name]]
+                print(f"  {name} vs off: TTFT p90 {100 * (1 - ms(new, 90) / ms(base, 90)):+.0f}% lower")
 
 
 def main() -> None:
@@ -177,6 +182,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=4.0)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--requests", type=int, default=150)
+    parser.add_argument("--rows", default="off,auto,on", help="affinity.latency settings, one row each")
     import uvloop
 
     uvloop.run(run(parser.parse_args()))
