@@ -48,16 +48,17 @@ class Exchange:
         self.resume_refused: str | None = None  # it asked for resume and cannot have it: why
         self._interrupting = False  # `move` cancelled the relay's read
 
-    def move(self, why: Why = Why.MOVED) -> bool:
+    def move(self, why: Why = Why.MOVED, gone: bool = False) -> bool:
         """Continue this stream on another replica now (its own is draining, or it stalled). The
         part running is not ended here: the relay opens the continuation first and ends the part
         only once it has opened, so a move no replica takes leaves the stream as it was. A relay
         waiting for the part's bytes is woken (its read cancelled: nothing read is lost). False
-        when it cannot move."""
+        when it cannot move. `gone`: its replica left the pool and will never send again, so even
+        a stream with no tries left is woken (the relay ends the part, and cuts the stream)."""
         splice = self.splice
         if self.current is None or self.moving is not None or splice is None or splice.done:
             return False
-        if self.exhausted and splice.finished is None:  # one that lacks only its end needs no try
+        if self.exhausted and splice.finished is None and not gone:  # one lacking only its end needs no try
             return False
         self.moving = why
         if self.reading and self._task is not None:

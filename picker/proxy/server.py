@@ -298,10 +298,11 @@ class ProxyFrontend:
             pass
 
     def stalled(self, record: RequestRecord) -> bool:
-        """The core saw this stream stall: continue it elsewhere if it is resumable."""
+        """The core saw this stream stall: continue it elsewhere if it is resumable (a stream whose
+        replica is gone is woken even with no tries left: the relay ends its part and cuts it)."""
         for exchange in self._exchanges:
             if exchange.routed.record is record:
-                return exchange.move(Why.STALLED)
+                return exchange.move(Why.STALLED, gone=not self.path.may_stay(record))
         return False
 
     def move_streams(self, address: str) -> int:

@@ -14,6 +14,7 @@ import json
 import signal
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -414,6 +415,53 @@ async def test_a_stall_no_replica_will_take_keeps_the_stream_where_it_was(stalli
     assert result.text == uncut.text and result.usage == uncut.usage
     counted = await resumes(stack)
     assert "stalled" not in counted and counted.get("failed") == 1, counted
+
+
+async def test_a_kept_stall_whose_replica_is_removed_ends_the_stream(tmp_path: Path) -> None:
+    """A stall kept because every replica refused its continuation (its tries spent) and whose
+    replica then leaves the pool (GONE) will never send again: its part is ended and the stream cut,
+    within a bound. Before: the move was refused as spent, the record ended (slot released, counted
+    cut), and nothing closed the part: the client's stream hung in the relay's read."""
+    listed = tmp_path / "endpoints.yaml"
+    args = ("--endpoints-file", str(listed), "--endpoints-file-poll", "0.1")
+    options = replace(
+        stack_options(PICKER_STREAMS__STALL_AFTER_S="0.5"), static_endpoints=False, picker_args=args
+    )
+    stack = ProxyStack(tmp_path, options)
+    try:
+        stack.start_sims()
+        listed.write_text("endpoints:\n" + "".join(f"  - {r}\n" for r in stack.replicas))
+        stack.start_picker()
+        body, slow = {**COMPLETION, "max_tokens": 80}, {"x-sim-itl-ms": "40"}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            strike, seen = asyncio.Event(), Stream()
+            task = asyncio.create_task(
+                read_stream(session, stack.url, "/v1/completions", body, slow, 10, strike, seen)
+            )
+            await asyncio.wait_for(strike.wait(), 20)
+            for replica in stack.replicas:
+                if replica != seen.served:
+                    await set_fault(replica, {"status": 503, "count": 1})  # each refuses the continuation
+            frozen = process_of(stack, seen.served)
+            frozen.signal(signal.SIGSTOP)  # silent, its connection open: kept, its tries spent
+            try:
+                async with asyncio.timeout(20):
+                    while True:  # until both other replicas were tried, and refused it
+                        if (await resumes(stack)).get("failed", 0) >= 1:
+                            break
+                        await asyncio.sleep(0.05)  # a poll of the picker's count, not a synchronisation
+                kept = [r for r in stack.replicas if r != seen.served]
+                listed.write_text("endpoints:\n" + "".join(f"  - {r}\n" for r in kept))  # now GONE
+                try:
+                    result = await asyncio.wait_for(task, 10)  # the stream's own end, bounded
+                except TimeoutError:
+                    pytest.fail("the client's stream never ended after its replica left the pool")
+            finally:
+                frozen.signal(signal.SIGCONT)
+    finally:
+        stack.stop()
+    assert result.status == 200 and result.broken and result.done == 0
+    assert 10 <= result.tokens < 80
 
 
 def envoy_in_front(proxy: str, workdir: Path) -> tuple[Proc, int]:
