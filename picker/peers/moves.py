@@ -10,6 +10,11 @@ the credential or whose frame failed, is counted by reason (picker_peer_move_ans
 and that peer reported as not reached, never raised. A peer that
 does not answer within `peers.move_timeout_s` (all are asked at once) is reported too: a dead peer
 cannot hold the admin POST longer than that.
+
+Each ask is a new connection, held in the peer's pre-hello places until its hello is read, of which
+a peer gives one member's address `peers.max_unauthenticated_per_source` (8): so at most
+`ASKING_AT_ONCE` moves ask at once (a rollback moves every candidate endpoint together), the rest
+wait their turn, and a dead peer holds a rollback of n endpoints ceil(n / 4) timeouts at most.
 """
 
 from __future__ import annotations
@@ -26,18 +31,27 @@ from picker.peers.events import CANNOT, MOVED, answer_problem
 
 log = logging.getLogger(__name__)
 
+# moves asking the peers at once: each opens a connection to every peer, and a peer admits at most
+# peers.max_unauthenticated_per_source (8) from one address before their hellos; 4 leaves room for
+# this picker's other asks (its events link, a drains read) in the same places
+ASKING_AT_ONCE = 4
+
 # peer, name, secret, address, timeout, and where to count an answer refused before it is judged
 Ask = Callable[[str, str, str | None, str, float, Counter[str]], Awaitable[Any]]
 
 
-def everywhere(move: Callable[[str], int], moves: PoolMoves | None) -> Callable[[str], Awaitable[int]]:
+def everywhere(
+    move: Callable[[str], int], moves: PoolMoves | None
+) -> Callable[[str], Awaitable[tuple[int, dict[str, str]]]]:
     """Moving an endpoint's streams as `?move_streams=true` does (a canary's rollback moves its
-    candidate's so): with peers, every picker's sharing the books, else this one's; how many moved."""
+    candidate's so): with peers, every picker's sharing the books, else this one's; how many moved,
+    and each peer not reached with why (its streams on that endpoint were not moved)."""
 
-    async def moved(address: str) -> int:
+    async def moved(address: str) -> tuple[int, dict[str, str]]:
         if moves is None:
-            return move(address)
-        return int((await moves.move(address))["moved_streams"])
+            return move(address), {}
+        answer = await moves.move(address)
+        return int(answer["moved_streams"]), dict(answer["moved_streams_unreached"])
 
     return moved
 
@@ -56,6 +70,7 @@ class PoolMoves:
         self._peering, self._secret, self._move = peering, secret, move
         self._timeout_s, self._ask = timeout_s, ask
         self.rejected: Counter[str] = Counter()  # peers' answers refused whole, by reason
+        self._asking = asyncio.Semaphore(ASKING_AT_ONCE)  # within the peers' pre-hello places
 
     async def move(self, address: str) -> dict[str, Any]:
         """Move every picker's streams on `address`: what the admin answer adds. `moved_streams` is
@@ -64,10 +79,11 @@ class PoolMoves:
         (`no-answer`, `refused: ...`, `cannot: ...`, `malformed: ...`)."""
         peers, name = self._peering.peers, self._peering.name
         by_picker = {name: self._move(address)}  # this picker's own first: no network in the way
-        answers = await asyncio.gather(
-            *(self._ask(p, name, self._secret, address, self._timeout_s, self.rejected) for p in peers),
-            return_exceptions=True,  # peer_moves catches what a peer can cause: this is a backstop
-        )
+        async with self._asking:
+            answers = await asyncio.gather(
+                *(self._ask(p, name, self._secret, address, self._timeout_s, self.rejected) for p in peers),
+                return_exceptions=True,  # peer_moves catches what a peer can cause: this is a backstop
+            )
         unreached: dict[str, str] = {}
         for peer, answer in zip(peers, answers, strict=True):
             moved, why = self.judge(peer, answer)

@@ -51,7 +51,8 @@ class RolloutRunner:
         # rollout.move_streams (picker proxy with streams.resume): a rollback moves the candidate's
         # streams to stable replicas rather than let them run on the version it rolled back; as the
         # admin move does, on every picker sharing the books (picker/peers/moves.py `everywhere`)
-        self.move_streams: Callable[[str], Awaitable[int]] | None = None
+        # (how many moved, and each peer not reached with why)
+        self.move_streams: Callable[[str], Awaitable[tuple[int, dict[str, str]]]] | None = None
         self._logged = canary.events
         self._unobservable: set[str] = set()  # gates said to be unobservable here (said once each)
         self.cause: Cause = rollback(canary.plan.rollout_id)  # what its rollback's drains record
@@ -144,14 +145,26 @@ class RolloutRunner:
                 log.warning("rollout undrain cause=%s not done: %s", self.cause, exc)
 
     async def _move(self, addresses: list[str]) -> None:
-        """Move the streams off the drained `addresses`, all at once: a peer that does not answer
-        holds the rollback no longer than one ask's timeout, however many endpoints it drained."""
+        """Move the streams off the drained `addresses` together: the peers are asked for 4 of them
+        at once (picker/peers/moves.py `ASKING_AT_ONCE`, within a peer's pre-hello places), so a
+        peer that does not answer holds the rollback ceil(n / 4) asks' timeouts at most. A peer
+        not reached (its streams on the endpoint left where they were) is a warning, counted."""
         if self.move_streams is None or not addresses:
             return
         counts = await asyncio.gather(*(self.move_streams(a) for a in addresses), return_exceptions=True)
-        for address, moved in zip(addresses, counts, strict=True):
-            if isinstance(moved, BaseException):
-                log.warning("rollout moving streams off %s failed: %r", address, moved)
+        for address, result in zip(addresses, counts, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("rollout moving streams off %s failed: %r", address, result)
+                continue
+            moved, unreached = result
+            if unreached:
+                log.warning(
+                    "rollout moves %d stream(s) off %s; %d peer(s) not reached (their streams stay): %s",
+                    moved,
+                    address,
+                    len(unreached),
+                    ",".join(f"{peer}({why})" for peer, why in unreached.items()),
+                )
             else:
                 log.info("rollout moves %d stream(s) off %s", moved, address)
 

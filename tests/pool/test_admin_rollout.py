@@ -158,9 +158,9 @@ async def test_a_rollback_moves_the_candidates_streams_when_asked(
     client, runner = served
     moved: list[str] = []
 
-    async def move(address: str) -> int:
+    async def move(address: str) -> tuple[int, dict[str, str]]:
         moved.append(address)
-        return 3
+        return 3, {}
 
     runner.move_streams = move
     auth = {"Authorization": f"Bearer {TOKEN}"}

@@ -41,10 +41,12 @@ class Listening:
         return dict(self.inbox.connections_refused)
 
 
-async def listening(per_source: int = 8, total: int = 64, peer: str = B) -> Listening:
+async def listening(per_source: int = 8, total: int = 64, peer: str = B, port: int = 0) -> Listening:
+    """`port`: listen there, named by it (a peer's asks reach it by its name), else anywhere as A."""
     pool = Pool()
     pool.apply(ready=[E1, E2])
-    peering = Peering(A, (A, peer), pool)
+    name = f"127.0.0.1:{port}" if port else A
+    peering = Peering(name, (name, peer), pool)
     path = RequestPath(
         pool, Metrics(pool="default"), fallback_count=0, schedule=lambda d, f: lambda: None, peering=peering
     )
@@ -56,7 +58,7 @@ async def listening(per_source: int = 8, total: int = 64, peer: str = B) -> List
         max_unauthenticated=total,
         max_unauthenticated_per_source=per_source,
     )
-    return Listening(inbox, await inbox.listen("127.0.0.1", 0), peering, pool)
+    return Listening(inbox, await inbox.listen("127.0.0.1", port), peering, pool)
 
 
 @pytest.fixture

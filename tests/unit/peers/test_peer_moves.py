@@ -7,6 +7,7 @@ the asker at most `peers.move_timeout_s`."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from functools import partial
 from typing import Any
@@ -19,21 +20,26 @@ from hypothesis import strategies as st
 
 from loadtest.procs import free_port
 from picker.admin.api import admin_app
-from picker.config.model import PickerConfig
+from picker.config.model import PickerConfig, RolloutConfig
 from picker.observability.metrics import Metrics
 from picker.peers.asks import peer_moves
 from picker.peers.auth import EVENTS, MOVES, Handshake
 from picker.peers.books import Peering
 from picker.peers.events import MOVE_ASK, MOVED, answer_problem, ask_problem
-from picker.peers.moves import PoolMoves
+from picker.peers.moves import PoolMoves, everywhere
 from picker.pool import EndpointState, Pool
+from picker.rollout import Canary, CanaryPlan
+from picker.rollout.runner import RolloutRunner
+from picker.sources.drain_store import LocalDrains
 from picker.wiring import build_core, spawn_owned
 from tests.unit.peers.peer_client import Client, FakePeer
 from tests.unit.peers.test_peer_links import E1, E2, Side
+from tests.unit.peers.test_peer_listener import B, listening
 
 SECRET = "s3cret"  # Side's
 SELF = "127.0.0.1:1"
 PEERS_SECRET = "rollback-peers-secret-0123"  # a configured credential: 16 characters or more
+LABEL = RolloutConfig().group_label
 
 GOOD_ASKS: list[Any] = [[MOVE_ASK, E1], [MOVE_ASK, "[fd00::1]:8000"]]
 BAD_ASKS: list[tuple[Any, str]] = [
@@ -343,3 +349,52 @@ def test_a_rollout_with_peers_and_no_shared_drain_store_says_its_rollback_drains
     core.admin(lambda coro, name: coro.close())
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("no shared drain store" in m for m in said), said
+
+
+def rolling_back(peer: str, candidates: int) -> tuple[RolloutRunner, list[str]]:
+    """A rollout over `candidates` candidate endpoints (and one stable), its rollback moving streams
+    as the wiring has it (`everywhere`: this picker's own, then its peer's); what moved here."""
+    pool = Pool()
+    addresses = [f"10.1.0.{i}:8000" for i in range(1, candidates + 1)]
+    pool.reconcile(
+        {a: EndpointState.READY for a in (E1, *addresses)},
+        "file",
+        labels={E1: {LABEL: "v1"}, **{a: {LABEL: "v2"} for a in addresses}},
+    )
+    runner = RolloutRunner(Canary(CanaryPlan.of(RolloutConfig(candidate="v2")), pool.now()), pool, 1.0)
+    runner.store = LocalDrains(pool)
+    own: list[str] = []
+    moves = PoolMoves(Peering(B, (B, peer), pool), SECRET, lambda a: own.append(a) or 1, 2.0)
+    runner.move_streams = everywhere(lambda a: own.append(a) or 1, moves)
+    return runner, own
+
+
+async def test_a_rollback_of_more_candidates_than_the_peers_hello_cap_reaches_the_peer_for_each() -> None:
+    """12 candidate endpoints against a real peer listener, which admits at most 8 connections from
+    one member's address before their hellos (peers.max_unauthenticated_per_source): every move
+    reaches the peer. Before: all 12 asks opened at once, some were refused at the peer's gate
+    (too-many-from-source) and those endpoints' streams on the peer were left where they were."""
+    listener = await listening(per_source=8, peer=B, port=free_port())
+    asked: list[str] = []
+    listener.inbox.mover = lambda address: asked.append(address) or 1
+    try:
+        runner, own = rolling_back(f"127.0.0.1:{listener.port}", 12)
+        candidates = runner.candidates()
+        await runner.command("abort")
+    finally:
+        await listener.inbox.close()
+    assert len(candidates) == 12 and sorted(own) == sorted(candidates)
+    assert listener.refused == {} and sorted(asked) == sorted(candidates)
+
+
+async def test_a_rollback_move_that_does_not_reach_a_peer_is_a_warning_with_the_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    closed = f"127.0.0.1:{free_port()}"
+    runner, own = rolling_back(closed, 2)
+    runner_log = "picker.rollout.runner"
+    with caplog.at_level(logging.INFO, logger=runner_log):
+        await runner.command("abort")
+    said = [r.getMessage() for r in caplog.records if r.name == runner_log and r.levelname == "WARNING"]
+    assert len(own) == 2
+    assert len([m for m in said if "1 peer(s) not reached" in m and closed in m]) == 2, said
