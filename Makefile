@@ -89,6 +89,7 @@ bench: $(STAMP)
 	$(BIN)/python -m loadtest.bench_workers_envoy
 	$(BIN)/python -m loadtest.bench_rollout --instructions
 	$(BIN)/python -m loadtest.bench_shapes
+	$(BIN)/python -m loadtest.bench_routing  # pool shapes x workloads, the defaults beside Envoy (issue 63; ~12 min)
 	$(BIN)/python -m loadtest.bench_slo
 	$(BIN)/python -m loadtest.bench_resume_cost --token-ids
 	@test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
