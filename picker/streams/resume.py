@@ -323,9 +323,9 @@ class Splice:
         """The request for the rest of the generation: (path, body); None when it cannot be asked
         (`refused()` says why, or nothing is left to generate)."""
         body = self.body
-        limit_key = "max_completion_tokens" if self.chat and "max_completion_tokens" in body else "max_tokens"
-        # unset: completions' default is 16 (vLLM), chat's the rest of the context (null, asked below)
-        limit = body.get(limit_key, None if self.chat else COMPLETIONS_DEFAULT_MAX)
+        # vLLM reads `max_completion_tokens or max_tokens`; unset: 16 (completions), chat's the rest (null)
+        key = "max_completion_tokens" if self.chat and body.get("max_completion_tokens") else "max_tokens"
+        limit = body.get(key, None if self.chat else COMPLETIONS_DEFAULT_MAX)
         left = None if limit is None else limit - self.generated
         if (left is not None and left <= 0) or self.refused() is not None:
             return None

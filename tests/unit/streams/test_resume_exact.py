@@ -308,3 +308,26 @@ def test_chat_logprobs_set_as_the_engine_reads_it_are_asked_of_the_continuation(
     splice.feed(chat({"role": "assistant", "content": ""}, None, prompt_token_ids=[1, 2]))
     splice.feed(chat({"content": " a"}, [7]))
     assert cut_and_continue(splice)["logprobs"] == 0
+
+
+@pytest.mark.parametrize(
+    ("limits", "left"),
+    [
+        ({"max_tokens": 50, "max_completion_tokens": None}, 49),  # null: vLLM reads max_tokens
+        ({"max_tokens": 50, "max_completion_tokens": 0}, 49),  # and 0 too (`or`)
+        ({"max_tokens": 50, "max_completion_tokens": 30}, 29),  # the newer field wins
+        ({"max_completion_tokens": 30}, 29),
+        ({"max_tokens": 50}, 49),
+    ],
+)
+def test_a_chat_continuation_asks_for_what_the_engine_read_as_the_limit_less_what_was_sent(
+    limits: dict[str, Any], left: int
+) -> None:
+    """vLLM reads `max_completion_tokens or max_tokens`. Before: a `max_completion_tokens` key
+    present but null made the continuation ask for the rest of the context, past the client's 50."""
+    body = {k: v for k, v in CHAT_GREEDY.items() if k != "max_tokens"}
+    _, splice = prepare({**body, **limits}, chat=True)
+    splice.feed(chat({"role": "assistant", "content": ""}, None, prompt_token_ids=[1, 2]))
+    splice.feed(chat({"content": " a"}, [7]))
+    rest = cut_and_continue(splice)
+    assert rest["max_tokens"] == left and "max_completion_tokens" not in rest
