@@ -30,8 +30,8 @@ class DrainEnd(enum.Enum):
 class DrainCause(enum.Enum):
     """Why a record opened (closed set)."""
 
-    SOURCE = "source"  # the endpoint source says draining (EndpointSlice terminating, file `draining: true`)
-    ADMIN = "admin"  # POST /admin/endpoints/<addr>/drain
+    SOURCE = "source"  # the endpoint source says draining (an EndpointSlice's terminating endpoint)
+    ADMIN = "admin"  # POST /admin/endpoints/<addr>/drain, or the endpoints file's `draining: true` (admin's)
     REMOVED = "removed"  # removed from the source while requests were in flight, without a drain first
 
 
