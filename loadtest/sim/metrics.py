@@ -242,13 +242,19 @@ class SimCollector(Collector):
         info.add_metric([str(self._cache.block_size), str(prefix is not None), str(blocks), "0"], 1.0)
         yield info
         yield self._counter(
-            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", prefix.queries if prefix else 0
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in tokens.",
+            prefix.queries if prefix is not None else 0,
         )
         yield self._counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", prefix.hits if prefix else 0
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in tokens.",
+            prefix.hits if prefix is not None else 0,
         )
         yield self._counter(
-            "vllm:prompt_tokens_cached", "Number of cached prompt tokens.", prefix.hits if prefix else 0
+            "vllm:prompt_tokens_cached",
+            "Number of cached prompt tokens.",
+            prefix.hits if prefix is not None else 0,
         )
         if self._cache.lora_modules:
             lora = GaugeMetricFamily(

@@ -167,3 +167,20 @@ async def test_chat_tokens_count_the_template_and_tools(tools: object) -> None:
         tokens = (await http.post("/tokenize", json=body)).json()
         assert answer["usage"]["prompt_tokens"] == tokens["count"]
         assert (tokens["count"] == 2 + (4 + 2) + (4 + 1)) == (tools is None)
+
+
+async def test_the_hit_counters_survive_an_emptied_cache() -> None:
+    """vLLM's counters count since start: emptying the cache (`/reset_prefix_cache`) leaves them as they
+    were (an empty cache once read as none, and the counters dropped to 0)."""
+    config = fast_config(cache=CacheConfig(block_size=16))
+    async with run_sim(config) as (replica,), http_client.AsyncClient(base_url=replica.url) as http:
+        body = {"model": "tiny-llama", "prompt": SYSTEM + "Question one?", "max_tokens": 2}
+        await http.post("/v1/completions", json=body)
+        await http.post("/v1/completions", json=body)
+        labels = (("engine", "0"), ("model_name", "tiny-llama"))
+        before = parse_metrics((await http.get("/metrics")).text)
+        assert before[("vllm:prefix_cache_hits_total", labels)] > 0
+        (await http.post("/reset_prefix_cache")).raise_for_status()
+        after = parse_metrics((await http.get("/metrics")).text)
+        for name in ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"):
+            assert after[(name, labels)] == before[(name, labels)]
