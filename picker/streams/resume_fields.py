@@ -54,7 +54,7 @@ FIELDS: dict[str, Field] = {
     "logit_bias": Field(_E, "kept (token ids)"),
     "allowed_token_ids": Field(_E, "kept"),
     "logprobs": Field(_E, "one entry per token in the endpoint's shape (completions `logprobs: N`; chat `{content: [...]}`), text_offset going on from the last part's as an uncut run counts it"),
-    "top_logprobs": Field(_E, "chat: the continuation asks completions `logprobs: N` and re-emits chat's N entries"),
+    "top_logprobs": Field(_E, "chat: the continuation asks completions `logprobs: N` and re-emits chat's N entries; N read as the engine reads it (an integer, or a string of digits), else not resumed (`top-logprobs`)"),
     "return_token_ids": Field(_E, "kept in what the client sees when it asked for them"),
     "return_tokens_as_token_ids": Field(_E, "kept"),
     "skip_special_tokens": Field(_E, "kept; with stop strings it must stay true (the picker cannot strip a special token's text)"),
@@ -141,6 +141,20 @@ def flag(value: Any) -> bool | None:
     return None
 
 
+def top_logprobs(value: Any) -> int | None:
+    """Chat's `top_logprobs` as the engine reads it (lax pydantic): an integer, a whole float or a
+    string of digits; unset, 0. None: no count the picker reads as the engine would (not resumed)."""
+    if value is None:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
 def asks_logprobs(body: dict[str, Any], chat: bool) -> bool:
     """The engine sends logprobs: chat's `logprobs` is a boolean, completions' a count (0 asks for
     the chosen token's alone, and false is read as 0)."""
@@ -162,6 +176,8 @@ def refusal(body: dict[str, Any], path: str, greedy_only: bool) -> str | None:
             return FIELDS[name].reason
     if body.get("prompt_logprobs") is not None:
         return "prompt-logprobs"
+    if path == CHAT and top_logprobs(body.get("top_logprobs")) is None:
+        return "top-logprobs"
     if path == COMPLETIONS:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
@@ -218,8 +234,7 @@ def continued_fields(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     if chat:
         rest = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
         if flag(body.get("logprobs")) is True:  # chat's logprobs, asked of the completions endpoint
-            top = body.get("top_logprobs")
-            rest["logprobs"] = top if isinstance(top, int) else 0
+            rest["logprobs"] = top_logprobs(body.get("top_logprobs")) or 0
         return rest
     return {k: v for k, v in body.items() if k != "prompt"}
 

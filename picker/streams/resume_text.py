@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from picker.streams.resume_fields import top_logprobs
+
 
 @dataclass(slots=True)
 class HeldText:
@@ -81,7 +83,7 @@ class HeldText:
 def as_chat(choice: dict[str, Any], top: Any) -> dict[str, Any]:
     """A completions choice re-emitted as a chat delta (its logprobs in chat's shape)."""
     out: dict[str, Any] = {"index": choice.get("index", 0), "delta": {"content": choice.get("text", "")}}
-    out["logprobs"] = chat_logprobs(choice.get("logprobs"), top if isinstance(top, int) else 0)
+    out["logprobs"] = chat_logprobs(choice.get("logprobs"), top_logprobs(top) or 0)
     out["finish_reason"] = choice.get("finish_reason")
     if out["finish_reason"] is not None:
         out["stop_reason"] = choice.get("stop_reason")

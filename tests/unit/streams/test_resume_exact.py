@@ -331,3 +331,25 @@ def test_a_chat_continuation_asks_for_what_the_engine_read_as_the_limit_less_wha
     splice.feed(chat({"content": " a"}, [7]))
     rest = cut_and_continue(splice)
     assert rest["max_tokens"] == left and "max_completion_tokens" not in rest
+
+
+@pytest.mark.parametrize("top", [2, "2", 2.0])
+def test_chat_top_logprobs_as_the_engine_reads_it_are_asked_and_re_emitted(top: Any) -> None:
+    """vLLM reads top_logprobs "2" (and 2.0) as 2. Before: anything but an int became 0, so the
+    continuation asked no alternatives and re-emitted none."""
+    body = {**CHAT_GREEDY, "logprobs": True, "top_logprobs": top}
+    assert refusal(body, CHAT, ResumeMode.GREEDY, None) is None
+    _, splice = prepare(body, chat=True)
+    out = splice.feed(chat({"role": "assistant", "content": ""}, None, prompt_token_ids=[1, 2]))
+    out += splice.feed(chat({"content": " a"}, [7]))
+    assert cut_and_continue(splice)["logprobs"] == 2
+    lp = {"text_offset": [0], "token_logprobs": [-0.25], "tokens": [" b"],
+          "top_logprobs": [{" b": -0.25, " q": -1.5, " r": -3.0}]}  # fmt: skip
+    out += splice.feed(completion([8], " b", "length", logprobs=lp, rid="b"))
+    assert len(frames(out)[-1]["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2
+
+
+@pytest.mark.parametrize("top", ["two", "2.5", " 2", "-1", True, 2.5, [2], {"n": 2}])
+def test_chat_top_logprobs_the_picker_cannot_read_as_a_count_refuse_the_resume(top: Any) -> None:
+    body = {**CHAT_GREEDY, "logprobs": True, "top_logprobs": top}
+    assert refusal(body, CHAT, ResumeMode.GREEDY, None) == "top-logprobs"
