@@ -329,8 +329,13 @@ COLUMNS: dict[str, Column] = {
         Column("rr", picker=False, lb_policy="ROUND_ROBIN"),
         Column("lr", picker=False, lb_policy="LEAST_REQUEST"),
         Column("prefix", env=(("PICKER_AFFINITY__LATENCY", "off"),)),
+        # not in the default run: the picker with its predictions always on, and with requests
+        # waiting on the engines (one each) rather than in the picker while auto is engaged
+        Column("picker-on", env=(("PICKER_AFFINITY__LATENCY", "on"),)),
+        Column("picker-q1", env=(("PICKER_AFFINITY__LATENCY_ENGINE_QUEUE", "1"),)),
     )
 }
+DEFAULT_COLUMNS = ("picker", "picker-fd", "rr", "lr", "prefix")
 SIMPLE = ("rr", "lr", "prefix")  # the picker's defaults are compared with the best of these
 
 
@@ -657,7 +662,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rows", default=",".join(DEFAULT_ROWS), help="pool/workload,... ('list': all pairs)"
     )
-    parser.add_argument("--columns", default=",".join(COLUMNS), help=f"comma list of: {', '.join(COLUMNS)}")
+    parser.add_argument(
+        "--columns", default=",".join(DEFAULT_COLUMNS), help=f"comma list of: {', '.join(COLUMNS)}"
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each cell sends")
     parser.add_argument("--load", type=float, default=0.7, help="the rate as a share of the pool's capacity")
     parser.add_argument(
