@@ -80,6 +80,7 @@ class Placement:
         self._refreshed_at = float("-inf")
         self._routings = 0  # the indexes' clock: prompts routed so far (PrefixIndex.routed_at)
         self.token_ratio = 1.0  # approximate: the engines' tokens per pseudo-token (index_size.py)
+        self._engine_slots: int | None = None  # load.engine_slots, as the picks are given it
         # the latest critical request's SLO, and when it came: sheddable work gives way to it
         self._guarded: tuple[Slo, float] | None = None
         pool.on_forget(self._forgotten)
@@ -135,6 +136,7 @@ class Placement:
         model = record.model  # an adapter some candidate runs or queues: LoRA affinity applies
         lora = any(model in c.running_adapters or model in c.waiting_adapters for c in candidates)
         latency = self.latency if self.engaged else None
+        self._engine_slots = load.engine_slots
         ranked = self._pool.scale_down  # kube.deletion_cost: where each pod stands in a scale-down
         steers = steer(record.max_tokens, ranked.steer_tokens) if ranked and ranked.next_to_go else 0.0
         if keys is None and not lora and latency is None and not steers:
@@ -364,8 +366,10 @@ class Placement:
         """auto: whether the pool is uniform (picker/scheduling/uniformity.py); a switch is logged once."""
         if self.uniformity is None or self.latency is None:
             return
-        slots = {e.address: float(e.learned_slots) for e in self._pool.ready() if e.learned_slots}
-        switched = self.uniformity.judge(self.latency, now, slots)
+        ready = self._pool.ready()
+        configured = self._engine_slots
+        slots = {e.address: float(configured or e.learned_slots) for e in ready}
+        switched = self.uniformity.judge(self.latency, now, slots, {e.address for e in ready})
         measured = self.uniformity.last_spread
         if switched:
             self.engaged = self.latency.eager = self.uniformity.engaged

@@ -129,7 +129,7 @@ def _primary(rows: list[Row], policy: AffinityPolicy, slo: Slo | None, predicted
         # (its backlog of uncached tokens not started, plus what it lacks) exceeds the quickest
         # endpoint's by more than the penalty: computing a prefix again costs more than its own time
         # (it evicts other prefixes), as the reference's maxTTFTPenalty says
-        sticky = min(holders, key=_holding)
+        sticky = _keeper(holders)
         quickest = min(row.prefill for row in within)
         if sticky.prefill <= quickest + policy.prefill_penalty_tokens:
             return sticky, "sticky"
@@ -150,9 +150,13 @@ def _primary(rows: list[Row], policy: AffinityPolicy, slo: Slo | None, predicted
     return max(within if predicted else rows, key=score), "score"
 
 
-def _holding(row: Row) -> tuple[float, int, float, float, float]:
-    """Which holder keeps a prefix: the one holding the most of the prompt, then the one it was
-    routed to last (of several the index believes hold it, that one still does: a prefix that
-    alternated between two holders would be kept by neither engine once their caches are full),
-    then the least prefill to wait for (with predictions: the one predicted to finish it first)."""
-    return -row.cached, -row.routed, row.latency_s or row.prefill, row.cost, row.tiebreak
+def _keeper(holders: list[Row]) -> Row:
+    """Which holder keeps a prefix: the one where the request waits for the fewest prefill tokens
+    (with predictions: the one predicted to finish it first); of those holding as much of it as
+    that one, the one it was routed to last. Of several the index believes hold a prefix, the last
+    one still does: a prefix that alternated between two holders by their backlog would be kept by
+    neither engine once their caches are full. Only the approximate index knows when (`routed`);
+    the engines' own events say what is held, and the backlog decides there as before."""
+    best = min(holders, key=lambda row: (row.latency_s or row.prefill, row.cost, row.tiebreak))
+    same = [row for row in holders if row.routed and row.cached == best.cached]
+    return max(same, key=lambda row: row.routed) if same else best

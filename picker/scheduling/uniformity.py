@@ -7,11 +7,11 @@ pick. So under `auto` the pick uses the predictions only while the pool measurab
 
 Each replica's **speed** is what its fits predict for the pool's typical request where the pool
 runs: its first token (the prefill tokens the pool was measured at lately), its time per output
-token (beside as many running requests as the pool ran lately), and, where its batch slots are
-known, the wait for one at the pool's typical load (a replica with half the slots of the rest is
+token (beside as many running requests as the pool ran lately), and, where every replica's batch
+slots are known, the wait for one at the pool's typical load (a replica with half the slots of the rest is
 slower there, though no token of it is). A replica counts once it has observations of its own on
 both figures; one the pick stopped feeding keeps the speed it was last measured at (it is not
-uniform by going unmeasured) until it is measured again or leaves the pool.
+uniform by going unmeasured) until it is measured again, drains or leaves the pool.
 
 The **spread** is the largest gap between two groups: the replicas sorted by their time for the
 typical request, split at every place, the slower group's median over the quicker group's. One slow
@@ -30,7 +30,7 @@ second), never per request. Pure: no clock, no I/O.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from picker.scheduling.latency import LatencyModel, tpot_features, ttft_features
@@ -50,18 +50,25 @@ class Speed:
 
 
 def speeds(model: LatencyModel, slots: Mapping[str, float] | None = None) -> dict[str, Speed]:
-    """The speed of every replica measured lately. `slots`: each replica's batch slots, where known."""
+    """The speed of every replica measured lately. `slots`: each replica's batch slots (counted only
+    when every measured replica's are known)."""
     pool = model.pool
     running = pool.tpot.mean(1, _PROBE_RUNNING)
     ttft_x = ttft_features(pool.ttft.mean(1, _PROBE_PREFILL / 1000.0) * 1000.0, 0.0)
     tpot_x = tpot_features(running)
     tokens = model.output_tokens
     out = {}
-    for address, replica in model.replicas.items():
-        if replica.ttft.weight < MEASURED or replica.tpot.weight < MEASURED:
-            continue
+    measured = [
+        address
+        for address, replica in model.replicas.items()
+        if replica.ttft.weight >= MEASURED and replica.tpot.weight >= MEASURED
+    ]
+    # a slot wait only where every measured replica's slots are known: slots learned on some
+    # replicas (from a scrape that showed a queue) and not yet on others are no difference
+    known = slots if slots and all(slots.get(address) for address in measured) else {}
+    for address in measured:
         token_s = model.tpot(address, tpot_x)
-        held = (slots or {}).get(address, 0.0)
+        held = known.get(address, 0.0)
         wait_s = 0.0
         if held > 0 and running + 1.0 > held:  # the typical request waits for a slot there
             wait_s = (running + 1.0 - held) * token_s * tokens / held
@@ -112,11 +119,21 @@ class Uniformity:
     # every replica's last measured speed: one that goes unmeasured keeps it until it leaves
     held: dict[str, Speed] = field(default_factory=dict)
 
-    def judge(self, model: LatencyModel, now: float, slots: Mapping[str, float] | None = None) -> bool:
+    def judge(
+        self,
+        model: LatencyModel,
+        now: float,
+        slots: Mapping[str, float] | None = None,
+        ready: Collection[str] | None = None,
+    ) -> bool:
         """Measure the replicas, keep what each was last measured at, take one reading; True when
-        the state switched."""
-        known = {address: speed for address, speed in self.held.items() if address in model.replicas}
-        known.update(speeds(model, slots))
+        the state switched. `ready`: the replicas that may take work (None: all); one that drains or
+        is not ready is not judged, and its held speed goes (it could never be measured again)."""
+        known = {
+            address: speed
+            for address, speed in (*self.held.items(), *speeds(model, slots).items())
+            if address in model.replicas and (ready is None or address in ready)
+        }
         self.held = known
         return self.check(spread_of(known, model.output_tokens), now)
 

@@ -92,15 +92,18 @@ async def test_nothing_reaches_a_replica_that_cannot_serve_it(tmp_path: Path, fr
             await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(CONCURRENCY))), 120)
             # Short requests alone: in the mixed load above the long window is nearly always the
             # busier (only it takes the long prompts), so whether a short one ever went there was
-            # chance (2 of 334 in one run, 0 in another). Alone, both windows must take some.
+            # chance (2 of 334 in one run, 0 in another). Alone, both windows must take some. Each
+            # its own prompt: one prompt shared by all would rightly stay where it is cached.
             alone: Counter[str] = Counter()
             (model, chars, max_tokens), _ = KINDS[0]
+            sent = iter(range(SHORT_ALONE))
 
             async def short_only() -> None:
                 for _ in range(SHORT_ALONE // ALONE_WORKERS):
+                    prompt = f"question {next(sent)}: " + "x" * chars
                     response = await client.post(
                         f"{stack.url}/v1/completions",  # type: ignore[union-attr]
-                        content=body(model, chars, max_tokens),
+                        json={"model": model, "prompt": prompt[:chars], "max_tokens": max_tokens},
                         headers={"content-type": "application/json"},
                     )
                     alone[

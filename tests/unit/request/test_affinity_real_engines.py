@@ -13,7 +13,7 @@ from picker.config.model import AffinityConfig
 from picker.pool.cache import PrefixIndex
 from picker.pool.scrapes import record_engine_info
 from picker.scheduling import filters
-from picker.scheduling.choice import AffinityPolicy
+from picker.scheduling.choice import AffinityPolicy, choose
 from picker.scheduling.rows import Row
 from picker.streams import EndReason, ResponseTracker
 from tests.unit.request.test_affinity import SYSTEM, A, B, path_of, request, route
@@ -88,3 +88,12 @@ def test_less_than_a_request_above_the_mean_is_not_out_of_balance() -> None:
     hot = Row(A, False, False, False, 8.0, 0.0, 8.0, load_avg=9.5)
     cool = Row(B, False, False, False, 4.0, 0.0, 4.0, load_avg=3.5)
     assert hot not in filters.in_range([cool, hot], policy)
+
+
+def test_without_a_routing_clock_the_backlog_still_decides_between_holders() -> None:
+    """The engines' own KV events say what each holds (no `routed`): of two holders, the one with a
+    tenth more of the prompt but 20,000 tokens of backlog does not keep it from an idle one."""
+    policy = AffinityPolicy.of(AffinityConfig())
+    busy = Row(A, False, False, False, 0.0, 0.0, 0.0, cached=1.0, prefill=20_000.0)
+    idle = Row(B, False, False, False, 0.0, 0.5, 0.0, cached=0.9, prefill=400.0)
+    assert choose([busy, idle], 1, policy).destinations == [B]

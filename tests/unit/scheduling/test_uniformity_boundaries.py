@@ -133,11 +133,33 @@ def test_first_tokens_slower_only_by_cache_misses_are_not_a_slower_replica() -> 
 
 
 def test_fewer_batch_slots_at_the_pools_load_engage() -> None:
-    """Equal speeds, but one replica has 4 batch slots where the pool typically runs 4.5 a replica:
+    """Equal speeds, but one replica has 2 batch slots where the pool typically runs 4.5 a replica:
     at that load a request waits for a slot there, and nowhere else."""
     speeds = pool(4, 0, 1.0)
     small = next(iter(speeds))
-    judge, flips = run(speeds, slots={small: 2.0})
+    judge, flips = run(speeds, slots={address: 2.0 if address == small else 16.0 for address in speeds})
     assert judge.engaged and len(flips) == 1
+    judge, flips = run(speeds, slots={small: 2.0})
+    assert flips == []  # the others' slots unknown: no difference known
     judge, flips = run(speeds, slots={address: 16.0 for address in speeds})
     assert flips == []  # slots known, none short
+
+
+def test_a_slow_replica_that_drains_no_longer_holds_the_switch() -> None:
+    """Its held speed goes with it: a drained replica is never measured again, and the three
+    uniform ones left are a uniform pool."""
+    speeds = pool(3, 1, 2.0)
+    slow = next(address for address, speed in speeds.items() if speed > 1)
+    rng, model, judge = random.Random(2), LatencyModel(), switch()
+    for second in range(120):
+        now = float(second)
+        for address, speed in speeds.items():
+            if address != slow or second < 30:
+                for k in range(4):
+                    serve_one(model, address, speed, now + k / 4, rng)
+        model.refresh(now + 1.0)
+        ready = [a for a in speeds if a != slow or second < 30]
+        judge.judge(model, now + 1.0, None, ready)
+        if second == 29:
+            assert judge.engaged
+    assert not judge.engaged
