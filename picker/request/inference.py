@@ -145,7 +145,8 @@ def parse_request(
         limit = data.get(key)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             return reply_for(Outcome.BAD_REQUEST, f"'{key}' must be an integer")
-    max_tokens = data.get("max_tokens", data.get("max_completion_tokens"))
+    # the limit the engine reads: max_completion_tokens over the older max_tokens, as vLLM does
+    max_tokens = data.get("max_completion_tokens") or data.get("max_tokens")
     stream = data.get("stream", False)
     if not isinstance(stream, bool):
         return reply_for(Outcome.BAD_REQUEST, "'stream' must be a boolean")

@@ -274,10 +274,13 @@ class ResponseSide:
                 known.state.value if known else "forgotten",
             )
             resumable = record.resumable and self.on_stall is not None
-            # a stream whose finish went out lacks only its end: the frontend writes it, no replica needed
-            movable = tracker.completed or self.movable(record)
+            gone = known is None or known.state is EndpointState.GONE
+            # a stream whose finish went out lacks only its end: the frontend writes it, no replica
+            # needed; one whose replica is gone is handed over though none may take it, so that the
+            # frontend ends its part (a silent connection of a gone replica would hold it for ever)
+            movable = tracker.completed or gone or self.movable(record)
             moving = resumable and movable and self.on_stall(record)  # type: ignore[misc]
-            if not moving and (known is None or known.state is EndpointState.GONE):
+            if not moving and gone:
                 self.finish(record, EndReason.STALLED)  # its engine will never send again
             elif not moving and resumable:
                 record.stall_kept = True  # nowhere to move: it waits on its own replica

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from loadtest.procs import Proc
+from loadtest.procs import Proc, async_wait_until
 from loadtest.proxy_stack import ProxyStack
 from loadtest.stack import StackOptions
 
@@ -462,6 +462,55 @@ async def test_a_kept_stall_whose_replica_is_removed_ends_the_stream(tmp_path: P
         stack.stop()
     assert result.status == 200 and result.broken and result.done == 0
     assert 10 <= result.tokens < 80
+
+
+async def test_a_stall_on_a_replica_already_gone_with_nowhere_to_go_ends_the_stream(tmp_path: Path) -> None:
+    """The stream's replica leaves the pool and every other one drains before the stream goes silent:
+    the stall is found with no replica free to take it. Before, the sweep ended the record (slot
+    released) and told the frontend nothing: the client's stream hung on the silent connection."""
+    listed = tmp_path / "endpoints.yaml"
+    args = ("--endpoints-file", str(listed), "--endpoints-file-poll", "0.1")
+    options = replace(
+        stack_options(PICKER_STREAMS__STALL_AFTER_S="0.5"), static_endpoints=False, picker_args=args
+    )
+    stack = ProxyStack(tmp_path, options)
+    try:
+        stack.start_sims()
+        listed.write_text("endpoints:\n" + "".join(f"  - {r}\n" for r in stack.replicas))
+        stack.start_picker()
+        body, slow = {**COMPLETION, "max_tokens": 80}, {"x-sim-itl-ms": "40"}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            strike, seen = asyncio.Event(), Stream()
+            task = asyncio.create_task(
+                read_stream(session, stack.url, "/v1/completions", body, slow, 10, strike, seen)
+            )
+            await asyncio.wait_for(strike.wait(), 20)
+            others = [r for r in stack.replicas if r != seen.served]
+            draining = "".join(f'  - {{address: "{r}", draining: true}}\n' for r in others)
+            listed.write_text("endpoints:\n" + draining)  # the served one gone, the others draining
+
+            def read() -> bool:
+                page = stack.picker_metrics()
+                states = {
+                    dict(labels)["endpoint"]: dict(labels)["state"]
+                    for (name, labels), value in page.items()
+                    if name == "picker_endpoint_state" and value == 1
+                }
+                return all(states.get(r) == "draining" for r in others)
+
+            await async_wait_until(read, 10, 0.05, "the picker to read the endpoints file")
+            frozen = process_of(stack, seen.served)
+            frozen.signal(signal.SIGSTOP)
+            try:
+                try:
+                    result = await asyncio.wait_for(task, 10)  # the stream's own end, bounded
+                except TimeoutError:
+                    pytest.fail("the client's stream never ended: its replica gone, nowhere to move")
+            finally:
+                frozen.signal(signal.SIGCONT)
+    finally:
+        stack.stop()
+    assert result.broken and result.done == 0
 
 
 def envoy_in_front(proxy: str, workdir: Path) -> tuple[Proc, int]:

@@ -27,6 +27,21 @@ def test_reads_model_stream_and_sizes() -> None:
     )
 
 
+LIMITS = [
+    ({"max_tokens": 50, "max_completion_tokens": 9}, 9),
+    ({"max_tokens": None, "max_completion_tokens": 9}, 9),
+    ({"max_tokens": 50, "max_completion_tokens": None}, 50),
+    ({"max_tokens": 50}, 50),
+]
+
+
+@pytest.mark.parametrize(("limits", "read"), LIMITS)
+def test_the_output_limit_is_the_one_the_engine_reads(limits: dict[str, int | None], read: int) -> None:
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **limits}
+    parsed = parse(json.dumps(chat).encode())
+    assert isinstance(parsed, InferenceRequest) and parsed.max_tokens == read
+
+
 def test_chat_messages_count_as_prompt() -> None:
     body = json.dumps(
         {
