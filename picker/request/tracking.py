@@ -275,9 +275,8 @@ class ResponseSide:
             )
             resumable = record.resumable and self.on_stall is not None
             gone = known is None or known.state is EndpointState.GONE
-            # a stream whose finish went out lacks only its end: the frontend writes it, no replica
-            # needed; one whose replica is gone is handed over though none may take it, so that the
-            # frontend ends its part (a silent connection of a gone replica would hold it for ever)
+            # a stream whose finish went out lacks only its end (the frontend writes it); one whose
+            # replica is gone goes to the frontend even with no target: it ends the silent part
             movable = tracker.completed or gone or self.movable(record)
             moving = resumable and movable and self.on_stall(record)  # type: ignore[misc]
             if not moving and gone:
