@@ -12,6 +12,7 @@ import asyncio
 import enum
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from picker.contract import Outcome, Reply, headers, reply_for
@@ -126,22 +127,16 @@ async def relay_resumable(
                 path.body_chunk(record, local)
                 await down.write(local)
                 return
-            continued, failed = None, current.served
-            refused = splice.refused()
-            if refused is None and splice.continuation() is None:
-                refused = "nothing-left"  # every token was sent, its finish_reason was not
-            if refused is not None:
-                path.resume_refused(refused)
-            while continued is None and refused is None:
-                if tries >= resume_max:
-                    path.resume_refused("limit" if splice.resumes >= resume_max else "failed")
-                    break
-                target = path.resume(record, failed)
-                if target is None:
-                    break  # counted: no-replica
-                tries += 1
-                continued = await open_continuation(upstream, splice, target, outgoing)
-                failed = target
+            failed = current.served
+
+            def cut_target(last: str | None) -> str | None:
+                nonlocal failed
+                failed = last or failed  # the next replica, given the one that just failed
+                return path.resume(record, failed)
+
+            continued, tries, _ = await _continue(
+                path, upstream, splice, outgoing, resume_max, tries, cut_target
+            )
             exchange.exhausted = tries >= resume_max
             if continued is None:
                 if splice.error_frame:
@@ -156,6 +151,38 @@ async def relay_resumable(
         current.response.close()
 
 
+async def _continue(
+    path: RequestPath,
+    upstream: Upstream,
+    splice: Splice,
+    outgoing: list[tuple[str, str]],
+    resume_max: int,
+    tries: int,
+    target_of: Callable[[str | None], str | None],
+) -> tuple[Opened | None, int, str | None]:
+    """The rest of a stream opened on another replica, for a cut or a move alike: the splice's own
+    refusal counted first, then replica after replica (`target_of`, given the one that just failed,
+    None at first) until one opens, none is left or `resume_max` tries are spent. The continuation
+    (None: none opened), the tries spent so far, and the splice's refusal, if any."""
+    continued = None
+    refused = splice.refused()
+    if refused is None and splice.continuation() is None:
+        refused = "nothing-left"  # every token was sent, its finish_reason was not
+    if refused is not None:
+        path.resume_refused(refused)
+    target: str | None = None
+    while continued is None and refused is None:
+        if tries >= resume_max:
+            path.resume_refused("limit" if splice.resumes >= resume_max else "failed")
+            break
+        target = target_of(target)
+        if target is None:
+            break  # counted: no-replica
+        tries += 1
+        continued = await open_continuation(upstream, splice, target, outgoing)
+    return continued, tries, refused
+
+
 async def _move(
     path: RequestPath, upstream: Upstream, resume_max: int, exchange: Exchange, current: Opened, tries: int
 ) -> tuple[Opened | None, int]:
@@ -165,22 +192,16 @@ async def _move(
     record, splice = exchange.routed.record, exchange.splice
     why = exchange.moving
     assert splice is not None and why is not None
-    continued, tried = None, [current.served]
-    refused = splice.refused()
-    if refused is None and splice.continuation() is None:
-        refused = "nothing-left"  # every token was sent, its finish_reason was not
-    if refused is not None:
-        path.resume_refused(refused)
-    while continued is None and refused is None:
-        if tries >= resume_max:
-            path.resume_refused("limit" if splice.resumes >= resume_max else "failed")
-            break
-        target = path.move_target(record, tried)
-        if target is None:
-            break  # counted: no-replica
-        tries += 1
-        continued = await open_continuation(upstream, splice, target, exchange.outgoing)
-        tried.append(target)
+    tried = [current.served]
+
+    def move_target(last: str | None) -> str | None:
+        if last is not None:
+            tried.append(last)  # every replica tried stays out of this move
+        return path.move_target(record, tried)
+
+    continued, tries, refused = await _continue(
+        path, upstream, splice, exchange.outgoing, resume_max, tries, move_target
+    )
     exchange.moving, exchange.exhausted = None, tries >= resume_max or refused is not None
     if continued is None:
         path.kept(record)
