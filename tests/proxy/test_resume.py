@@ -10,10 +10,11 @@ well-formed stream. What cannot be continued exactly is not, and says why.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -417,11 +418,13 @@ async def test_a_stall_no_replica_will_take_keeps_the_stream_where_it_was(stalli
     assert "stalled" not in counted and counted.get("failed") == 1, counted
 
 
-async def test_a_kept_stall_whose_replica_is_removed_ends_the_stream(tmp_path: Path) -> None:
-    """A stall kept because every replica refused its continuation (its tries spent) and whose
-    replica then leaves the pool (GONE) will never send again: its part is ended and the stream cut,
-    within a bound. Before: the move was refused as spent, the record ended (slot released, counted
-    cut), and nothing closed the part: the client's stream hung in the relay's read."""
+@contextlib.asynccontextmanager
+async def streaming_from_a_file(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[ProxyStack, Path, asyncio.Task[Any], Stream]]:
+    """A proxy over three replicas listed in an endpoints file (stalls after 0.5 s), with one slow
+    80-token stream under way (its first 10 tokens read): the stack, the file, the stream's task
+    and what it has seen. Stops the stack on exit."""
     listed = tmp_path / "endpoints.yaml"
     args = ("--endpoints-file", str(listed), "--endpoints-file-poll", "0.1")
     options = replace(
@@ -439,27 +442,36 @@ async def test_a_kept_stall_whose_replica_is_removed_ends_the_stream(tmp_path: P
                 read_stream(session, stack.url, "/v1/completions", body, slow, 10, strike, seen)
             )
             await asyncio.wait_for(strike.wait(), 20)
-            for replica in stack.replicas:
-                if replica != seen.served:
-                    await set_fault(replica, {"status": 503, "count": 1})  # each refuses the continuation
-            frozen = process_of(stack, seen.served)
-            frozen.signal(signal.SIGSTOP)  # silent, its connection open: kept, its tries spent
-            try:
-                async with asyncio.timeout(20):
-                    while True:  # until both other replicas were tried, and refused it
-                        if (await resumes(stack)).get("failed", 0) >= 1:
-                            break
-                        await asyncio.sleep(0.05)  # a poll of the picker's count, not a synchronisation
-                kept = [r for r in stack.replicas if r != seen.served]
-                listed.write_text("endpoints:\n" + "".join(f"  - {r}\n" for r in kept))  # now GONE
-                try:
-                    result = await asyncio.wait_for(task, 10)  # the stream's own end, bounded
-                except TimeoutError:
-                    pytest.fail("the client's stream never ended after its replica left the pool")
-            finally:
-                frozen.signal(signal.SIGCONT)
+            yield stack, listed, task, seen
     finally:
         stack.stop()
+
+
+async def test_a_kept_stall_whose_replica_is_removed_ends_the_stream(tmp_path: Path) -> None:
+    """A stall kept because every replica refused its continuation (its tries spent) and whose
+    replica then leaves the pool (GONE) will never send again: its part is ended and the stream cut,
+    within a bound. Before: the move was refused as spent, the record ended (slot released, counted
+    cut), and nothing closed the part: the client's stream hung in the relay's read."""
+    async with streaming_from_a_file(tmp_path) as (stack, listed, task, seen):
+        for replica in stack.replicas:
+            if replica != seen.served:
+                await set_fault(replica, {"status": 503, "count": 1})  # each refuses the continuation
+        frozen = process_of(stack, seen.served)
+        frozen.signal(signal.SIGSTOP)  # silent, its connection open: kept, its tries spent
+        try:
+            async with asyncio.timeout(20):
+                while True:  # until both other replicas were tried, and refused it
+                    if (await resumes(stack)).get("failed", 0) >= 1:
+                        break
+                    await asyncio.sleep(0.05)  # a poll of the picker's count, not a synchronisation
+            kept = [r for r in stack.replicas if r != seen.served]
+            listed.write_text("endpoints:\n" + "".join(f"  - {r}\n" for r in kept))  # now GONE
+            try:
+                result = await asyncio.wait_for(task, 10)  # the stream's own end, bounded
+            except TimeoutError:
+                pytest.fail("the client's stream never ended after its replica left the pool")
+        finally:
+            frozen.signal(signal.SIGCONT)
     assert result.status == 200 and result.broken and result.done == 0
     assert 10 <= result.tokens < 80
 
@@ -468,48 +480,30 @@ async def test_a_stall_on_a_replica_already_gone_with_nowhere_to_go_ends_the_str
     """The stream's replica leaves the pool and every other one drains before the stream goes silent:
     the stall is found with no replica free to take it. Before, the sweep ended the record (slot
     released) and told the frontend nothing: the client's stream hung on the silent connection."""
-    listed = tmp_path / "endpoints.yaml"
-    args = ("--endpoints-file", str(listed), "--endpoints-file-poll", "0.1")
-    options = replace(
-        stack_options(PICKER_STREAMS__STALL_AFTER_S="0.5"), static_endpoints=False, picker_args=args
-    )
-    stack = ProxyStack(tmp_path, options)
-    try:
-        stack.start_sims()
-        listed.write_text("endpoints:\n" + "".join(f"  - {r}\n" for r in stack.replicas))
-        stack.start_picker()
-        body, slow = {**COMPLETION, "max_tokens": 80}, {"x-sim-itl-ms": "40"}
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-            strike, seen = asyncio.Event(), Stream()
-            task = asyncio.create_task(
-                read_stream(session, stack.url, "/v1/completions", body, slow, 10, strike, seen)
-            )
-            await asyncio.wait_for(strike.wait(), 20)
-            others = [r for r in stack.replicas if r != seen.served]
-            draining = "".join(f'  - {{address: "{r}", draining: true}}\n' for r in others)
-            listed.write_text("endpoints:\n" + draining)  # the served one gone, the others draining
+    async with streaming_from_a_file(tmp_path) as (stack, listed, task, seen):
+        others = [r for r in stack.replicas if r != seen.served]
+        draining = "".join(f'  - {{address: "{r}", draining: true}}\n' for r in others)
+        listed.write_text("endpoints:\n" + draining)  # the served one gone, the others draining
 
-            def read() -> bool:
-                page = stack.picker_metrics()
-                states = {
-                    dict(labels)["endpoint"]: dict(labels)["state"]
-                    for (name, labels), value in page.items()
-                    if name == "picker_endpoint_state" and value == 1
-                }
-                return all(states.get(r) == "draining" for r in others)
+        def read() -> bool:
+            page = stack.picker_metrics()
+            states = {
+                dict(labels)["endpoint"]: dict(labels)["state"]
+                for (name, labels), value in page.items()
+                if name == "picker_endpoint_state" and value == 1
+            }
+            return all(states.get(r) == "draining" for r in others)
 
-            await async_wait_until(read, 10, 0.05, "the picker to read the endpoints file")
-            frozen = process_of(stack, seen.served)
-            frozen.signal(signal.SIGSTOP)
+        await async_wait_until(read, 10, 0.05, "the picker to read the endpoints file")
+        frozen = process_of(stack, seen.served)
+        frozen.signal(signal.SIGSTOP)
+        try:
             try:
-                try:
-                    result = await asyncio.wait_for(task, 10)  # the stream's own end, bounded
-                except TimeoutError:
-                    pytest.fail("the client's stream never ended: its replica gone, nowhere to move")
-            finally:
-                frozen.signal(signal.SIGCONT)
-    finally:
-        stack.stop()
+                result = await asyncio.wait_for(task, 10)  # the stream's own end, bounded
+            except TimeoutError:
+                pytest.fail("the client's stream never ended: its replica gone, nowhere to move")
+        finally:
+            frozen.signal(signal.SIGCONT)
     assert result.broken and result.done == 0
 
 
