@@ -12,24 +12,40 @@ No I/O.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from picker.pool import Endpoint
 
 MAX_RATIO = 8.0  # engine tokens per pseudo-token believed at most (and its inverse at least)
-_STEP = 0.1  # how far one report moves the learned ratio
+_KEEP = 0.95  # each report keeps this much of the sums before it (about the last 20 reports)
 _SLACK = 0.05  # an index is resized when its bound is this far from what it should be
 
 
-def learned(ratio: float, prompt_tokens: int, estimated_tokens: int) -> float:
-    """The ratio after one engine's report of a prompt's size (`estimated_tokens`: the index's)."""
-    seen = min(MAX_RATIO, max(1.0 / MAX_RATIO, prompt_tokens / estimated_tokens))
-    return ratio + _STEP * (seen - ratio)
+@dataclass(slots=True)
+class TokenRatio:
+    """The engines' tokens per pseudo-token, over the recent reports weighted by their size: a short
+    chat prompt whose template doubles it weighs as little as its tokens, not as much as a long one."""
+
+    reported: float = 0.0  # decayed sums of the engines' prompt sizes and the index's estimates
+    estimated: float = 0.0
+
+    @property
+    def value(self) -> float:
+        if self.estimated <= 0:
+            return 1.0
+        return min(MAX_RATIO, max(1.0 / MAX_RATIO, self.reported / self.estimated))
+
+    def add(self, prompt_tokens: int, estimated_tokens: int) -> None:
+        """One engine's report of a prompt's size (`estimated_tokens`: the index's)."""
+        self.reported = self.reported * _KEEP + prompt_tokens
+        self.estimated = self.estimated * _KEEP + estimated_tokens
 
 
 def capacity(endpoint: Endpoint, block_tokens: int, ratio: float, default: int) -> int:
     """The engine's cache in the index's blocks when it publishes it, else `default`."""
     if endpoint.num_blocks and endpoint.block_size:
-        return max(1, int(endpoint.num_blocks * endpoint.block_size / ratio // block_tokens))
+        blocks = endpoint.num_blocks * endpoint.block_size / (ratio * block_tokens)
+        return max(1, int(blocks + 1e-6))  # a ratio learned as 2.5000000001 is 2.5
     return default
 
 

@@ -79,7 +79,7 @@ class Placement:
         metrics.set_latency_engaged(self.engaged)
         self._refreshed_at = float("-inf")
         self._routings = 0  # the indexes' clock: prompts routed so far (PrefixIndex.routed_at)
-        self.token_ratio = 1.0  # approximate: the engines' tokens per pseudo-token (index_size.py)
+        self.tokens = index_size.TokenRatio()  # approximate: the engines' tokens per pseudo-token
         self._engine_slots: int | None = None  # load.engine_slots, as the picks are given it
         # the latest critical request's SLO, and when it came: sheddable work gives way to it
         self._guarded: tuple[Slo, float] | None = None
@@ -223,7 +223,7 @@ class Placement:
         if endpoint is not None and keys.blocks and keys.block_tokens == self.block_tokens:
             if endpoint.prefix is None:
                 capacity = index_size.capacity(
-                    endpoint, self.block_tokens, self.token_ratio, self._config.index_blocks
+                    endpoint, self.block_tokens, self.tokens.value, self._config.index_blocks
                 )
                 endpoint.prefix = PrefixIndex(capacity)
             self._routings += 1
@@ -317,7 +317,7 @@ class Placement:
             return
         prompt = tracker.usage_prompt_tokens
         if prompt and keys.estimated_tokens and self._config.engine_feedback:
-            self.token_ratio = index_size.learned(self.token_ratio, prompt, keys.estimated_tokens)
+            self.tokens.add(prompt, keys.estimated_tokens)
         if tracker.usage_cached_tokens is None or not self._config.engine_feedback:
             return
         if not prompt or not record.picked or record.endpoint != record.picked[0]:
@@ -352,7 +352,7 @@ class Placement:
             self._refreshed_at = now
             self.latency.refresh(now)
             self._judge(now)
-        index_size.follow(self._pool.endpoints(), self.block_tokens, self.token_ratio)
+        index_size.follow(self._pool.endpoints(), self.block_tokens, self.tokens.value)
         published = max((e.block_size or 0 for e in self._pool.endpoints()), default=0)
         wanted = max(self._config.block_tokens, published)
         if self._config.prefix != "approximate" or wanted == self.block_tokens:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from picker.config.model import AffinityConfig
 from picker.pool.cache import PrefixIndex
 from picker.pool.scrapes import record_engine_info
+from picker.request import index_size
 from picker.scheduling import filters
 from picker.scheduling.choice import AffinityPolicy, choose
 from picker.scheduling.rows import Row
@@ -97,3 +98,17 @@ def test_without_a_routing_clock_the_backlog_still_decides_between_holders() -> 
     busy = Row(A, False, False, False, 0.0, 0.0, 0.0, cached=1.0, prefill=20_000.0)
     idle = Row(B, False, False, False, 0.0, 0.5, 0.0, cached=0.9, prefill=400.0)
     assert choose([busy, idle], 1, policy).destinations == [B]
+
+
+def test_the_engines_tokens_per_pseudo_token_are_weighed_by_size() -> None:
+    """Short chat prompts whose template the engine counts (5 pseudo-tokens reported as 25) beside
+    long ones at the true 2.5: averaged report by report the ratio would read about 3.8; weighed by
+    their tokens it stays near 2.5, which is what the cache holds."""
+    ratio = index_size.TokenRatio()
+    assert ratio.value == 1.0  # nothing reported: the index's own tokens
+    for _ in range(40):
+        ratio.add(25, 5)
+        ratio.add(2_500, 1_000)
+    assert 2.5 <= ratio.value < 2.6
+    ratio.add(10**9, 1)
+    assert ratio.value == index_size.MAX_RATIO  # bounded whatever an engine reports
