@@ -93,7 +93,6 @@ class Gate:
             if not self._members[source]:
                 del self._members[source]
             return
-        self._members.pop(source, None)
         prefix = source_prefix(source)
         self.total -= 1
         self._by_source[prefix] -= 1

@@ -40,7 +40,13 @@ import yaml
 from picker.config.model import canonical_address
 from picker.pool import Endpoint, EndpointConflict, Pool, UnknownEndpoint
 from picker.sources.drain_causes import OPERATOR, Cause, CauseKind, MalformedCause, Rejections, cause_of
-from picker.sources.static_file import EndpointsFile, EndpointsFileError, decoded, parse_endpoints
+from picker.sources.static_file import (
+    EndpointsFile,
+    EndpointsFileError,
+    decoded,
+    listed_entries,
+    parse_endpoints,
+)
 
 log = logging.getLogger(__name__)
 
@@ -189,9 +195,7 @@ class EndpointsFileDrains:
         (`unreadable`) and logged once: an admin read never fails on the file."""
         path = self._file.path
         try:
-            text = decoded(path.read_bytes())
-            parse_endpoints(text)
-            data: Any = yaml.safe_load(text)
+            entries = listed_entries(decoded(path.read_bytes()))
         except (OSError, EndpointsFileError) as exc:
             problem = str(exc)
             self._rejections.count("unreadable", problem)
@@ -200,9 +204,8 @@ class EndpointsFileDrains:
             self._unreadable = problem
             return dict(self._shown)
         self._unreadable = None
-        entries = data.get("endpoints") if isinstance(data, dict) else data
         shown: dict[str, list[Cause]] = {}
-        for entry in entries if isinstance(entries, list) else []:
+        for entry in entries:
             address = _address_of(entry)
             causes = self._causes_of(entry)
             if address is not None and causes:

@@ -58,6 +58,19 @@ def parse_endpoints(text: str) -> dict[str, EndpointState]:
 
 def read_endpoints(text: str) -> tuple[dict[str, EndpointState], Labels]:
     """Each listed endpoint's desired state, and the labels of those that have them."""
+    return _states(_listed(text))
+
+
+def listed_entries(text: str) -> list[Any]:
+    """The file's entries as written, once the whole file is one the source accepts (one parse:
+    the drain store reads its `drained_by` items from them)."""
+    entries = _listed(text)
+    _states(entries)
+    return entries
+
+
+def _listed(text: str) -> list[Any]:
+    """The file's list of entries (EndpointsFileError when it is not one)."""
     if not text.strip():
         raise EndpointsFileError("the file is empty (a partial write?)")
     try:
@@ -72,6 +85,11 @@ def read_endpoints(text: str) -> tuple[dict[str, EndpointState], Labels]:
         data = data["endpoints"]
     if not isinstance(data, list):
         raise EndpointsFileError("expected a list of endpoints")
+    return data
+
+
+def _states(data: list[Any]) -> tuple[dict[str, EndpointState], Labels]:
+    """Each entry's desired state and labels (EndpointsFileError at the first entry that is wrong)."""
     desired: dict[str, EndpointState] = {}
     labels: Labels = {}
     for index, entry in enumerate(data):
