@@ -12,9 +12,10 @@ does not answer within `peers.move_timeout_s` (all are asked at once) is reporte
 cannot hold the admin POST longer than that.
 
 Each ask is a new connection, held in the peer's pre-hello places until its hello is read, of which
-a peer gives one member's address `peers.max_unauthenticated_per_source` (8): so at most
+a peer gives one member's address `peers.max_unauthenticated_per_source`: so at most
 `ASKING_AT_ONCE` moves ask at once (a rollback moves every candidate endpoint together), the rest
-wait their turn, and a dead peer holds a rollback of n endpoints ceil(n / 4) timeouts at most.
+wait their turn, and a dead peer holds a rollback of n endpoints ceil(n / ASKING_AT_ONCE) timeouts
+at most.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from picker.peers.events import CANNOT, MOVED, answer_problem
 log = logging.getLogger(__name__)
 
 # moves asking the peers at once: each opens a connection to every peer, and a peer admits at most
-# peers.max_unauthenticated_per_source (8) from one address before their hellos; 4 leaves room for
-# this picker's other asks (its events link, a drains read) in the same places
+# peers.max_unauthenticated_per_source from one address before their hellos (by default twice this):
+# half of them leaves room for this picker's other asks (its events link, a drains read)
 ASKING_AT_ONCE = 4
 
 # peer, name, secret, address, timeout, and where to count an answer refused before it is judged

@@ -145,10 +145,10 @@ class RolloutRunner:
                 log.warning("rollout undrain cause=%s not done: %s", self.cause, exc)
 
     async def _move(self, addresses: list[str]) -> None:
-        """Move the streams off the drained `addresses` together: the peers are asked for 4 of them
-        at once (picker/peers/moves.py `ASKING_AT_ONCE`, within a peer's pre-hello places), so a
-        peer that does not answer holds the rollback ceil(n / 4) asks' timeouts at most. A peer
-        not reached (its streams on the endpoint left where they were) is a warning, counted."""
+        """Move the streams off the drained `addresses` together: the peers are asked for
+        `ASKING_AT_ONCE` of them at a time (picker/peers/moves.py: within a peer's pre-hello places),
+        so a peer that does not answer holds the rollback one ask's timeout per such round at most.
+        A peer not reached (its streams on the endpoint left where they were) is a warning."""
         if self.move_streams is None or not addresses:
             return
         counts = await asyncio.gather(*(self.move_streams(a) for a in addresses), return_exceptions=True)

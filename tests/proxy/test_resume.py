@@ -447,6 +447,14 @@ async def streaming_from_a_file(
         stack.stop()
 
 
+async def ended(task: asyncio.Task[Any], when: str) -> Any:
+    """The stream's own end, within 10 s; the check fails, saying `when`, if it never comes."""
+    try:
+        return await asyncio.wait_for(task, 10)
+    except TimeoutError:
+        pytest.fail(f"the client's stream never ended {when}")
+
+
 async def test_a_kept_stall_whose_replica_is_removed_ends_the_stream(tmp_path: Path) -> None:
     """A stall kept because every replica refused its continuation (its tries spent) and whose
     replica then leaves the pool (GONE) will never send again: its part is ended and the stream cut,
@@ -466,10 +474,7 @@ async def test_a_kept_stall_whose_replica_is_removed_ends_the_stream(tmp_path: P
                     await asyncio.sleep(0.05)  # a poll of the picker's count, not a synchronisation
             kept = [r for r in stack.replicas if r != seen.served]
             listed.write_text("endpoints:\n" + "".join(f"  - {r}\n" for r in kept))  # now GONE
-            try:
-                result = await asyncio.wait_for(task, 10)  # the stream's own end, bounded
-            except TimeoutError:
-                pytest.fail("the client's stream never ended after its replica left the pool")
+            result = await ended(task, "after its replica left the pool")
         finally:
             frozen.signal(signal.SIGCONT)
     assert result.status == 200 and result.broken and result.done == 0
@@ -498,10 +503,7 @@ async def test_a_stall_on_a_replica_already_gone_with_nowhere_to_go_ends_the_str
         frozen = process_of(stack, seen.served)
         frozen.signal(signal.SIGSTOP)
         try:
-            try:
-                result = await asyncio.wait_for(task, 10)  # the stream's own end, bounded
-            except TimeoutError:
-                pytest.fail("the client's stream never ended: its replica gone, nowhere to move")
+            result = await ended(task, "with its replica gone and nowhere to move")
         finally:
             frozen.signal(signal.SIGCONT)
     assert result.broken and result.done == 0
