@@ -2,7 +2,7 @@
 
 The index cuts a prompt into blocks of `block_tokens` pseudo-tokens (its bytes / bytes_per_token);
 an engine's cache holds `num_blocks` x `block_size` of its own tokens, and a real tokenizer's tokens
-are not the index's (a third of a pseudo-token each for some prompts). Sized in pseudo-tokens alone,
+are not the index's (often several to a pseudo-token). Sized in pseudo-tokens alone,
 the index believes an engine holds several times what it keeps, and a prefix it no longer holds
 still reads as held. So the engines' tokens per pseudo-token are learned from the prompt sizes they
 report (usage.prompt_tokens), and each index follows its engine's published cache in those terms.

@@ -15,11 +15,11 @@ uniform by going unmeasured) until it is measured again, drains or leaves the po
 
 The **spread** is the largest gap between two groups: the replicas sorted by their time for the
 typical request, split at every place, the slower group's median over the quicker group's. One slow
-replica of four, half of them, or three of four read alike (the slowest over the median did not:
-speeds 1, 1, 2, 2 read 1.3). A first token that is slower while the decode is not is what a cache
-miss looks like, not a slower replica (an approximate index wrong about what an engine holds makes
-a uniform pool's first tokens differ): the slower group's first token counts above the quicker's
-only as far as its decode is slower too.
+replica of four, half of them, or three of four read alike (against the median replica, a pool
+half of whose replicas are slow reads as little different). A first token that is slower while
+the decode is not is what a cache miss looks like, not a slower replica (an approximate index
+wrong about what an engine holds makes a uniform pool's first tokens differ): the slower group's
+first token counts above the quicker's only as far as its decode is slower too.
 
 Engaged once the spread has stayed at or above `engage_ratio` for `engage_after_s`; released once
 it has stayed below `release_ratio` (lower) for `release_after_s` (longer). Between the two ratios,
