@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from picker.contract import Outcome
 from picker.observability.metrics import Metrics
 from picker.pool import Pool
+from picker.pool.load import LoadSample
 from picker.scheduling.latency import LatencyModel
 from picker.scheduling.signals import PoolFigures
 from picker.streams.ends import DataPlanes
@@ -46,7 +48,15 @@ class _Canary:
 def every_family(pool_label: str = "default") -> Metrics:
     """A Metrics with every optional family registered; each per-pool gauge holds one sample."""
     metrics = Metrics(CollectorRegistry(), pool=pool_label)
-    metrics.register_pool(Pool())
+    pool = Pool()
+    pool.apply(ready=["10.0.0.1:8000"])
+    replica = pool.get("10.0.0.1:8000")
+    assert replica is not None
+    replica.load = LoadSample(
+        running=0, waiting=0, kv_usage=0.0, at=0.0, arrivals_before=0, departures_after=0
+    )
+    metrics.register_pool(pool)
+    _reference_samples(metrics)
     metrics.register_flow(_Flow())
     metrics.register_peers(_Peers())
     metrics.set_leader(False)
@@ -59,6 +69,19 @@ def every_family(pool_label: str = "default") -> Metrics:
     metrics.register_data_planes(DataPlanes())
     metrics.register_rollout(_Canary())
     return metrics
+
+
+def _reference_samples(metrics: Metrics) -> None:
+    """One sample in each of the reference's families, so that the page shows their labels."""
+    metrics.register_running(lambda: ("model",))
+    metrics.reference.picked("model", 0)
+    metrics.reference.refused("model", Outcome.REJECTED_SATURATED)
+    metrics.reference.produced("model", 1)
+    metrics.reference.ended(
+        "model", duration_s=0.0, request_bytes=0, response_bytes=0, prompt_tokens=1, tpot_s=0.0
+    )
+    metrics.observe_ttft("model", 0.0)
+    metrics.count_admission(Outcome.DISPATCHED, 0.0)
 
 
 def exported_names() -> frozenset[str]:

@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Protocol
 
 from prometheus_client import (
@@ -28,13 +28,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from picker.contract import Outcome
+from picker.observability.reference import ReferenceSeries, ReferenceViews
 from picker.pool import DrainEnd, DrainExit, DrainRecord, Endpoint, EndpointState, Pool
 from picker.scheduling.latency import LatencyModel
 from picker.scheduling.load import books_gap
 from picker.scheduling.signals import PoolFigures
 from picker.streams import EndReason
 from picker.streams.ends import DataPlanes, Ends
-from picker.streams.record import Slo
+from picker.streams.record import RequestRecord, Slo
 
 # `_created` samples double every counter's page size and nobody reads them.
 disable_created_metrics()
@@ -459,6 +460,15 @@ class _CapacityCollector(Collector):
             if value is not None and math.isfinite(value):  # unknown or unbounded: no sample
                 family.add_metric([self._pool], value)
             yield family
+        # the reference's name for the same figure (picker/observability/reference.py), from this read
+        reference = GaugeMetricFamily(
+            "inference_extension_flow_control_pool_saturation",
+            "picker_pool_saturation under the reference's name",
+            labels=["inference_pool"],
+        )
+        if figures.saturation is not None and math.isfinite(figures.saturation):
+            reference.add_metric([self._pool], figures.saturation)
+        yield reference
 
 
 class RolloutView(Protocol):
@@ -638,9 +648,6 @@ class Metrics:
             buckets=_ITL_BUCKETS,
             registry=r,
         )
-        self._output_tokens = Counter(
-            "picker_output_tokens", "Tokens streamed to clients, by model", ["model"], registry=r
-        )
         self._truncations = Counter(
             "picker_endpoint_truncations",
             "Streams cut after their first byte, per endpoint",
@@ -749,10 +756,49 @@ class Metrics:
             self._ends.labels(reason.value)
         # the children the request path counts into, each looked up once (_Children)
         self._requests_by, self._queue_wait_by = _Children(self._requests), _Children(self._queue_wait)
-        self._ends_by, self._output_tokens_by = _Children(self._ends), _Children(self._output_tokens)
+        self._ends_by = _Children(self._ends)
         self._ttft_by, self._itl_by = _Children(self._ttft), _Children(self._itl)
         self._placements_by = _Children(self._placements)
         self._picks_by, self._latency_error_by = _Children(self._picks), _Children(self._latency_error)
+        self._reference_names(r)
+
+    def _reference_names(self, r: CollectorRegistry) -> None:
+        """The reference picker's names (picker/observability/reference.py): its new facts recorded
+        once under its names, the picker's existing recordings shown again at scrape time."""
+        self.reference = ReferenceSeries(r, self._models, _Histogram)
+        self._reference_views = ReferenceViews(
+            self.pool,
+            self._models,
+            ttft=self._ttft,
+            pick=self._pick_seconds,
+            queue_wait=self._queue_wait,
+            output_tokens=self.reference.output_tokens,
+            bounded=bounded_label,
+        )
+        r.register(self._reference_views)
+
+    def register_running(self, read: Callable[[], Iterable[str]]) -> None:
+        """`read()` gives the model of each request in flight (inference_objective_running_requests)."""
+        self._reference_views.running = read
+
+    def count_request_end(self, reason: EndReason, record: RequestRecord, now: float, tokens: int) -> None:
+        """A dispatched request ended at `now` having streamed `tokens` (`count_end`), and its duration,
+        sizes, prompt tokens and time per output token (first token to end over the later tokens)."""
+        self.count_end(reason, record.endpoint, record.model, tokens)
+        tracker = record.tracker
+        first = tracker.first_byte_at if tracker is not None else None
+        self.reference.ended(
+            record.model,
+            duration_s=now - record.admitted_at,
+            request_bytes=record.body_bytes,
+            response_bytes=tracker.bytes if tracker is not None else 0,
+            prompt_tokens=tracker.usage_prompt_tokens if tracker is not None else None,
+            tpot_s=(now - first) / (tokens - 1) if first is not None and tokens > 1 else None,
+        )
+
+    def count_refusal(self, model: str, outcome: Outcome) -> None:
+        """A request the picker answered itself (inference_objective_request_error_total)."""
+        self.reference.refused(model, outcome)
 
     def register_latency(self, model: LatencyModel) -> None:
         self.registry.register(_LatencyCollector(model))
@@ -774,6 +820,7 @@ class Metrics:
 
     def register_pool(self, pool: Pool) -> None:
         self.registry.register(_PoolCollector(pool))
+        self._reference_views.pool = pool
         self.registry.register(_DrainCollector(pool))
         pool.on_drain_closed(self.observe_drain)
         pool.on_forget(self.forget_endpoint)
@@ -818,6 +865,7 @@ class Metrics:
 
     def register_flow(self, flow: FlowView) -> None:
         self.registry.register(_FlowCollector(flow, self.pool))
+        self._reference_views.flow = flow
 
     def register_rejections(self, source: str, read: Callable[[], Mapping[str, int]]) -> None:
         """Inputs from outside refused whole, by reason, read at scrape time: `peer_events` (the
@@ -848,7 +896,7 @@ class Metrics:
         """A request's one end reason, and what it produced."""
         self._ends_by(reason.value).inc()
         if tokens:
-            self._output_tokens_by(self._models.label(model)).inc(tokens)
+            self.reference.produced(model, tokens)
         if endpoint and reason is EndReason.UPSTREAM_TRUNCATED:
             self._truncations.labels(bounded_label(endpoint)).inc()
 
@@ -870,9 +918,10 @@ class Metrics:
     def count_upstream_retry(self, endpoint: str, retries: int) -> None:
         self._retries.labels(bounded_label(endpoint)).inc(retries)
 
-    def count_pick(self, endpoint: str, seconds: float) -> None:
+    def count_pick(self, endpoint: str, seconds: float, model: str = "", priority: int = 0) -> None:
         self._picks_by(bounded_label(endpoint)).inc()  # forget_endpoint drops it with its series
         self._pick_seconds.observe(seconds)
+        self.reference.picked(model, priority)
 
     def set_leader(self, leading: bool) -> None:
         """leader.enabled: whether this replica holds the Lease (registered on first use)."""

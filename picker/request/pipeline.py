@@ -152,6 +152,7 @@ class RequestPath(ResponseSide):
         self._idle_listeners: list[Callable[[], None]] = []
         self.on_stall: Callable[[RequestRecord], bool] | None = None
         metrics.register_flow(self.flow)
+        metrics.register_running(lambda: [record.model for record in self._live.values()])
 
     @property
     def engine_gauges(self) -> bool:
@@ -268,6 +269,7 @@ class RequestPath(ResponseSide):
         if outcome is Outcome.DISPATCHED:
             return Routed(record, record.picked, record.trace.outgoing() if record.trace else ())
         self._metrics.count_end(EndReason.REJECTED)
+        self._metrics.count_refusal(record.model, outcome)
         if record.trace is not None:
             record.trace.refused(outcome.value)
         return reply_for(outcome)
@@ -281,6 +283,7 @@ class RequestPath(ResponseSide):
         self.flow.cancel(ticket)
         if ticket.outcome is Outcome.REJECTED_CONTEXT_CANCELLED:
             self._metrics.count_end(EndReason.REJECTED)
+            self._metrics.count_refusal(ticket.payload.model, ticket.outcome)
             if ticket.payload.trace is not None:
                 ticket.payload.trace.refused(ticket.outcome.value)
         elif ticket.outcome is Outcome.DISPATCHED:
@@ -294,6 +297,7 @@ class RequestPath(ResponseSide):
         """Count a request the picker answers before admission (unparseable, too large)."""
         self._metrics.count_admission(reply.outcome, 0.0)
         self._metrics.count_end(EndReason.REJECTED)
+        self._metrics.count_refusal("", reply.outcome)
         return reply
 
     def capacity_changed(self) -> None:
@@ -491,7 +495,7 @@ class RequestPath(ResponseSide):
         self._live[record.request_id] = record
         if record.group is not None and self.canary is not None:
             self.canary.routed_to(record.group)
-        self._metrics.count_pick(destinations[0], self._clock() - started)
+        self._metrics.count_pick(destinations[0], self._clock() - started, record.model, record.priority)
         if record.trace is not None:
             record.trace.picked(record.picked, started_ns)
         return True

@@ -300,7 +300,7 @@ class ResponseSide:
         record.ended_at = now
         # counted before the release: a GONE endpoint's last request ending forgets it, series too
         tokens = record.tracker.tokens if record.tracker else 0
-        self._metrics.count_end(reason, record.endpoint, record.model, tokens)
+        self._metrics.count_request_end(reason, record, now, tokens)
         if record.prefill_at is not None:
             self.placement.prefilled(record)
         if self.peering is not None:
