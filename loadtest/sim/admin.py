@@ -8,10 +8,14 @@ Admin API (simulator only):
 - GET|DELETE /sim/requests     the request log (GET ?request_id=X filters)
 - GET /sim/state               running / waiting / kv usage / in flight / draining, as JSON
 - POST /sim/health     {"status": 503} makes GET /health answer that status (200 restores)
+- POST /sim/kv/pull    a decode replica's pull of a prefill's KV blocks (loadtest/sim/disagg.py):
+                       {"remote_engine_id", "remote_request_id", "transfer_ms"} -> 200 after the transfer
+                       time, then the blocks are freed; 404 when they are not held here (any more)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Protocol
 
@@ -19,6 +23,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loadtest.sim.config import DrainTimeoutAction
+from loadtest.sim.disagg import MAX_TRANSFER_S, PULL_PATH
 from loadtest.sim.faults import parse_fault_mapping
 from loadtest.sim.handlers import STATE_KEY, chat_completions, completions
 from loadtest.sim.openai_format import ApiError, bad_request, invalid_body, models_body
@@ -210,8 +215,35 @@ async def get_state(request: web.Request) -> web.Response:
             "in_flight": len(state.active),
             "draining": state.draining,
             "health_status": state.health_status,
+            "kv_transfer": state.kv.snapshot(),
         }
     )
+
+
+async def kv_pull(request: web.Request) -> web.Response:
+    """Serve a decode's pull: hold the connection for the transfer time, then free the blocks. The
+    blocks are freed too when the pull is cut (the decode went away), as vLLM frees them on its notice."""
+    kv = request.app[STATE_KEY].kv
+    try:
+        data = await _read_json_object(request)
+    except ApiError as err:
+        return _api_error(err)
+    engine_id, request_id = data.get("remote_engine_id"), data.get("remote_request_id")
+    transfer_ms = data.get("transfer_ms", 0)
+    if not isinstance(engine_id, str) or not isinstance(request_id, str):
+        return _api_error(bad_request("remote_engine_id and remote_request_id must be strings"))
+    if isinstance(transfer_ms, bool) or not isinstance(transfer_ms, int | float) or transfer_ms < 0:
+        return _api_error(bad_request("transfer_ms must be a number >= 0", "transfer_ms"))
+    held = kv.take(engine_id, request_id)
+    if held is None:
+        return _api_error(ApiError(404, f"no KV blocks held for {request_id}", "NotFoundError"))
+    try:
+        # Deliberate delay, not synchronisation: the transfer keeps the connection busy this long.
+        await asyncio.sleep(min(transfer_ms / 1000, MAX_TRANSFER_S))
+        kv.pulled += 1
+    finally:
+        kv.release(request_id)
+    return _json({"tokens": held.tokens, "blocks": len(held.block_ids)})
 
 
 async def set_health(request: web.Request) -> web.Response:
@@ -266,3 +298,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_delete("/sim/requests", clear_requests)
     app.router.add_get("/sim/state", get_state)
     app.router.add_post("/sim/health", set_health)
+    app.router.add_post(PULL_PATH, kv_pull)

@@ -20,19 +20,23 @@ from loadtest.sim.config import (
     AbortStyle,
     CacheConfig,
     CapacityConfig,
+    DisaggConfig,
     DrainTimeoutAction,
+    KvLoadFailurePolicy,
     LatencyConfig,
+    Role,
     ShutdownConfig,
     SimConfig,
 )
 from loadtest.sim.faults import FaultSpec, parse_fault_header
-from loadtest.sim.replica import Replica
+from loadtest.sim.replica import Replica, nth
 
 EPILOG = """\
 per-request headers: x-sim-ttft-ms, x-sim-itl-ms (floats), x-sim-max-tokens (exactly N tokens),
   x-sim-fault (e.g. 'status=429', 'error-after=3,slow-headers=100'), x-request-id (request log id).
 admin API per replica: POST /sim/shutdown {"timeout": N, "on_drain_timeout": "hang|abort", "force": bool};
-  GET|POST|DELETE /sim/faults; GET|DELETE /sim/requests; GET /sim/state; POST /sim/health {"status": N}.
+  GET|POST|DELETE /sim/faults; GET|DELETE /sim/requests; GET /sim/state; POST /sim/health {"status": N};
+  POST /sim/kv/pull (a decode's KV pull from a prefill).
 every response carries x-sim-replica: HOST:PORT.
 """
 
@@ -220,6 +224,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="a hanging connection is closed after this, so the process can exit",
     )
 
+    disagg = parser.add_argument_group(
+        "prefill/decode disaggregation, as vLLM's NixlConnector (loadtest/sim/disagg.py)"
+    )
+    disagg.add_argument(
+        "--role",
+        action="append",
+        choices=[r.value for r in Role],
+        default=None,
+        help="each replica's role in --port order (vLLM's kv_role; reported, gates nothing, as in vLLM); "
+        "replicas beyond the list: both",
+    )
+    disagg.add_argument(
+        "--kv-engine-id",
+        action="append",
+        default=None,
+        help="each replica's engine id in --port order (unset: a fresh uuid4, as vLLM)",
+    )
+    disagg.add_argument(
+        "--kv-transfer-ms", type=float, default=0.0, help="fixed part of one KV pull (decode side)"
+    )
+    disagg.add_argument(
+        "--kv-transfer-per-block-ms", type=float, default=0.0, help="each KV block pulled adds this"
+    )
+    disagg.add_argument(
+        "--kv-lease-s",
+        type=float,
+        default=30.0,
+        help="a prefill frees blocks never pulled after this (vLLM's kv_lease_duration)",
+    )
+    disagg.add_argument(
+        "--kv-load-failure-policy",
+        choices=[p.value for p in KvLoadFailurePolicy],
+        default="fail",
+        help="a decode whose pull failed: fail (vLLM's default: HTTP 500 / in-stream error) or recompute",
+    )
+
     faults = parser.add_argument_group("fault injection (also per request: header x-sim-fault)")
     faults.add_argument(
         "--fault",
@@ -278,6 +318,12 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             post_drain_close_s=args.post_drain_close_s,
             hang_limit_s=args.hang_limit_s,
         ),
+        disagg=DisaggConfig(
+            transfer_ms=args.kv_transfer_ms,
+            transfer_per_block_ms=args.kv_transfer_per_block_ms,
+            kv_lease_s=args.kv_lease_s,
+            load_failure_policy=KvLoadFailurePolicy(args.kv_load_failure_policy),
+        ),
         faults=fault,
         fault_count=args.fault_count,
         request_log_size=args.request_log_size,
@@ -285,10 +331,18 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
-async def serve(config: SimConfig, ports: Sequence[int], kv_events_ports: Sequence[int] = ()) -> int:
+async def serve(
+    config: SimConfig,
+    ports: Sequence[int],
+    kv_events_ports: Sequence[int] = (),
+    roles: Sequence[Role] = (),
+    engine_ids: Sequence[str] = (),
+) -> int:
     loop = asyncio.get_running_loop()
-    kv_ports: list[int | None] = [*kv_events_ports, *([None] * (len(ports) - len(kv_events_ports)))]
-    replicas = [Replica(config, port, kv_events_port=kv) for port, kv in zip(ports, kv_ports, strict=True)]
+    replicas = [
+        Replica(config, port, nth(kv_events_ports, i), nth(roles, i), nth(engine_ids, i))
+        for i, port in enumerate(ports)
+    ]
     started: list[Replica] = []
     signals_seen = 0
 
@@ -332,10 +386,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    if args.kv_events_port and len(args.kv_events_port) > len(args.port):
-        parser.error("more --kv-events-port than --port")
+    for name in ("kv_events_port", "role", "kv_engine_id"):
+        if getattr(args, name) and len(getattr(args, name)) > len(args.port):
+            parser.error(f"more --{name.replace('_', '-')} than --port")
+    if args.kv_engine_id and not all(args.kv_engine_id):
+        parser.error("--kv-engine-id: must not be empty")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _raise_open_file_limit()
     import uvloop
 
-    return uvloop.run(serve(config, args.port, args.kv_events_port or ()))
+    roles = [Role(r) for r in args.role or ()]
+    return uvloop.run(serve(config, args.port, args.kv_events_port or (), roles, args.kv_engine_id or ()))

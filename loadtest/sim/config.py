@@ -26,6 +26,24 @@ class DrainTimeoutAction(enum.Enum):
     ABORT = "abort"  # end them like AbortStyle.ABORT
 
 
+class Role(enum.Enum):
+    """A replica's part in disaggregated serving (vLLM's kv_role with a KV connector).
+
+    vLLM gates nothing on the role: a request's kv_transfer_params decide what it does, on any role; the
+    simulator does the same and only reports the role (GET /sim/state)."""
+
+    PREFILL = "prefill"  # kv_producer
+    DECODE = "decode"  # kv_consumer
+    BOTH = "both"  # kv_both, or no connector: serves plain requests as ever
+
+
+class KvLoadFailurePolicy(enum.Enum):
+    """What a decode does when its KV pull fails (vLLM's kv_transfer_config.kv_load_failure_policy)."""
+
+    FAIL = "fail"  # vLLM's default: the request ends with an error (HTTP 500, or an in-stream error event)
+    RECOMPUTE = "recompute"  # the decode computes the whole prompt itself
+
+
 def _require(condition: bool, name: str, message: str) -> None:
     if not condition:
         raise ValueError(f"{name}: {message}")
@@ -121,6 +139,26 @@ class ShutdownConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DisaggConfig:
+    """Prefill/decode disaggregation as vLLM's NixlConnector (pull mode) does it (loadtest/sim/disagg.py)."""
+
+    role: Role = Role.BOTH  # the default role of every replica of the process (per replica: Replica(role=))
+    engine_id: str | None = None  # kv_transfer_config.engine_id; None = a fresh uuid4 per replica, as vLLM
+    transfer_ms: float = 0.0  # fixed part of one KV pull (handshake, notification)
+    transfer_per_block_ms: float = 0.0  # each KV block pulled adds this
+    # A prefill holds a finished request's blocks until they are pulled or this lease ends (vLLM's
+    # kv_connector_extra_config kv_lease_duration, default 30 s)
+    kv_lease_s: float = 30.0
+    load_failure_policy: KvLoadFailurePolicy = KvLoadFailurePolicy.FAIL
+
+    def __post_init__(self) -> None:
+        for name in ("transfer_ms", "transfer_per_block_ms"):
+            _require(getattr(self, name) >= 0, name, "must be >= 0")
+        _require(self.kv_lease_s > 0, "kv_lease_s", "must be > 0")
+        _require(self.engine_id is None or bool(self.engine_id), "engine_id", "must not be empty")
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     """Everything one replica needs; every replica of a process shares one SimConfig."""
 
@@ -130,6 +168,7 @@ class SimConfig:
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     shutdown: ShutdownConfig = field(default_factory=ShutdownConfig)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
     faults: FaultSpec | None = None  # a server-wide fault for completion requests
     fault_count: int | None = None  # apply `faults` to the next K requests only; None = to all
     request_log_size: int = 10_000

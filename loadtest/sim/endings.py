@@ -10,16 +10,18 @@ import asyncio
 import socket
 import struct
 from dataclasses import dataclass
-from typing import assert_never
+from typing import Any, assert_never
 
 from aiohttp import web
 
 from loadtest.sim.config import AbortStyle
+from loadtest.sim.disagg import KvIntent, RemotePrefill
 from loadtest.sim.engine import InFlight, Interrupt
 from loadtest.sim.faults import FaultSpec, MidStreamFault
 from loadtest.sim.openai_format import (
     DONE_FRAME,
     ENGINE_ERROR_MESSAGE,
+    KV_LOAD_FAILED_MESSAGE,
     ApiError,
     Endpoint,
     ParsedRequest,
@@ -42,6 +44,7 @@ class Call:
     arrival: float  # loop time
     response_id: str
     created: int
+    kv: KvIntent | RemotePrefill | None = None  # what its kv_transfer_params ask (disagg.py)
 
 
 def json_response(status: int, body: bytes) -> web.Response:
@@ -70,14 +73,17 @@ async def complete(
     call: Call,
     response: web.StreamResponse | None,
     encoder: StreamEncoder | None,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> web.StreamResponse:
+    """`kv_transfer_params`: a prefill's hand-off; vLLM returns it in JSON bodies only, never in a stream."""
     finish_reason = call.plan.finish_reason
     if response is not None and encoder is not None:
         await response.write(_tail(call, encoder, flight.generated, _cached(state, flight)))
         await response.write_eof()
     else:
         flight.record.status = 200
-        response = json_response(200, _body(call, flight.generated, finish_reason, _cached(state, flight)))
+        body = _body(call, flight.generated, finish_reason, _cached(state, flight), kv_transfer_params)
+        response = json_response(200, body)
     stats = state.stats
     stats.served += 1
     stats.success[finish_reason] += 1
@@ -86,7 +92,13 @@ async def complete(
     return response
 
 
-def _body(call: Call, tokens: int, finish_reason: str, cached: int | None = None) -> bytes:
+def _body(
+    call: Call,
+    tokens: int,
+    finish_reason: str,
+    cached: int | None = None,
+    kv_transfer_params: dict[str, Any] | None = None,
+) -> bytes:
     parsed = call.parsed
     return completion_body(
         parsed.endpoint,
@@ -97,6 +109,7 @@ def _body(call: Call, tokens: int, finish_reason: str, cached: int | None = None
         tokens,
         finish_reason,
         cached,
+        kv_transfer_params,
     )
 
 
@@ -125,6 +138,22 @@ async def strike(
             return response or unsent()
         case unreachable:
             assert_never(unreachable)
+
+
+async def kv_load_failed(
+    state: ReplicaState, flight: InFlight, response: web.StreamResponse | None
+) -> web.StreamResponse:
+    """vLLM's default kv_load_failure_policy "fail": the request finishes with reason "error", which its
+    server raises as GenerationError: a 500 for a JSON response, the error event + [DONE] in a stream."""
+    record = flight.record
+    state.stats.success["error"] += 1
+    state.end(record, Outcome.KV_LOAD_FAILED, "error")
+    if response is None:
+        record.status = 500
+        return json_response(500, ApiError(500, KV_LOAD_FAILED_MESSAGE, "InternalServerError").body())
+    await response.write(stream_error_frame(KV_LOAD_FAILED_MESSAGE) + DONE_FRAME)
+    await response.write_eof()
+    return response
 
 
 async def _error_ending(record: RequestRecord, response: web.StreamResponse | None) -> web.StreamResponse:

@@ -122,8 +122,9 @@ class Engine:
         self.running: set[InFlight] = set()
         self.waiting: deque[InFlight] = deque()
         self.tokens_held = 0
-        blocks = self._cache.num_gpu_blocks or max(1, capacity.kv_capacity_tokens // self._cache.block_size)
-        self.prefix = PrefixCache(self._cache.block_size, blocks) if self._cache.prefix_caching else None
+        self.prefix = (
+            PrefixCache(self._cache.block_size, self.num_blocks) if self._cache.prefix_caching else None
+        )
         self.publisher: KvEventPublisher | None = None
         self._prefill_free_at = 0.0  # loop time when the prefill compute is next free
         self.active_loras: dict[str, int] = {}  # adapter -> running requests using it
@@ -133,6 +134,11 @@ class Engine:
 
     def prefill(self, flight: InFlight, now: float) -> float:
         """Look up and store the prompt's blocks; return when its prefill is done (loop time)."""
+        self.lookup(flight)
+        return self.compute(flight, now)
+
+    def lookup(self, flight: InFlight) -> None:
+        """Find the prompt's cached blocks (flight.cached_tokens) and store its blocks."""
         prefix = self.prefix
         if prefix is not None and flight.token_ids:
             if not flight.skip_cache_read:
@@ -140,6 +146,9 @@ class Engine:
             stored = prefix.store(flight.token_ids, flight.cache_salt)
             if self.publisher is not None:
                 self.publisher.stored(stored)
+
+    def compute(self, flight: InFlight, now: float) -> float:
+        """When the prompt's uncached tokens are computed (loop time), with a shared prefill rate."""
         rate = self._cache.prefill_tokens_per_s
         if rate is None:
             return now
@@ -173,6 +182,20 @@ class Engine:
                 self._promote()  # only adapters wait ahead: it may pass them
             return Admission.RUNNING if flight.running else Admission.QUEUED
         return Admission.REJECTED
+
+    @property
+    def num_blocks(self) -> int:
+        return self._cache.num_gpu_blocks or max(
+            1, self._capacity.kv_capacity_tokens // self._cache.block_size
+        )
+
+    def hold_tokens(self, tokens: int) -> None:
+        """KV kept after its request ended (a prefill's blocks waiting for their decode)."""
+        self.tokens_held += tokens
+
+    def free_tokens(self, tokens: int) -> None:
+        self.tokens_held -= tokens
+        self._promote()
 
     def add_tokens(self, flight: InFlight, count: int) -> None:
         flight.generated += count

@@ -19,7 +19,9 @@ from http import HTTPStatus
 
 from aiohttp import web
 
-from loadtest.sim.endings import Call, complete, interrupted, json_response, strike, unsent
+from loadtest.sim.config import KvLoadFailurePolicy
+from loadtest.sim.disagg import KvIntent, RemotePrefill, parse_kv_params, pull, transfer_s
+from loadtest.sim.endings import Call, complete, interrupted, json_response, kv_load_failed, strike, unsent
 from loadtest.sim.engine import Admission, InFlight
 from loadtest.sim.faults import parse_fault_header
 from loadtest.sim.openai_format import (
@@ -58,6 +60,7 @@ class Stop(enum.Enum):
     COMPLETED = "completed"
     FAULT = "fault"
     INTERRUPTED = "interrupted"
+    KV_LOAD_FAILED = "kv-load-failed"
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -174,7 +177,58 @@ async def _validate(
         plan.per_prompt_token_s *= slowdown
         plan.itl_per_running_s *= slowdown
     prefix = "cmpl-" if endpoint is Endpoint.COMPLETIONS else "chatcmpl-"
-    return Call(parsed, plan, fault, arrival, prefix + secrets.token_hex(16), int(time.time()))
+    kv = parse_kv_params(parsed.kv_transfer_params)
+    return Call(parsed, plan, fault, arrival, prefix + secrets.token_hex(16), int(time.time()), kv)
+
+
+async def _prefill(state: ReplicaState, flight: InFlight, call: Call, t_slot: float) -> float | Stop:
+    """When the first token is due (loop time), or how the request ends before it.
+
+    Local prefill: cached blocks found (and this prompt's stored); with a prefill rate, its uncached
+    tokens wait for the shared prefill compute. Cached tokens save their per-token TTFT too. A decode
+    given a remote prefill pulls the blocks it lacks instead and computes none of the prompt; a failed
+    pull ends it ("fail", vLLM's default) or falls back to the local prefill ("recompute")."""
+    engine, plan = state.engine, call.plan
+    ttft_s = state.config.cache.lora_load_ms / 1000 if flight.lora_loaded else 0.0
+    if isinstance(call.kv, RemotePrefill):
+        engine.lookup(flight)
+        pulled = await _pull(state, flight, call.kv)
+        if flight.interrupt is not None:
+            return Stop.INTERRUPTED
+        if pulled:
+            return (
+                asyncio.get_running_loop().time()
+                + ttft_s
+                + max(0.0, plan.ttft_s - plan.per_prompt_token_s * flight.prompt_tokens)
+            )
+        state.kv.pulls_failed += 1
+        if state.config.disagg.load_failure_policy is KvLoadFailurePolicy.FAIL:
+            return Stop.KV_LOAD_FAILED
+        t_prefilled = engine.compute(flight, asyncio.get_running_loop().time())
+    else:
+        t_prefilled = engine.prefill(flight, t_slot)
+    return t_prefilled + ttft_s + max(0.0, plan.ttft_s - plan.per_prompt_token_s * flight.cached_tokens)
+
+
+async def _pull(state: ReplicaState, flight: InFlight, remote: RemotePrefill) -> bool:
+    """Pull the prompt's blocks this replica's cache lacks; a shutdown's cut ends the wait at once.
+
+    With nothing to pull the prefill is still told, so it frees its blocks (vLLM sends the same
+    notification), and that call's failure fails nothing."""
+    block_size = state.config.cache.block_size
+    blocks = max(0, -(-flight.prompt_tokens // block_size) - flight.cached_tokens // block_size)
+    task = asyncio.get_running_loop().create_task(
+        pull(remote, blocks, transfer_s(state.config.disagg, blocks))
+    )
+    task.add_done_callback(lambda _done: flight.wake())
+    try:
+        while not task.done():
+            await flight.wait(None)
+            if flight.interrupt is not None:
+                return False
+        return task.result() or blocks == 0
+    finally:
+        task.cancel()  # ours; a no-op once done
 
 
 def _sampled_frame(encoder: SampledEncoder, plan: TokenPlan, count: int, last: bool) -> tuple[bytes, int]:
@@ -221,7 +275,14 @@ async def _run(request: web.Request, state: ReplicaState, call: Call, flight: In
         # Like vLLM, the engine lets go of a finished request before its last chunks reach the
         # client: the slot is free (and the metrics say so) while [DONE] is still on its way.
         state.engine.release(flight)
-        return await complete(state, flight, call, response, encoder)
+        params = None
+        if call.kv is KvIntent.REMOTE_DECODE:  # a prefill: its blocks wait for the decode's pull
+            # the engine request's id, as vLLM names it; the tokens computed (the last one never is)
+            computed = flight.prompt_tokens + flight.generated - 1
+            params = state.kv.hold(f"{call.response_id}-0", computed)
+        return await complete(state, flight, call, response, encoder, params)
+    if stop is Stop.KV_LOAD_FAILED:
+        return await kv_load_failed(state, flight, response)
     if stop is Stop.FAULT:
         return await strike(request, state, flight, call, response)
     return await interrupted(request, state, flight, call, response, encoder)
@@ -243,13 +304,9 @@ async def _generate(
         await flight.wait(None)
     t_slot = loop.time()
     stats.queue_time.observe(t_slot - call.arrival)
-    # prefill: cached blocks found (and this prompt's stored); with a prefill rate, its uncached
-    # tokens wait for the shared prefill compute. Cached tokens save their per-token TTFT too.
-    t_prefilled = engine.prefill(flight, t_slot)
-    ttft_s = max(0.0, plan.ttft_s - plan.per_prompt_token_s * flight.cached_tokens)
-    if flight.lora_loaded:
-        ttft_s += state.config.cache.lora_load_ms / 1000
-    t_first = t_prefilled + ttft_s
+    t_first = await _prefill(state, flight, call, t_slot)
+    if isinstance(t_first, Stop):
+        return t_first
     await flight.wait(t_first)
     if flight.interrupt is not None:
         return Stop.INTERRUPTED

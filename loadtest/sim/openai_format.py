@@ -29,6 +29,7 @@ TOKEN_TEXT = " tok"  # the synthetic text of one generated token
 DONE_FRAME = b"data: [DONE]\n\n"
 
 ENGINE_ERROR_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+KV_LOAD_FAILED_MESSAGE = "Internal server error"  # GenerationError: a decode whose KV pull failed
 BUSY_MESSAGE = (
     "The engine is currently busy and cannot accept new requests. "
     "Please try again later or on a different instance."
@@ -89,6 +90,7 @@ class ParsedRequest:
     lora: str | None = None  # the LoRA adapter the request names as its model
     return_token_ids: bool = False  # vLLM >= 0.10.2: prompt and generated token ids in the response
     sampling: SamplingParams | None = None  # stop, stop_token_ids, min_tokens, logprobs... (None: defaults)
+    kv_transfer_params: dict[str, Any] | None = None  # disaggregated serving (loadtest/sim/disagg.py)
 
     @property
     def sampled_stream(self) -> bool:
@@ -159,6 +161,9 @@ def parse_request(
         token_ids = chat_tokens(data["messages"], data.get("tools"))
         prompt_tokens = len(token_ids)
     salt = _checked_salt(data)
+    kv_transfer_params = data.get("kv_transfer_params")
+    if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
+        raise invalid_body("kv_transfer_params: Input should be a valid dictionary", "kv_transfer_params")
     return_token_ids = data.get("return_token_ids", False)
     if return_token_ids is None:
         return_token_ids = False
@@ -195,6 +200,7 @@ def parse_request(
         lora=lora,
         return_token_ids=return_token_ids,
         sampling=sampling,
+        kv_transfer_params=kv_transfer_params,
     )
 
 
@@ -318,8 +324,10 @@ def completion_body(
     completion_tokens: int,
     finish_reason: str,
     cached: int | None = None,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> bytes:
-    """A non-streaming response body in vLLM's field order (`cached`: prompt_tokens_details)."""
+    """A non-streaming response body in vLLM's field order (`cached`: prompt_tokens_details;
+    `kv_transfer_params`: a prefill's hand-off to its decode)."""
     text = TOKEN_TEXT * completion_tokens
     usage = {
         "prompt_tokens": prompt_tokens,
@@ -347,7 +355,7 @@ def completion_body(
         "system_fingerprint": None,
         "usage": usage,
         **extra,
-        "kv_transfer_params": None,
+        "kv_transfer_params": kv_transfer_params,
     }
     return json.dumps(body, separators=(",", ":")).encode()
 

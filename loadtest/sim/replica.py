@@ -18,11 +18,12 @@ import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Sequence
+from typing import TypeVar
 
 from aiohttp import web
 
 from loadtest.sim.admin import CONTROLS_KEY, add_routes
-from loadtest.sim.config import AbortStyle, DrainTimeoutAction, SimConfig
+from loadtest.sim.config import AbortStyle, DrainTimeoutAction, Role, SimConfig
 from loadtest.sim.engine import Interrupt
 from loadtest.sim.handlers import STATE_KEY
 from loadtest.sim.state import ReplicaState
@@ -31,15 +32,25 @@ log = logging.getLogger("loadtest.sim")
 
 CLIENT_MAX_SIZE = 64 * 1024 * 1024  # request bodies up to 64 MiB (long prompts)
 STOP_GRACE_S = 2.0
+_T = TypeVar("_T")
 
 
 class Replica:
     """One replica: `await start()`, then `begin_shutdown()` + `wait_stopped()`, or `await stop()`."""
 
-    def __init__(self, config: SimConfig, port: int = 0, kv_events_port: int | None = None) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        port: int = 0,
+        kv_events_port: int | None = None,
+        role: Role | None = None,
+        engine_id: str | None = None,
+    ) -> None:
+        """`role` and `engine_id` override the config's for this replica (P/D pairs in one process)."""
         self.config = config
         self._requested_port = port
         self._kv_events_port = kv_events_port
+        self._role, self._engine_id = role, engine_id
         self.port = 0
         self._state: ReplicaState | None = None
         self._runner: web.AppRunner | None = None
@@ -75,7 +86,9 @@ class Replica:
         sock = socket.create_server((self.config.host, self._requested_port), backlog=1024)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
-        self._state = ReplicaState(self.config, self.address, self._kv_events_port)
+        self._state = ReplicaState(
+            self.config, self.address, self._kv_events_port, self._role, self._engine_id
+        )
         app = web.Application(client_max_size=CLIENT_MAX_SIZE)
         app[STATE_KEY] = self._state
         app[CONTROLS_KEY] = self
@@ -181,20 +194,31 @@ class Replica:
         self._close_listener()
         if self._runner is not None:
             await self._runner.cleanup()
-        if self._state is not None and self._state.engine.publisher is not None:
-            self._state.engine.publisher.close()
+        if self._state is not None:
+            self._state.kv.clear()  # the blocks a decode would pull are gone with the process
+            if self._state.engine.publisher is not None:
+                self._state.engine.publisher.close()
         self._stopped.set()
         log.info("replica %s: stopped", self.address)
 
 
+def nth(values: Sequence[_T], index: int) -> _T | None:
+    """The value for the replica at `index` of a per-replica option given for the first ones only."""
+    return values[index] if index < len(values) else None
+
+
 @contextlib.asynccontextmanager
 async def run_sim(
-    config: SimConfig | None = None, ports: Sequence[int] = (0,), kv_events_ports: Sequence[int] = ()
+    config: SimConfig | None = None,
+    ports: Sequence[int] = (0,),
+    kv_events_ports: Sequence[int] = (),
+    roles: Sequence[Role] = (),
 ) -> AsyncIterator[list[Replica]]:
-    """Run one replica per port (0 = any free port) in this event loop; stop them all on exit."""
-    kv: list[int | None] = [*kv_events_ports, *([None] * (len(ports) - len(kv_events_ports)))]
+    """Run one replica per port (0 = any free port) in this event loop; stop them all on exit.
+    `kv_events_ports` and `roles` apply in port order; replicas beyond them get none / the config's."""
     replicas = [
-        Replica(config or SimConfig(), port, kv_events_port=k) for port, k in zip(ports, kv, strict=True)
+        Replica(config or SimConfig(), port, kv_events_port=nth(kv_events_ports, i), role=nth(roles, i))
+        for i, port in enumerate(ports)
     ]
     try:
         for replica in replicas:

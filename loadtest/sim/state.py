@@ -8,7 +8,8 @@ import logging
 
 from prometheus_client.core import CollectorRegistry
 
-from loadtest.sim.config import AbortStyle, SimConfig
+from loadtest.sim.config import AbortStyle, Role, SimConfig
+from loadtest.sim.disagg import KvHolds
 from loadtest.sim.engine import Engine, InFlight, Interrupt
 from loadtest.sim.faults import FaultBoard
 from loadtest.sim.kv_events import KvEventPublisher
@@ -19,10 +20,27 @@ log = logging.getLogger("loadtest.sim")
 
 
 class ReplicaState:
-    def __init__(self, config: SimConfig, address: str, kv_events_port: int | None = None) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        address: str,
+        kv_events_port: int | None = None,
+        role: Role | None = None,
+        engine_id: str | None = None,
+    ) -> None:
         self.config = config
         self.address = address  # "127.0.0.1:PORT", the x-sim-replica header value
         self.engine = Engine(config.capacity, config.cache)
+        host, _, port = address.rpartition(":")
+        self.kv = KvHolds(
+            config.disagg,
+            host,
+            int(port),
+            self.engine,
+            config.cache.block_size,
+            role,
+            engine_id,
+        )
         if kv_events_port is not None and self.engine.prefix is not None:
             self.engine.publisher = KvEventPublisher(
                 config.host, kv_events_port, config.model, config.cache.block_size
