@@ -25,6 +25,7 @@ from picker.peers.books import Peering
 from picker.pool import Pool
 from picker.pool.drain import merge_summaries
 from picker.pool.health import SuspectPolicy
+from picker.request.pairing import sweep_pulls
 from picker.request.pipeline import RequestPath
 from picker.request.stalls import sweep_stalls
 from picker.scheduling import LoadPolicy
@@ -132,6 +133,7 @@ class Core:
             self.pool_status = open_pool_status(self)
             spawn(self.pool_status.run(), "pool-status")
         spawn(sweep_stalls(self.path, self.config.streams.stall_after_s), "stall-sweep")
+        spawn(sweep_pulls(self.path, self.config.drain.kv_pull_timeout_s), "pull-sweep")
 
     def admin(
         self, spawn: Spawn, propagate: Propagate | None = None, move: Mover | None = None
@@ -315,6 +317,8 @@ def build_core(config: PickerConfig) -> Core:
         affinity=config.affinity,
         peering=peering_of(config, pool),
         by_model=config.scheduling.by_model,
+        pd=config.pd,
+        drain=config.drain,
     )
     path.objectives = sources.objectives
     if path.peering is not None:

@@ -51,6 +51,7 @@ class InFlight:
         "_waiter",
         "cache_salt",
         "cached_tokens",
+        "external_tokens",
         "generated",
         "interrupt",
         "lora",
@@ -80,6 +81,7 @@ class InFlight:
         self.lora = lora
         self.lora_loaded = False  # its adapter was not active when it started: it paid the load
         self.cached_tokens = 0  # prompt tokens its prefill found cached
+        self.external_tokens = 0  # prompt tokens pulled from a prefill replica (disaggregated serving)
         self.skip_cache_read = False  # its prompt is stored but not looked up (vLLM: prompt_logprobs)
         self.generated = 0
         self.running = False

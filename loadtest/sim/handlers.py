@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import secrets
 import time
+from collections import Counter
 from http import HTTPStatus
 
 from aiohttp import web
@@ -196,6 +197,7 @@ async def _prefill(state: ReplicaState, flight: InFlight, call: Call, t_slot: fl
         if flight.interrupt is not None:
             return Stop.INTERRUPTED
         if pulled:
+            flight.external_tokens = max(0, flight.prompt_tokens - flight.cached_tokens)
             return (
                 asyncio.get_running_loop().time()
                 + ttft_s
@@ -229,6 +231,13 @@ async def _pull(state: ReplicaState, flight: InFlight, remote: RemotePrefill) ->
         return task.result() or blocks == 0
     finally:
         task.cancel()  # ours; a no-op once done
+
+
+def _count_sources(by_source: Counter[str], flight: InFlight) -> None:
+    cached, external = flight.cached_tokens, flight.external_tokens
+    by_source["local_cache_hit"] += cached
+    by_source["external_kv_transfer"] += external
+    by_source["local_compute"] += max(0, flight.prompt_tokens - cached - external)
 
 
 def _sampled_frame(encoder: SampledEncoder, plan: TokenPlan, count: int, last: bool) -> tuple[bytes, int]:
@@ -352,6 +361,7 @@ async def _generate(
             record.first_token_at = time.time()
             stats.ttft.observe(now - call.arrival)
             stats.prompt_tokens += flight.prompt_tokens
+            _count_sources(stats.prompt_by_source, flight)
         else:
             stats.itl.observe((now - previous) / count, count)
         previous = now

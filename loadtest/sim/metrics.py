@@ -100,6 +100,7 @@ LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.
 
 FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 LABELS = ("engine", "model_name")
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 class Histogram:
@@ -135,6 +136,8 @@ class SimStats:
         self.served = 0
         self.aborted = 0
         self.prompt_tokens = 0
+        # vLLM's prompt-token sources: local_compute, local_cache_hit, external_kv_transfer (a decode's pull)
+        self.prompt_by_source: Counter[str] = Counter()
         self.generation_tokens = 0
         self.admission_rejections = 0
         self.rejected: Counter[str] = Counter()
@@ -206,6 +209,14 @@ class SimCollector(Collector):
             success.add_metric([*self._labels, reason], stats.success[reason], created=stats.created)
         yield success
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", stats.prompt_tokens)
+        by_source = CounterMetricFamily(
+            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", labels=(*LABELS, "source")
+        )
+        for source in PROMPT_SOURCES:
+            by_source.add_metric(
+                [*self._labels, source], stats.prompt_by_source[source], created=stats.created
+            )
+        yield by_source
         yield self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed.", stats.generation_tokens
         )

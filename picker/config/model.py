@@ -677,6 +677,37 @@ class AffinityConfig(_Group):
         return self
 
 
+class PdConfig(_Group):
+    """Prefill / decode pools (docs, "Prefill / decode pools"): roles from labels, a pick of two, pairs
+    of one revision. A pool is routed as pairs only while some endpoint's role is prefill alone."""
+
+    role_label: str = Field(
+        "llm-d.ai/role",
+        min_length=1,
+        description="the endpoint label naming its role: prefill, decode or both",
+    )
+    revision_label: str = Field(
+        "app.kubernetes.io/version",
+        min_length=1,
+        description="the endpoint label naming its revision: a pair never spans two values",
+    )
+    prefill_min_tokens: int = Field(
+        256,
+        ge=0,
+        description="a prefill hop only when the decode replica would compute this many prompt tokens itself",
+    )
+
+
+class DrainConfig(_Group):
+    """How drains treat work that outlives a request's own stream."""
+
+    kv_pull_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="a draining prefill replica waits this long for decode replicas to pull its KV",
+    )
+
+
 class PeersConfig(_Group):
     """Several pickers with one set of books (docs, "Two pickers"): each request's end reaches the
     picker that routed it, and each counts the others' requests on every endpoint."""
@@ -929,6 +960,8 @@ class PickerConfig(BaseModel):
     shutdown: ShutdownConfig = ShutdownConfig()
     proxy: ProxyConfig = ProxyConfig()
     affinity: AffinityConfig = AffinityConfig()
+    pd: PdConfig = PdConfig()
+    drain: DrainConfig = DrainConfig()
     peers: PeersConfig = PeersConfig()
     leader: LeaderConfig = LeaderConfig()
     tracing: TracingConfig = TracingConfig()

@@ -40,6 +40,14 @@ PRIORITY: Final = "x-gateway-inference-priority"
 # GIE v1: the InferenceObjective (its metadata.name) whose spec.priority the request gets.
 OBJECTIVE: Final = "x-gateway-inference-objective"
 CLIENT_HINTS: Final = (FAIRNESS_ID, PRIORITY)
+# Prefill / decode pools: the prefill replica ("ip:port") the destination (a decode replica) asks
+# for the prompt's KV, the llm-d router's name, read by its routing sidecar and vLLM's P/D proxies.
+# Set only by the picker: a client's is removed, so a request cannot name where its prompt goes.
+PREFILLER: Final = "x-prefiller-host-port"
+CLIENT_ROUTING: Final = (
+    *CLIENT_HINTS,
+    PREFILLER,
+)  # removed from every routed request the picker names no prefill for
 # Per-request latency objectives, in milliseconds (the reference picker's spellings; read with
 # affinity.latency on): route to a replica predicted to meet them, or shed a sheddable request.
 # picker proxy, streams.resume: `on` asks for a stream to be continued on another replica if its

@@ -292,7 +292,7 @@ class RoutingSession:
             "request_headers" if held else phase,
             decision.destinations,
             record.request_id,
-            remove=headers.CLIENT_HINTS,
+            remove=headers.CLIENT_HINTS if record.prefill_on else headers.CLIENT_ROUTING,
             extra=decision.headers,
         )
         out = [route, *self._release_held()] if held else [route]

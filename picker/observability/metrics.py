@@ -63,6 +63,16 @@ class _PoolCollector(Collector):
         state = GaugeMetricFamily(
             "picker_endpoint_state", "1 for the endpoint's current state", labels=["endpoint", "state"]
         )
+        role = GaugeMetricFamily(
+            "picker_endpoint_role",
+            "1 for the endpoint's role in a prefill / decode pool (invalid: its role label names none)",
+            labels=["endpoint", "role"],
+        )
+        pulls = GaugeMetricFamily(
+            "picker_endpoint_kv_pulls_pending",
+            "Prefill hand-offs on each endpoint whose KV no decode replica has pulled yet",
+            labels=["endpoint"],
+        )
         engine = {
             name: GaugeMetricFamily(
                 f"picker_endpoint_engine_{name}", f"Last scraped engine {help_}", labels=["endpoint"]
@@ -84,11 +94,13 @@ class _PoolCollector(Collector):
                 engine["kv_usage"].add_metric([address], endpoint.load.kv_usage)
             for member in EndpointState:
                 state.add_metric([address, member.value], 1 if endpoint.state is member else 0)
+            role.add_metric([address, endpoint.role.value if endpoint.role else "invalid"], 1)
+            pulls.add_metric([address], endpoint.pulls)
         ready = GaugeMetricFamily("picker_ready_endpoints", "Endpoints the picker may route new work to")
         ready.add_metric([], sum(1 for e in endpoints if e.state is EndpointState.READY))
         total = GaugeMetricFamily("picker_in_flight", "Requests in flight on all endpoints")
         total.add_metric([], sum(e.in_flight for e in endpoints))
-        yield from (in_flight, peer_in_flight, state, ready, total, *engine.values())
+        yield from (in_flight, peer_in_flight, state, role, pulls, ready, total, *engine.values())
 
 
 class _DrainCollector(Collector):
@@ -672,6 +684,21 @@ class Metrics:
             ["how"],
             registry=r,
         )
+        # prefill / decode pools (picker/request/pairing.py)
+        self._pd_picks = Counter(
+            "picker_pd_picks",
+            "Picks in a prefill / decode pool, by how: pair (a prefill replica named), short (the "
+            "destination computes the prompt: too little of it uncached), no-prefill (no prefill "
+            "replica of its revision ready), unpaired (no revision had both roles ready)",
+            ["how"],
+            registry=r,
+        )
+        self._pd_pulls_abandoned = Counter(
+            "picker_pd_pulls_abandoned",
+            "Prefill hand-offs a draining replica gave up at drain.kv_pull_timeout_s (the decode side "
+            "recomputes the prompt)",
+            registry=r,
+        )
         self._latency_waits = Counter(
             "picker_latency_waits",
             "Requests held in the picker for a busy replica predicted to serve them sooner than any "
@@ -950,6 +977,12 @@ class Metrics:
 
     def count_pick_without_metrics(self) -> None:
         self._picks_without_metrics.inc()
+
+    def count_pd_pick(self, how: str) -> None:
+        self._pd_picks.labels(how).inc()
+
+    def count_pd_pull_abandoned(self) -> None:
+        self._pd_pulls_abandoned.inc()
 
     def count_placement(self, how: str, cached: float) -> None:
         """A cache-aware pick: how it was chosen, and the share of the prompt it was known to hold."""

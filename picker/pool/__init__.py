@@ -11,7 +11,9 @@ Plain synchronous code, driven from one asyncio loop: no locks, no network or fi
 from picker.pool.connections import ClientConnections
 from picker.pool.drain import DrainCause, DrainEnd, DrainExit, DrainRecord, DrainTotals
 from picker.pool.endpoint import Endpoint, EndpointState
-from picker.pool.view import EndpointConflict, Lease, Pool, UnknownEndpoint
+from picker.pool.lease import Lease, PullLease
+from picker.pool.roles import Role
+from picker.pool.view import EndpointConflict, Pool, UnknownEndpoint
 
 __all__ = [
     "ClientConnections",
@@ -25,5 +27,7 @@ __all__ = [
     "EndpointState",
     "Lease",
     "Pool",
+    "PullLease",
+    "Role",
     "UnknownEndpoint",
 ]

@@ -25,6 +25,13 @@ class DrainEnd(enum.Enum):
     UPSTREAM_ERROR = "upstream-error"  # the model server answered with an error (e.g. a 5xx)
     CUT = "cut"  # the stream ended before its response did, without the client leaving
     UNKNOWN = "unknown"  # the picker never saw how it ended
+    # a prefill hand-off (picker/pool/lease.py PullLease): the decode replica pulled its KV, or the
+    # drain's bound for pulls ran out first (the decode side recomputes what it could not pull)
+    PULLED = "kv-pulled"
+    PULL_ABANDONED = "kv-pull-abandoned"
+
+
+_PULL_ENDS = frozenset({DrainEnd.PULLED, DrainEnd.PULL_ABANDONED})
 
 
 class DrainCause(enum.Enum):
@@ -53,6 +60,7 @@ class DrainRecord:
     started_at: float
     started_wall: float  # wall clock (seconds since the epoch), to line up with other logs
     in_flight_at_start: int
+    pulls_at_start: int = 0  # of those, prefill hand-offs whose KV a decode replica had still to pull
     # answers that failed on the endpoint (before their first byte) in the seconds before the record
     # opened: a replica that stopped taking work before the picker learned of its drain (vLLM's 500)
     failed_before_start: int = 0
@@ -116,6 +124,7 @@ class DrainRecord:
             "open": self.open,
             "duration_s": round(self.duration_s(now), 3),
             "in_flight_at_start": self.in_flight_at_start,
+            "pulls_at_start": self.pulls_at_start,
             "failed_before_start": self.failed_before_start,
             "ended": {end.value: self.ends[end] for end in DrainEnd},
             "moved_away": self.moved_away,
@@ -127,13 +136,19 @@ class DrainRecord:
 
     def log_line(self, now: float) -> str:
         """The one line logged when the record closes (key=value, no request content)."""
-        ends = " ".join(f"{end.value.replace('-', '_')}={self.ends[end]}" for end in DrainEnd)
+        # a pool without prefill / decode pairs never has a hand-off: its lines say nothing of them
+        ends = " ".join(
+            f"{end.value.replace('-', '_')}={self.ends[end]}"
+            for end in DrainEnd
+            if self.ends[end] or end not in _PULL_ENDS
+        )
+        pulls = f"pulls_at_start={self.pulls_at_start} " if self.pulls_at_start else ""
         to_zero = "none" if self.time_to_zero_s is None else f"{self.time_to_zero_s:.3f}"
         exit_value = self.exit.value if self.exit is not None else "open"
         return (
             f"drain closed address={self.address} cause={self.cause.value} source={self.source} "
             f"exit={exit_value} duration_s={self.duration_s(now):.3f} "
-            f"in_flight_at_start={self.in_flight_at_start} "
+            f"in_flight_at_start={self.in_flight_at_start} {pulls}"
             f"failed_before_start={self.failed_before_start} {ends} moved_away={self.moved_away} "
             f"moved_in={self.moved_in} "
             f"picks_after_start={self.picks_after_start} time_to_zero_s={to_zero}"
@@ -177,6 +192,7 @@ def merge_summaries(per_picker: list[list[dict[str, object]]]) -> list[dict[str,
             continue
         for key in (
             "in_flight_at_start",
+            "pulls_at_start",
             "failed_before_start",
             "moved_away",
             "moved_in",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from picker.pool.cache import KvBlocks, PrefixIndex
 from picker.pool.drain import DrainRecord
 from picker.pool.load import LoadSample
+from picker.pool.roles import Role
 from picker.pool.served import Served
 
 
@@ -66,6 +67,10 @@ class Endpoint:
     # Which instance stands behind the address (its pod's uid, from the InferencePool source): a
     # rollback's drain is this instance's, not the address's. None: its source does not say.
     instance: str | None = None
+    # Which part of a request it serves in a prefill / decode pool, from its labels
+    # (picker/pool/roles.py); None: its role label names no role, so it serves neither.
+    role: Role | None = Role.BOTH
+    pulls: int = 0  # of `in_flight`, prefill hand-offs whose KV no decode replica has pulled yet
 
     @property
     def pickable(self) -> bool:

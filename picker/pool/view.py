@@ -19,6 +19,8 @@ from picker.pool.deletion_rank import ScaleDownRanks
 from picker.pool.drain import DrainCause, DrainEnd, DrainExit, DrainRecord, DrainTotals
 from picker.pool.endpoint import Endpoint, EndpointState
 from picker.pool.health import Health
+from picker.pool.lease import Lease, PullLease
+from picker.pool.roles import LLM_D_ROLE, role_of
 
 log = logging.getLogger(__name__)
 
@@ -37,44 +39,6 @@ class UnknownEndpoint(LookupError):
 
 class EndpointConflict(ValueError):
     """The request makes no sense in the endpoint's current state (the message says why)."""
-
-
-class Lease:
-    """One request's claim on an endpoint's in-flight count, released exactly once. Envoy may serve
-    a request from a fallback rather than the primary: `move` gives the claim to the one that did."""
-
-    __slots__ = ("_address", "_picked_at", "_pool")
-
-    def __init__(self, pool: Pool, address: str, picked_at: float) -> None:
-        self._pool: Pool | None = pool
-        self._address = address
-        self._picked_at = picked_at  # a move onto an endpoint whose drain began later is no late pick
-
-    @property
-    def address(self) -> str:
-        return self._address
-
-    @property
-    def held(self) -> bool:
-        return self._pool is not None
-
-    @property
-    def picked_at(self) -> float:
-        return self._picked_at
-
-    def move(self, address: str) -> None:
-        if self._pool is None or address == self._address:
-            return
-        self._pool._left(self._address, None)
-        self._pool._arrived(address, picked=False, picked_at=self._picked_at)
-        self._address = address
-
-    def release(self, end: DrainEnd = DrainEnd.UNKNOWN, at: float | None = None) -> None:
-        """End the claim; `end` says how the request ended (drain records count it), `at` when, if
-        that was before now (its reason came later)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool._left(self._address, end, at)
 
 
 class Pool:
@@ -96,6 +60,7 @@ class Pool:
         self.health = Health(clock=clock)
         self.failed_window_s = 10.0  # a drain record counts failures this long before it opened
         self.scale_down: ScaleDownRanks | None = None  # kube.deletion_cost (pool/deletion_rank.py)
+        self.role_labels: tuple[str, ...] = (LLM_D_ROLE,)  # pd.role_labels: where roles are read
 
     def __len__(self) -> int:
         return len(self._endpoints)
@@ -180,6 +145,9 @@ class Pool:
                 now = labels.get(address)
                 if now != endpoint.labels and (now or endpoint.labels):
                     endpoint.labels = dict(now) if now else None
+                    endpoint.role = role_of(endpoint.labels, self.role_labels)
+                    if endpoint.role is None:
+                        log.warning("endpoint role label names no role address=%s", address)
                     changed = True
         if changed:
             self._changed()
@@ -227,11 +195,13 @@ class Pool:
             self._changed()
         return endpoint
 
-    def lease(self, address: str) -> Lease:
+    def lease(self, address: str, pull: bool = False) -> Lease:
+        """A claim on `address` for a request picked there; `pull`: a prefill hand-off's
+        (picker/pool/lease.py `PullLease`), counted in its `pulls` too."""
         if address not in self._endpoints:
             raise UnknownEndpoint(address)
-        self._arrived(address, picked=True)
-        return Lease(self, address, self._clock())
+        self._arrived(address, picked=True, pull=pull)
+        return (PullLease if pull else Lease)(self, address, self._clock())
 
     def _known(self, address: str) -> Endpoint:
         endpoint = self._endpoints.get(address)
@@ -300,15 +270,17 @@ class Pool:
             started_at=now,
             started_wall=self._wall(),
             in_flight_at_start=endpoint.in_flight,
+            pulls_at_start=endpoint.pulls,
             failed_before_start=self.health.failed_within(endpoint.address, self.failed_window_s),
         )
         self.totals.opened += 1
         log.info(
-            "drain started address=%s cause=%s source=%s in_flight=%d",
+            "drain started address=%s cause=%s source=%s in_flight=%d pulls=%d",
             endpoint.address,
             cause.value,
             self.source,
             endpoint.in_flight,
+            endpoint.pulls,
         )
 
     def _close_drain(self, endpoint: Endpoint, exit_state: DrainExit) -> None:
@@ -324,7 +296,9 @@ class Pool:
         for listener in list(self._drain_listeners):
             listener(record)
 
-    def _arrived(self, address: str, *, picked: bool, picked_at: float | None = None) -> None:
+    def _arrived(
+        self, address: str, *, picked: bool, picked_at: float | None = None, pull: bool = False
+    ) -> None:
         """One more request on `address`: picked as primary, or served there by Envoy (a fallback
         of a list handed out at `picked_at`)."""
         endpoint = self._endpoints.get(address)
@@ -335,6 +309,7 @@ class Pool:
             log.warning("request served by an unlisted endpoint address=%s", address)
         endpoint.picks += picked
         endpoint.in_flight += 1
+        endpoint.pulls += pull
         endpoint.arrivals += 1
         if endpoint.state is not EndpointState.READY:
             self.totals.picks_not_ready += 1
@@ -361,13 +336,15 @@ class Pool:
             and now - e.drain.started_at >= seconds
         ]
 
-    def _left(self, address: str, end: DrainEnd | None, at: float | None = None) -> None:
-        """One request fewer on `address`: it ended (`end`, at `at` or now), or moved away (None)."""
+    def _left(self, address: str, end: DrainEnd | None, at: float | None = None, pull: bool = False) -> None:
+        """One request fewer on `address`: it ended (`end`, at `at` or now), or moved away (None);
+        `pull`: a prefill hand-off's claim."""
         endpoint = self._endpoints.get(address)
         if endpoint is None:
             log.error("in-flight change for unknown endpoint address=%s", address)
             return
         endpoint.in_flight -= 1
+        endpoint.pulls = max(0, endpoint.pulls - pull)
         endpoint.departures += 1
         if end is DrainEnd.CUT:
             endpoint.cut += 1

@@ -12,7 +12,7 @@ from aiohttp import web
 from picker.contract import Reply, headers
 
 _DROPPED_UPSTREAM = frozenset(
-    {*headers.HOP_BY_HOP, *headers.CLIENT_HINTS, headers.PICKER_REQUEST_ID, headers.RESUME}
+    {*headers.HOP_BY_HOP, *headers.CLIENT_ROUTING, headers.PICKER_REQUEST_ID, headers.RESUME}
 )
 _SSE = "text/event-stream"
 

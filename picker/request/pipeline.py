@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from picker.config.model import AffinityConfig
+from picker.config.model import AffinityConfig, DrainConfig, PdConfig
 from picker.contract import Outcome, Reply, reply_for
 from picker.flow import FlowController, FlowLimits, Ticket
 from picker.observability.metrics import Metrics
@@ -27,11 +27,12 @@ from picker.pool import Endpoint, EndpointState, Pool
 from picker.pool.sessions import Sessions
 from picker.request.inference import InferenceRequest
 from picker.request.objectives import Objectives
+from picker.request.pairing import Pairing
 from picker.request.placement import Placement
 from picker.request.tracking import ResponseSide
 from picker.rollout import Canary, canary_side
 from picker.scheduling import LoadPolicy, pick, without_metrics
-from picker.scheduling.fit import fits, need_of, refusal
+from picker.scheduling.fit import CHARS_PER_TOKEN, fits, need_of, refusal
 from picker.scheduling.load import estimated_load
 from picker.streams import EndReason, RequestRecord
 from picker.streams.ends import DataPlanes
@@ -91,6 +92,8 @@ class RequestPath(ResponseSide):
         affinity: AffinityConfig | None = None,
         peering: Peering | None = None,
         by_model: bool = False,
+        pd: PdConfig | None = None,
+        drain: DrainConfig | None = None,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
@@ -119,6 +122,8 @@ class RequestPath(ResponseSide):
         if self.placement.latency is not None:
             metrics.register_latency(self.placement.latency)
         self.tokenizer: Tokenizer | None = None  # precise prefix affinity: set by the wiring
+        # prefill / decode pairs: active only while some READY endpoint serves prefill alone
+        self.pairing = Pairing(pool, pd or PdConfig(), drain or DrainConfig(), metrics)
         self._engine_tracked = 0
         # what each data-plane connection shows of responses' ends (the frontends note it)
         self.data_planes = DataPlanes()
@@ -267,7 +272,10 @@ class RequestPath(ResponseSide):
         assert outcome is not None, "settle() needs a finished ticket"
         record = ticket.payload
         if outcome is Outcome.DISPATCHED:
-            return Routed(record, record.picked, record.trace.outgoing() if record.trace else ())
+            extra = record.trace.outgoing() if record.trace else ()
+            if record.prefill_on is not None:
+                extra = (*extra, *self.pairing.headers(record))
+            return Routed(record, record.picked, extra)
         self._metrics.count_end(EndReason.REJECTED)
         self._metrics.count_refusal(record.model, outcome)
         if record.trace is not None:
@@ -358,6 +366,8 @@ class RequestPath(ResponseSide):
         if record.need is not None:
             need = record.need
             candidates = [endpoint for endpoint in candidates if fits(endpoint.served, need)]
+        if self.pairing.active:  # a prefill / decode pool: decode replicas of complete pairs
+            candidates = self.pairing.destinations(record, candidates)
         if self.canary is not None:
             bound = self.placement.bound_endpoint(record) if record.group is None else None
             home = self._pool.get(bound) if bound is not None else None
@@ -487,8 +497,12 @@ class RequestPath(ResponseSide):
                 self.placement.learns_from(record, destinations[0], None, None, policy, started)
         if not destinations:
             return False
+        if self.pairing.active and len(destinations) > 1:
+            destinations = self.pairing.same_revision(destinations)
         record.picked = tuple(destinations)
         record.lease = self._pool.lease(destinations[0])
+        if self.pairing.active:
+            self._pair(record, destinations[0], started, policy, suspects)
         self.placement.dispatched(record, destinations[0])
         if self.peering is not None:
             self.peering.placed(record, destinations[0])
@@ -499,6 +513,31 @@ class RequestPath(ResponseSide):
         if record.trace is not None:
             record.trace.picked(record.picked, started_ns)
         return True
+
+    def _pair(
+        self,
+        record: RequestRecord,
+        destination: str,
+        now: float,
+        policy: LoadPolicy,
+        suspects: frozenset[str],
+    ) -> None:
+        """Name the prefill replica of a request whose destination is a decode replica: its revision
+        and canary group, the replica where its uncached prompt would be ready soonest."""
+        canary = self.canary
+        group = (lambda e: canary.group_of(e.labels)) if canary is not None else None
+        keys = record.keys
+        size = keys.estimated_tokens if keys is not None else record.body_bytes // CHARS_PER_TOKEN
+
+        def uncached(endpoint: Endpoint) -> float:
+            return size * (1.0 - keys.cached_fraction(endpoint)) if keys is not None else size
+
+        ratio = self.placement.tokens.value  # the engines' tokens per index token
+        self.pairing.pair(record, destination, uncached, ratio, now, policy, self._rng, suspects, group)
+
+    def sweep_pulls(self) -> int:
+        """`drain.kv_pull_timeout_s`: abandon hand-offs a draining prefill replica still holds."""
+        return self.pairing.sweep(list(self._live.values()), self._clock())
 
     def on_idle(self, listener: Callable[[], None]) -> None:
         """Call `listener` each time the last live request ends (shutdown waits on it)."""

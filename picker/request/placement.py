@@ -214,13 +214,18 @@ class Placement:
         keys = record.keys
         if keys is None:
             return
-        endpoint = self._pool.get(address)
         self.prefilled(record)  # a fallback that served it carries its backlog now
-        if endpoint is not None and record.prefill:
-            endpoint.pending_prefill += record.prefill
-            record.prefill_at = address
+        # a pair's prefill replica computes the prompt, and both replicas hold it afterwards
+        computes = self._pool.get(record.prefill_on or address)
+        if computes is not None and record.prefill:
+            computes.pending_prefill += record.prefill
+            record.prefill_at = computes.address
         # keys cut before the block size changed (tune) stay out of the indexes cut at the new one
-        if endpoint is not None and keys.blocks and keys.block_tokens == self.block_tokens:
+        fresh = keys.blocks and keys.block_tokens == self.block_tokens
+        holders = (self._pool.get(address), computes if record.prefill_on else None)
+        for endpoint in holders if fresh else ():
+            if endpoint is None:
+                continue
             if endpoint.prefix is None:
                 capacity = index_size.capacity(
                     endpoint, self.block_tokens, self.tokens.value, self._config.index_blocks

@@ -17,10 +17,10 @@ from picker.observability.metrics import Metrics
 from picker.peers.books import Peering
 from picker.peers.outbox import happened_at
 from picker.pool import EndpointState, Pool
+from picker.request.pairing import Pairing
 from picker.request.placement import Placement
 from picker.request.stalls import queued_on_engine
 from picker.rollout import Canary
-from picker.rollout.evidence import sample_of
 from picker.streams import Attempts, EndReason, RequestRecord, ResponseTracker, from_access_log, from_body
 from picker.streams.classify import drain_end, shutting_down
 
@@ -45,6 +45,7 @@ class ResponseSide:
     _engine_tracked: int
     canary: Canary | None
     placement: Placement
+    pairing: Pairing
     peering: Peering | None
     # a frontend that can continue a stream elsewhere (picker proxy's resume): told of each stall;
     # True when it is moving that stream
@@ -119,6 +120,7 @@ class ResponseSide:
         if first and tracker.first_byte_at is not None:
             self._metrics.observe_ttft(record.model, now - record.admitted_at)
             self.placement.first_token(record)
+            self.pairing.pulled(record)  # the destination has the prompt's KV: the hand-off is done
             if record.trace is not None:
                 record.trace.first_token()
         elif gap is not None:
@@ -301,8 +303,7 @@ class ResponseSide:
         # counted before the release: a GONE endpoint's last request ending forgets it, series too
         tokens = record.tracker.tokens if record.tracker else 0
         self._metrics.count_request_end(reason, record, now, tokens)
-        if record.prefill_at is not None:
-            self.placement.prefilled(record)
+        self.placement.prefilled(record)
         if self.peering is not None:
             self.peering.ended(record)
         if record.trace is not None:
@@ -316,9 +317,10 @@ class ResponseSide:
         if reason is EndReason.COMPLETED:
             self.placement.ended(record)
         if record.group is not None and self.canary is not None:
-            self._canary_sample(record, reason, now, self.canary)
+            self.canary.request_ended(record, reason, now, self._pool.get(record.endpoint or ""))
         if record.lease is not None:
             record.lease.release(drain_end(reason), at=record.closed_at)
+        self.pairing.ended(record)  # its prefill hand-off, if one is still held
         self._live.pop(record.request_id, None)
         self._recent[record.request_id] = record  # Envoy's access-log entry may still be on its way
         if len(self._recent) > _RECENT_KEPT:
@@ -327,13 +329,6 @@ class ResponseSide:
         if not self._live:
             for listener in list(self._idle_listeners):
                 listener()
-
-    def _canary_sample(self, record: RequestRecord, reason: EndReason, now: float, canary: Canary) -> None:
-        """What the request says about the group that served it (a fallback may have moved it)."""
-        sample = sample_of(record, reason, now)
-        if sample is not None:
-            where = self._pool.get(record.endpoint or "")
-            canary.ended(canary.group_of(where.labels) if where is not None else record.group, sample)
 
     def _silent(self, record: RequestRecord, now: float) -> bool:
         """A stream whose engine sent tokens, then nothing for `cut_after_silence_s` before it ended
@@ -383,6 +378,7 @@ class ResponseSide:
                     if record.trace is not None:
                         record.trace.first_token()
                     self.placement.first_token(record)
+                    self.pairing.pulled(record)
             case "blind":  # its observer, on that picker, sees no body: no end will come from there
                 self.observer_blind(record)
             case "alive":

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from picker.config.model import RolloutConfig
+from picker.rollout.evidence import sample_of
 from picker.rollout.gates import Limits, Reading, Sample, Window, judge, step_may_end
 from picker.rollout.waiting import Step, reason
+from picker.streams import EndReason, RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,15 @@ class Canary:
 
     def ended(self, group: str, sample: Sample) -> None:
         self.windows[group].add(sample)
+
+    def request_ended(
+        self, record: RequestRecord, reason: EndReason, now: float, where: Labelled | None
+    ) -> None:
+        """What an ended request says about the group of `where`, the endpoint that served it (a
+        fallback may have moved it off the group it was sent to); its own group when forgotten."""
+        sample = sample_of(record, reason, now)
+        if sample is not None:
+            self.ended(self.group_of(where.labels) if where is not None else record.group or STABLE, sample)
 
     # -- the control loop --------------------------------------------------------------------
     def tick(self, now: float, candidates: Iterable[str]) -> Actions:

@@ -75,6 +75,11 @@ class RequestRecord:
     allowed: frozenset[str] | None = None  # the data plane's subset hint (EPP protocol): pick only these
     picked: tuple[str, ...] = ()
     lease: Lease | None = None
+    # a prefill / decode pool: the prefill replica named for it, and its hand-off's claim there
+    # (picker/request/pairing.py); `unpaired`: no revision had both roles ready at its pick
+    prefill_on: str | None = None
+    pull: Lease | None = None
+    unpaired: bool = False
     status: int | None = None
     served: str | None = None
     response_started_at: float | None = None  # the commit point: nothing may retry after it

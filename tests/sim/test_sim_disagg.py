@@ -85,6 +85,10 @@ async def test_a_prefill_holds_its_blocks_in_its_kv_usage_until_pulled() -> None
             second = await http.post(f"{d.url}/v1/completions", json=decode_body(MODEL, params, 3))
             assert second.status_code == 200
             assert p.state.engine.tokens_held == 0
+            # vLLM's vllm:prompt_tokens_by_source: the decode computed none of the prompt
+            metrics = (await http.get(f"{d.url}/metrics")).text
+            assert f'source="external_kv_transfer"}} {float(PROMPT_TOKENS)}' in metrics
+            assert 'source="local_compute"} 0.0' in metrics
             # the same params again: the blocks were pulled once and are gone
             again = await http.post(f"{d.url}/v1/completions", json=decode_body(MODEL, params, 3))
             assert again.status_code == 500

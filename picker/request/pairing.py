@@ -1,0 +1,174 @@
+"""Prefill / decode pairs on the request path: the destinations a disaggregated pool offers, the
+prefill replica named beside the destination, and the books of the hand-off.
+
+The rules are picker/scheduling/pairs.py's; this keeps the state they act on:
+- `destinations` narrows a request's candidates to decode-capable endpoints of revisions with a
+  complete pair (a pool without prefill-only endpoints passes through untouched, at the cost of one
+  scan for a prefill-only role);
+- `pair` runs once the destination is chosen: the decider, then the prefill replica (same revision,
+  same canary group), named in `x-prefiller-host-port`; the prefill replica is leased for the
+  hand-off (picker/pool/lease.py `PullLease`), so its load and its drain both count it;
+- `pulled` (the destination's first token: its KV is in place) and `ended` release that lease;
+- `sweep` applies `drain.kv_pull_timeout_s`: a draining prefill replica's hand-offs still unpulled
+  at the bound are abandoned (the decode side recomputes), so a drain never waits without end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
+
+from picker.config.model import DrainConfig, PdConfig
+from picker.contract import headers
+from picker.observability.metrics import Metrics
+from picker.pool import DrainEnd, Endpoint, Pool
+from picker.pool.roles import role_of
+from picker.scheduling import LoadPolicy
+from picker.scheduling.pairs import (
+    destinations,
+    disaggregated,
+    pick_prefill,
+    prefill_candidates,
+    wants_prefill,
+)
+from picker.streams import RequestRecord
+from picker.streams.classify import drain_end
+from picker.streams.record import EndReason
+
+log = logging.getLogger(__name__)
+
+Group = Callable[[Endpoint], str]  # an endpoint's canary group, while a canary runs
+
+
+class Pairing:
+    def __init__(self, pool: Pool, config: PdConfig, drain: DrainConfig, metrics: Metrics) -> None:
+        self._pool = pool
+        self._config = config
+        self._pull_timeout_s = drain.kv_pull_timeout_s
+        self._metrics = metrics
+        self._revision_label = config.revision_label
+        pool.role_labels = (config.role_label,)
+        for endpoint in pool.endpoints():  # labels read before the role label was configured
+            endpoint.role = role_of(endpoint.labels, pool.role_labels)
+        # whether some READY endpoint serves prefill alone, kept current on every pool change: a pool
+        # without roles pays one attribute read per request
+        self.active = disaggregated(pool.ready())
+        pool.on_change(self._changed)
+
+    def _changed(self) -> None:
+        self.active = disaggregated(self._pool.ready())
+
+    def revision(self, endpoint: Endpoint) -> str | None:
+        labels = endpoint.labels
+        return labels.get(self._revision_label) if labels is not None else None
+
+    def destinations(self, record: RequestRecord, candidates: list[Endpoint]) -> list[Endpoint]:
+        """The candidates that may be the destination (all of them in a pool without roles)."""
+        ready = self._pool.ready()
+        if not disaggregated(ready):
+            return candidates
+        allowed, paired = destinations(ready, self.revision)
+        record.unpaired = not paired
+        keep = {e.address for e in allowed}
+        return [e for e in candidates if e.address in keep]
+
+    def pair(
+        self,
+        record: RequestRecord,
+        destination: str,
+        uncached_tokens: Callable[[Endpoint], float],
+        ratio: float,
+        now: float,
+        policy: LoadPolicy,
+        rng: random.Random,
+        suspects: frozenset[str],
+        group: Group | None,
+    ) -> None:
+        """Name a prefill replica for `record`, whose destination is `destination`, when the pool is
+        disaggregated and the decider takes the hop; counted either way. `uncached_tokens`: the
+        prompt's part an endpoint does not hold, in the index's tokens (the prefill backlogs' unit);
+        `ratio`: the engines' tokens per index token (the decider's threshold is in engine tokens)."""
+        ready = self._pool.ready()
+        home = self._pool.get(destination)
+        if home is None or not disaggregated(ready):
+            return
+        if record.unpaired:
+            self._metrics.count_pd_pick("unpaired")
+            return
+        if not wants_prefill(uncached_tokens(home) * ratio, self._config.prefill_min_tokens):
+            self._metrics.count_pd_pick("short")
+            return
+        found: Sequence[Endpoint] = prefill_candidates(ready, home, self.revision)
+        if group is not None:
+            side = group(home)
+            found = [e for e in found if group(e) == side]
+        chosen = pick_prefill(found, uncached_tokens, now, policy, rng, suspects)
+        if chosen is None:
+            self._metrics.count_pd_pick("no-prefill")
+            return
+        record.prefill_on = chosen.address
+        record.prefill = uncached_tokens(chosen)  # the backlog it adds there (placement.dispatched)
+        record.pull = self._pool.lease(chosen.address, pull=True)
+        self._metrics.count_pd_pick("pair")
+
+    def same_revision(self, destinations: Sequence[str]) -> list[str]:
+        """The primary and the fallbacks of its revision: a fallback of another revision would pull
+        the named prefill replica's KV across revisions."""
+        primary = self._pool.get(destinations[0])
+        mine = self.revision(primary) if primary is not None else None
+        return [a for a in destinations if (e := self._pool.get(a)) is not None and self.revision(e) == mine]
+
+    def headers(self, record: RequestRecord) -> tuple[tuple[str, str], ...]:
+        """The headers naming the pair's prefill replica ((): none)."""
+        return ((headers.PREFILLER, record.prefill_on),) if record.prefill_on else ()
+
+    def pulled(self, record: RequestRecord) -> None:
+        """The destination sent its first token: the prompt's KV is in place, the hand-off is done."""
+        self._release(record, DrainEnd.PULLED)
+
+    def ended(self, record: RequestRecord) -> None:
+        """The request ended: a hand-off still held ends with it, as the request did."""
+        if record.pull is None or not record.pull.held:
+            return
+        reason = record.end_reason
+        if reason is EndReason.COMPLETED or (record.tracker and record.tracker.first_byte_at is not None):
+            self._release(record, DrainEnd.PULLED)
+        else:
+            self._release(record, drain_end(reason) if reason is not None else DrainEnd.UNKNOWN)
+
+    def sweep(self, records: Iterable[RequestRecord], now: float) -> int:
+        """Abandon the hand-offs of prefill replicas draining for `drain.kv_pull_timeout_s`."""
+        abandoned = 0
+        for record in records:
+            if record.pull is None or not record.pull.held:
+                continue
+            endpoint = self._pool.get(record.prefill_on or "")
+            drain = endpoint.drain if endpoint is not None else None
+            if drain is not None and now - drain.started_at >= self._pull_timeout_s:
+                self._release(record, DrainEnd.PULL_ABANDONED)
+                self._metrics.count_pd_pull_abandoned()
+                abandoned += 1
+        return abandoned
+
+    def _release(self, record: RequestRecord, end: DrainEnd) -> None:
+        if record.pull is not None:
+            record.pull.release(end)
+
+
+class PullSweeps(Protocol):
+    def sweep_pulls(self) -> int: ...
+
+
+async def sweep_pulls(path: PullSweeps, timeout_s: float) -> None:
+    """Forever: apply `drain.kv_pull_timeout_s` (checked four times per bound). Supervised as the
+    stall sweep is: one that raises is logged and the next one runs."""
+    interval = max(0.05, timeout_s / 4)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            path.sweep_pulls()
+        except Exception:
+            log.exception("pull sweep failed; the next one runs in %.2f s", interval)
