@@ -1,7 +1,6 @@
-"""What every frontend shares, wired once: the pool and its sources, metrics, the request path, the
-scraper, peers, tracing and the shared admin drains (`Core`, `build_core`). `picker serve`
-(picker/app.py) and `picker proxy` (picker/proxy/app.py) each add their servers around it, so the
-two cannot drift apart.
+"""What every frontend shares, wired once: the pool and its sources, metrics, the request path, the scraper,
+peers, tracing and the shared admin drains (`Core`, `build_core`). `picker serve` (picker/app.py) and
+`picker proxy` (picker/proxy/app.py) each add their servers around it, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -25,9 +24,8 @@ from picker.peers.books import Peering
 from picker.pool import Pool
 from picker.pool.drain import merge_summaries
 from picker.pool.health import SuspectPolicy
-from picker.request.pairing import sweep_pulls
 from picker.request.pipeline import RequestPath
-from picker.request.stalls import sweep_stalls
+from picker.request.stalls import sweep_pulls, sweep_stalls
 from picker.scheduling import LoadPolicy
 from picker.sources.drain_store import DrainStore, EndpointsFileDrains, LocalDrains
 from picker.sources.endpoints import EndpointSources
@@ -318,7 +316,6 @@ def build_core(config: PickerConfig) -> Core:
         peering=peering_of(config, pool),
         by_model=config.scheduling.by_model,
         pd=config.pd,
-        drain=config.drain,
     )
     path.objectives = sources.objectives
     if path.peering is not None:

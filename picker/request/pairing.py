@@ -15,13 +15,10 @@ The rules are picker/scheduling/pairs.py's; this keeps the state they act on:
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import random
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
 
-from picker.config.model import DrainConfig, PdConfig
+from picker.config.model import PdConfig
 from picker.contract import headers
 from picker.observability.metrics import Metrics
 from picker.pool import DrainEnd, Endpoint, Pool
@@ -38,16 +35,13 @@ from picker.streams import RequestRecord
 from picker.streams.classify import drain_end
 from picker.streams.record import EndReason
 
-log = logging.getLogger(__name__)
-
 Group = Callable[[Endpoint], str]  # an endpoint's canary group, while a canary runs
 
 
 class Pairing:
-    def __init__(self, pool: Pool, config: PdConfig, drain: DrainConfig, metrics: Metrics) -> None:
+    def __init__(self, pool: Pool, config: PdConfig, metrics: Metrics) -> None:
         self._pool = pool
         self._config = config
-        self._pull_timeout_s = drain.kv_pull_timeout_s
         self._metrics = metrics
         self._revision_label = config.revision_label
         pool.role_labels = (config.role_label,)
@@ -139,15 +133,16 @@ class Pairing:
         else:
             self._release(record, drain_end(reason) if reason is not None else DrainEnd.UNKNOWN)
 
-    def sweep(self, records: Iterable[RequestRecord], now: float) -> int:
-        """Abandon the hand-offs of prefill replicas draining for `drain.kv_pull_timeout_s`."""
+    def sweep(self, records: Iterable[RequestRecord], now: float, timeout_s: float) -> int:
+        """Abandon the hand-offs of prefill replicas draining for `timeout_s`
+        (`drain.kv_pull_timeout_s`)."""
         abandoned = 0
         for record in records:
             if record.pull is None or not record.pull.held:
                 continue
             endpoint = self._pool.get(record.prefill_on or "")
             drain = endpoint.drain if endpoint is not None else None
-            if drain is not None and now - drain.started_at >= self._pull_timeout_s:
+            if drain is not None and now - drain.started_at >= timeout_s:
                 self._release(record, DrainEnd.PULL_ABANDONED)
                 self._metrics.count_pd_pull_abandoned()
                 abandoned += 1
@@ -156,19 +151,3 @@ class Pairing:
     def _release(self, record: RequestRecord, end: DrainEnd) -> None:
         if record.pull is not None:
             record.pull.release(end)
-
-
-class PullSweeps(Protocol):
-    def sweep_pulls(self) -> int: ...
-
-
-async def sweep_pulls(path: PullSweeps, timeout_s: float) -> None:
-    """Forever: apply `drain.kv_pull_timeout_s` (checked four times per bound). Supervised as the
-    stall sweep is: one that raises is logged and the next one runs."""
-    interval = max(0.05, timeout_s / 4)
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            path.sweep_pulls()
-        except Exception:
-            log.exception("pull sweep failed; the next one runs in %.2f s", interval)

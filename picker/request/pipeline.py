@@ -17,7 +17,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from picker.config.model import AffinityConfig, DrainConfig, PdConfig
+from picker.config.model import AffinityConfig, PdConfig
 from picker.contract import Outcome, Reply, reply_for
 from picker.flow import FlowController, FlowLimits, Ticket
 from picker.observability.metrics import Metrics
@@ -93,7 +93,6 @@ class RequestPath(ResponseSide):
         peering: Peering | None = None,
         by_model: bool = False,
         pd: PdConfig | None = None,
-        drain: DrainConfig | None = None,
     ) -> None:
         self._pool = pool
         self._metrics = metrics
@@ -123,7 +122,7 @@ class RequestPath(ResponseSide):
             metrics.register_latency(self.placement.latency)
         self.tokenizer: Tokenizer | None = None  # precise prefix affinity: set by the wiring
         # prefill / decode pairs: active only while some READY endpoint serves prefill alone
-        self.pairing = Pairing(pool, pd or PdConfig(), drain or DrainConfig(), metrics)
+        self.pairing = Pairing(pool, pd or PdConfig(), metrics)
         self._engine_tracked = 0
         # what each data-plane connection shows of responses' ends (the frontends note it)
         self.data_planes = DataPlanes()
@@ -535,9 +534,9 @@ class RequestPath(ResponseSide):
         ratio = self.placement.tokens.value  # the engines' tokens per index token
         self.pairing.pair(record, destination, uncached, ratio, now, policy, self._rng, suspects, group)
 
-    def sweep_pulls(self) -> int:
+    def sweep_pulls(self, timeout_s: float) -> int:
         """`drain.kv_pull_timeout_s`: abandon hand-offs a draining prefill replica still holds."""
-        return self.pairing.sweep(list(self._live.values()), self._clock())
+        return self.pairing.sweep(list(self._live.values()), self._clock(), timeout_s)
 
     def on_idle(self, listener: Callable[[], None]) -> None:
         """Call `listener` each time the last live request ends (shutdown waits on it)."""

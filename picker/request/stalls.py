@@ -1,4 +1,5 @@
-"""Stalls: when a stream's silence is a stall, and the loop that looks for them.
+"""Stalls: when a stream's silence is a stall, and the loop that looks for them (and the loop that
+applies `drain.kv_pull_timeout_s` to prefill hand-offs, picker/request/pairing.py).
 
 A part that has had no token yet on a replica whose fresh scrape shows requests waiting is queued
 there (a cold or busy engine), not stalled: moving it would only queue it elsewhere, and judging it
@@ -51,3 +52,19 @@ async def sweep_stalls(path: Sweeps, stall_after_s: float) -> None:
             path.sweep_stalls()
         except Exception:
             log.exception("stall sweep failed; the next one runs in %.2f s", interval)
+
+
+class PullSweeps(Protocol):
+    def sweep_pulls(self, timeout_s: float) -> int: ...
+
+
+async def sweep_pulls(path: PullSweeps, timeout_s: float) -> None:
+    """Forever: apply `drain.kv_pull_timeout_s` (checked four times per bound). Supervised as the
+    stall sweep is: one that raises is logged and the next one runs."""
+    interval = max(0.05, timeout_s / 4)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            path.sweep_pulls(timeout_s)
+        except Exception:
+            log.exception("pull sweep failed; the next one runs in %.2f s", interval)

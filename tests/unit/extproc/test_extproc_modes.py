@@ -248,7 +248,11 @@ async def test_client_scheduling_headers_are_removed_from_the_routed_request() -
         ([first(MODE.FULL_DUPLEX_STREAMED, extra=hints), body(BODY)], 0),
     ):
         responses = await run(h.service, messages)
-        assert set(mutation(responses[at]).remove_headers) == {headers.FAIRNESS_ID, headers.PRIORITY, headers.PREFILLER}
+        assert set(mutation(responses[at]).remove_headers) == {
+            headers.FAIRNESS_ID,
+            headers.PRIORITY,
+            headers.PREFILLER,
+        }
 
 
 async def test_overlong_fairness_id_is_a_bad_request() -> None:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from picker.config.model import AffinityConfig, DrainConfig, PdConfig, RolloutConfig
+from picker.config.model import AffinityConfig, PdConfig, RolloutConfig
 from picker.contract import headers
 from picker.observability.metrics import Metrics
 from picker.pool import DrainEnd, EndpointState, Pool, Role
@@ -57,7 +57,6 @@ def path_of(pool: Pool, clock: Clock, **pd: object) -> RequestPath:
         affinity=AffinityConfig(prefix="approximate"),
         rng=random.Random(3),
         pd=PdConfig(**pd),  # type: ignore[arg-type]
-        drain=DrainConfig(kv_pull_timeout_s=30.0),
     )
     pool.on_change(path.capacity_changed)
     return path
@@ -218,10 +217,10 @@ def test_pulls_not_taken_by_the_bound_are_abandoned_so_the_drain_ends() -> None:
     assert prefiller(routed) == P1
     pool.drain(P1)
     clock.now += 29.0
-    assert path.sweep_pulls() == 0  # within the bound: the drain waits for the pull
+    assert path.sweep_pulls(30.0) == 0  # within the bound: the drain waits for the pull
     assert pool.get(P1).in_flight == 1  # type: ignore[union-attr]
     clock.now += 1.0
-    assert path.sweep_pulls() == 1
+    assert path.sweep_pulls(30.0) == 1
     endpoint = pool.get(P1)
     assert endpoint is not None and endpoint.in_flight == 0 and endpoint.pulls == 0
     assert endpoint.drain is not None and endpoint.drain.ends[DrainEnd.PULL_ABANDONED] == 1
