@@ -70,6 +70,8 @@ def lane(pool: Pool, endpoint: Endpoint, now: float, rollout: RolloutRunner | No
         "for_s": round(now - endpoint.since, 1),
         "in_flight": endpoint.in_flight,
         "peer_in_flight": endpoint.peer_in_flight,
+        "role": endpoint.role.value if endpoint.role is not None else "invalid",
+        "kv_pulls_pending": endpoint.pulls,
         "occupancy": round(estimated_load(endpoint), 1),
         "picks": endpoint.picks,
         "cut": endpoint.cut,

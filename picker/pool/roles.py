@@ -1,7 +1,7 @@
 """Prefill / decode roles: which part of a request an endpoint serves in a disaggregated pool.
 
 A role is read from the endpoint's labels (a pod's, or the endpoints file's `role:` field): the
-llm-d label `llm-d.ai/role` first, then the keys configured in `pd.role_labels`. An endpoint with no
+label configured in `pd.role_label` first, then the llm-d label `llm-d.ai/role`. An endpoint with no
 role label serves both parts, as every endpoint of a pool without roles does: a pool is routed as
 pairs only once some endpoint says it serves prefill alone (`Role.PREFILL`).
 """

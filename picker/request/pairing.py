@@ -22,7 +22,7 @@ from picker.config.model import PdConfig
 from picker.contract import headers
 from picker.observability.metrics import Metrics
 from picker.pool import DrainEnd, Endpoint, Pool
-from picker.pool.roles import role_of
+from picker.pool.roles import LLM_D_ROLE, role_of
 from picker.scheduling import LoadPolicy
 from picker.scheduling.pairs import (
     destinations,
@@ -44,7 +44,7 @@ class Pairing:
         self._config = config
         self._metrics = metrics
         self._revision_label = config.revision_label
-        pool.role_labels = (config.role_label,)
+        pool.role_labels = tuple(dict.fromkeys((config.role_label, LLM_D_ROLE)))
         for endpoint in pool.endpoints():  # labels read before the role label was configured
             endpoint.role = role_of(endpoint.labels, pool.role_labels)
         # whether some READY endpoint serves prefill alone, kept current on every pool change: a pool

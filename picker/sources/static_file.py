@@ -6,6 +6,7 @@ Format (either form; an entry is "ip:port" or a mapping):
     - {address: 10.0.0.2:8000, draining: true}
     - {address: 10.0.0.4:8000, draining: true, drained_by: [{cause: prestop}]}
     - {address: 10.0.0.3:8000, labels: {app.kubernetes.io/version: v2}}
+    - {address: 10.0.0.5:8000, role: prefill}   # prefill / decode pools: prefill, decode or both
 
 or `{endpoints: [...same entries...]}`. Write it atomically (a temp file renamed over it): a
 replaced file is read at the next check. A file changed in place is read only once it has stopped
@@ -32,6 +33,9 @@ import yaml
 
 from picker.config.model import canonical_address
 from picker.pool import DrainCause, EndpointState, Pool
+from picker.pool.roles import LLM_D_ROLE, Role
+
+ROLES = tuple(role.value for role in Role)
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +103,7 @@ def _states(data: list[Any]) -> tuple[dict[str, EndpointState], Labels]:
             address, draining = entry, False
         elif isinstance(entry, dict):
             # drained_by: who holds its drain, the drain store's to read (picker/sources/drain_store.py)
-            unknown = set(entry) - {"address", "draining", "labels", "drained_by"}
+            unknown = set(entry) - {"address", "draining", "labels", "drained_by", "role"}
             if unknown:
                 raise EndpointsFileError(f"{where}: unknown keys {sorted(unknown)}")
             address, draining = entry.get("address"), entry.get("draining", False)
@@ -113,6 +117,11 @@ def _states(data: list[Any]) -> tuple[dict[str, EndpointState], Labels]:
                 and all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items())
             ):
                 raise EndpointsFileError(f"{where}: 'labels' must map strings to strings")
+            role = entry.get("role")
+            if role is not None:
+                if role not in ROLES:
+                    raise EndpointsFileError(f"{where}: 'role' must be one of {', '.join(ROLES)}")
+                tags = {**(tags or {}), LLM_D_ROLE: role}  # read as a pod's role label is
         else:
             raise EndpointsFileError(f"{where}: expected 'host:port' or {{address, draining}}")
         try:

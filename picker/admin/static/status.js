@@ -44,6 +44,7 @@ function laneCard(lane) {
       { class: "top" },
       el("span", {}, el("span", { class: "big in-flight" }, lane.in_flight), " streams in flight"),
       lane.group ? el("span", { class: `tag ${lane.group}` }, lane.group) : null,
+      lane.role && lane.role !== "both" ? el("span", { class: "tag role" }, lane.role) : null,
     ),
     el("div", { class: "bar" }, bar),
     el(
@@ -51,6 +52,7 @@ function laneCard(lane) {
       { class: "figures" },
       el("span", {}, `occupancy ${lane.occupancy}`),
       lane.peer_in_flight ? el("span", {}, `other pickers ${lane.peer_in_flight}`) : null,
+      lane.kv_pulls_pending ? el("span", { class: "pulls" }, `KV to be pulled ${lane.kv_pulls_pending}`) : null,
       el("span", {}, `picks ${lane.picks}`),
       el("span", { class: "cut" }, `cut ${lane.cut}`),
       el("span", {}, `failed ${lane.failed}`),
@@ -65,7 +67,9 @@ function laneCard(lane) {
         { class: "drain" },
         `draining ${seconds(drain.duration_s)}: `,
         el("b", { class: "waits-for" }, waiting),
-        ` of ${drain.in_flight_at_start} streams still running; ` +
+        ` of ${drain.in_flight_at_start} streams still running` +
+          (drain.pulls_at_start ? ` (${drain.pulls_at_start} of them KV hand-offs to be pulled)` : "") +
+          "; " +
           `completed ${drain.ended.completed}, cut ${drain.ended.cut}, picks after start ${drain.picks_after_start}` +
           (drain.time_to_zero_s !== null ? `; zero after ${seconds(drain.time_to_zero_s)}` : ""),
       ),

@@ -314,3 +314,18 @@ def test_an_endpoint_whose_role_label_names_no_role_takes_no_work() -> None:
         record, routed = send(path, str(i) + LONG)
         assert X not in routed.destinations and prefiller(routed) != X
         path.finish(record, EndReason.COMPLETED)
+
+
+def test_the_endpoints_file_names_roles_and_refuses_one_it_does_not_know() -> None:
+    from picker.sources.static_file import EndpointsFileError, read_endpoints
+
+    _, tags = read_endpoints(
+        "- {address: 10.0.0.1:8000, role: prefill}\n"
+        "- {address: 10.0.0.2:8000, role: decode, labels: {app.kubernetes.io/version: v2}}\n"
+        "- 10.0.0.3:8000\n"
+    )
+    assert tags["10.0.0.1:8000"] == {ROLE: "prefill"}
+    assert tags["10.0.0.2:8000"] == {ROLE: "decode", VERSION: "v2"}
+    assert "10.0.0.3:8000" not in tags
+    with pytest.raises(EndpointsFileError, match="'role' must be one of prefill, decode, both"):
+        read_endpoints("- {address: 10.0.0.1:8000, role: prefil}\n")
