@@ -10,7 +10,12 @@ Modules: config (SimConfig), openai_format (wire format), sampling (stop strings
 min_tokens, logprobs on the greedy tokens of prefix), sampled_stream (the chunks of streams that use
 them or return_token_ids), timing (latency model), engine (slots, queue, KV), faults, metrics,
 requestlog, state (one replica's shared state), handlers (completion requests), endings (how their
-responses end), admin (the other routes), replica (lifecycle, shutdown), cli.
+responses end), admin (the other routes), disagg (prefill/decode hand-off), replica (lifecycle,
+shutdown), cli.
+
+Prefill/decode pairs (vLLM's NixlConnector, pull mode): `run_sim(config, ports=[0, 0],
+roles=[Role.PREFILL, Role.DECODE])` or `--port P --port D --role prefill --role decode`; the options
+and what is and is not modelled are in loadtest/sim/README.md.
 
 Concurrency model: one event loop, no threads, no locks; every request is its aiohttp handler task; the
 replica wakes requests through `InFlight`, it never cancels tasks it did not create.
@@ -19,8 +24,11 @@ replica wakes requests through `InFlight`, it never cancels tasks it did not cre
 from loadtest.sim.config import (
     AbortStyle,
     CapacityConfig,
+    DisaggConfig,
     DrainTimeoutAction,
+    KvLoadFailurePolicy,
     LatencyConfig,
+    Role,
     ShutdownConfig,
     SimConfig,
 )
@@ -31,11 +39,14 @@ from loadtest.sim.requestlog import Outcome
 __all__ = [
     "AbortStyle",
     "CapacityConfig",
+    "DisaggConfig",
     "DrainTimeoutAction",
     "FaultSpec",
+    "KvLoadFailurePolicy",
     "LatencyConfig",
     "Outcome",
     "Replica",
+    "Role",
     "ShutdownConfig",
     "SimConfig",
     "parse_fault_header",

@@ -55,6 +55,7 @@ class RemotePrefill:
     host: str
     port: int
     block_ids: tuple[int, ...]
+    prefill_cached_tokens: int | None = None  # the prefill's own cache hits, which the decode reports
 
 
 def parse_kv_params(raw: dict[str, Any] | None) -> KvIntent | RemotePrefill | None:
@@ -80,7 +81,10 @@ def _remote_prefill(raw: dict[str, Any]) -> RemotePrefill | None:
     flat = [b for group in blocks for b in (group if isinstance(group, list) else [group])]
     if not all(isinstance(b, int) and not isinstance(b, bool) for b in flat):
         return None
-    return RemotePrefill(engine_id, request_id, host, port, tuple(flat))
+    cached = raw.get("remote_prefill_cached_tokens")
+    if isinstance(cached, bool) or not isinstance(cached, int):
+        cached = None
+    return RemotePrefill(engine_id, request_id, host, port, tuple(flat), cached)
 
 
 def transfer_s(config: DisaggConfig, blocks: int) -> float:
@@ -125,17 +129,19 @@ class KvHolds:
         self.expired = 0
         self.pulls_failed = 0  # this replica's own pulls (as a decode) that failed
 
-    def hold(self, request_id: str, tokens: int) -> dict[str, Any]:
+    def hold(self, request_id: str, tokens: int, cached_tokens: int) -> dict[str, Any]:
         """Keep a finished prefill's blocks for the lease; returns the params its response carries."""
         self.release(request_id)
         count = max(1, -(-tokens // self._block_size))
-        ids = tuple((self._next_block + i) % self._num_blocks for i in range(count))
-        self._next_block = (self._next_block + count) % self._num_blocks
+        # ids from 1: vLLM's block 0 is its null block
+        usable = max(1, self._num_blocks - 1)
+        ids = tuple(1 + (self._next_block + i) % usable for i in range(count))
+        self._next_block = (self._next_block + count) % usable
         loop = asyncio.get_running_loop()
         timer = loop.call_later(self.config.kv_lease_s, self._expire, request_id)
         self._held[request_id] = Held(tokens, ids, timer)
         self._engine.hold_tokens(tokens)
-        return self.producer_params(request_id, ids, tokens)
+        return self.producer_params(request_id, ids, tokens, cached_tokens)
 
     def take(self, engine_id: str, request_id: str) -> Held | None:
         """Start a pull: the blocks, now kept until `release`; None when not held here (any more)."""
@@ -156,10 +162,13 @@ class KvHolds:
             held.timer.cancel()
         self._engine.free_tokens(held.tokens)
 
-    def producer_params(self, request_id: str, block_ids: tuple[int, ...], tokens: int) -> dict[str, Any]:
+    def producer_params(
+        self, request_id: str, block_ids: tuple[int, ...], tokens: int, cached_tokens: int
+    ) -> dict[str, Any]:
         """The fields vLLM's NixlConnector (pull mode) returns from a prefill's `request_finished`, in its
-        order. remote_host/remote_port name this replica's HTTP address, where the simulator serves pulls
-        (vLLM names its NIXL side channel, VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, default localhost:5600)."""
+        order, then the prefill's cache hits that its scheduler adds (remote_prefill_cached_tokens).
+        remote_host/remote_port name this replica's HTTP address, where the simulator serves pulls (vLLM
+        names its NIXL side channel, VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, default localhost:5600)."""
         return {
             "do_remote_prefill": True,
             "do_remote_decode": False,
@@ -174,6 +183,7 @@ class KvHolds:
             "remote_num_tokens": tokens,
             "remote_blocks_expiry_time": None,
             "transfer_mode": "pull",
+            "remote_prefill_cached_tokens": cached_tokens,
         }
 
     def _expire(self, request_id: str) -> None:

@@ -62,9 +62,15 @@ def _tail(call: Call, encoder: StreamEncoder, completion_tokens: int, cached: in
     return encoder.usage(call.parsed.prompt_tokens, completion_tokens, cached) + DONE_FRAME
 
 
-def _cached(state: ReplicaState, flight: InFlight) -> int | None:
-    """usage.prompt_tokens_details.cached_tokens, when the replica reports it (vLLM's flag)."""
-    return flight.cached_tokens if state.config.cache.prompt_tokens_details else None
+def _cached(state: ReplicaState, flight: InFlight, call: Call | None = None) -> int | None:
+    """usage.prompt_tokens_details.cached_tokens, when the replica reports it (vLLM's flag). A decode
+    reports its prefill's cache hits, not the pulled tokens (vLLM: remote_prefill_cached_tokens)."""
+    if not state.config.cache.prompt_tokens_details:
+        return None
+    kv = call.kv if call is not None else None
+    if isinstance(kv, RemotePrefill) and kv.prefill_cached_tokens is not None and flight.external_tokens:
+        return kv.prefill_cached_tokens
+    return flight.cached_tokens
 
 
 async def complete(
@@ -78,11 +84,11 @@ async def complete(
     """`kv_transfer_params`: a prefill's hand-off; vLLM returns it in JSON bodies only, never in a stream."""
     finish_reason = call.plan.finish_reason
     if response is not None and encoder is not None:
-        await response.write(_tail(call, encoder, flight.generated, _cached(state, flight)))
+        await response.write(_tail(call, encoder, flight.generated, _cached(state, flight, call)))
         await response.write_eof()
     else:
         flight.record.status = 200
-        body = _body(call, flight.generated, finish_reason, _cached(state, flight), kv_transfer_params)
+        body = _body(call, flight.generated, finish_reason, _cached(state, flight, call), kv_transfer_params)
         response = json_response(200, body)
     stats = state.stats
     stats.served += 1

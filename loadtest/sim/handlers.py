@@ -288,7 +288,8 @@ async def _run(request: web.Request, state: ReplicaState, call: Call, flight: In
         if call.kv is KvIntent.REMOTE_DECODE:  # a prefill: its blocks wait for the decode's pull
             # the engine request's id, as vLLM names it; the tokens computed (the last one never is)
             computed = flight.prompt_tokens + flight.generated - 1
-            params = state.kv.hold(f"{call.response_id}-0", computed)
+            engine_request_id = f"{call.response_id}-0-{secrets.token_hex(4)}"
+            params = state.kv.hold(engine_request_id, computed, flight.cached_tokens)
         return await complete(state, flight, call, response, encoder, params)
     if stop is Stop.KV_LOAD_FAILED:
         return await kv_load_failed(state, flight, response)

@@ -3,12 +3,13 @@ proxy example (toy_proxy_server.py) drives them.
 
 The CPU build runs a pair with vLLM's ExampleConnector (kv_producer and kv_consumer sharing a folder:
 the prefill writes each layer's KV as safetensors, the decode loads the prompt's full blocks from it).
-That connector returns no kv_transfer_params (its request_finished is the base class's), so the params'
-values cannot be compared on a running pair; the NixlConnector, whose params the simulator returns,
-needs the `nixl` package, which PyPI ships only as CUDA builds. What is compared here: the shape of
-both answers, the decode's prompt tokens counted as external KV (vllm:prompt_tokens_by_source), a
-plain request on a producer; and, from the installed vLLM's source, the NixlConnector's fields and the
-defaults the simulator copies (lease, failure policy, transfer mode).
+That connector returns no kv_transfer_params (its request_finished is the base class's). What is compared
+here: the shape of both answers, the decode's prompt tokens counted as external KV
+(vllm:prompt_tokens_by_source), a plain request on a producer; and, from the installed vLLM's source, the
+NixlConnector's fields and the defaults the simulator copies (lease, failure policy, transfer mode).
+The NixlConnector itself runs on this build too, with PyPI's nixl-cu12 (UCX), but far too slowly for a
+check (minutes to start, most of a minute for one pull): its answers are recorded in
+tests/sim/data/nixl_pair_recorded.json and the simulator is compared with them in tests/sim.
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ def test_the_simulator_returns_the_fields_of_the_installed_nixl_connector() -> N
     base = _vllm_file(nixl + "base_scheduler.py").read_text()
     assert '_TRANSFER_MODE: str = "pull"' in base
     assert re.search(r'"kv_lease_duration", (\d+)', base).group(1) == str(int(DisaggConfig().kv_lease_s))  # type: ignore[union-attr]
+    scheduler = _vllm_file("v1/core/sched/scheduler.py").read_text()
+    assert 'kv_transfer_params["remote_prefill_cached_tokens"]' in scheduler  # the last field of the answer
     transfer_config = _vllm_file("config/kv_transfer.py").read_text()
     policy = DisaggConfig().load_failure_policy.value
     assert f'kv_load_failure_policy: Literal["recompute", "fail"] = "{policy}"' in transfer_config

@@ -35,6 +35,8 @@ NIXL_PRODUCER_FIELDS = (
     "remote_blocks_expiry_time",
     "transfer_mode",
 )
+# ...and what a prefill's response carries: its scheduler adds the prefill's own cache hits.
+NIXL_RESPONSE_FIELDS = (*NIXL_PRODUCER_FIELDS, "remote_prefill_cached_tokens")
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 20
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from parity_checks import wait_until
 from pd_checks import (
-    NIXL_PRODUCER_FIELDS,
+    NIXL_RESPONSE_FIELDS,
     PROMPT,
     check_decode_shape,
     check_prefill_shape,
@@ -30,6 +33,9 @@ MODEL = "tiny-llama"
 BLOCK = 16  # the simulator's default block size
 PROMPT_TOKENS = len(completion_tokens(PROMPT))
 PROMPT_BLOCKS = -(-PROMPT_TOKENS // BLOCK)
+# A real vLLM NixlConnector pair on the CPU build, recorded (the pair takes minutes to start and its
+# pull took most of a minute here: too slow for a test run; how to rerun it: loadtest/sim/README.md).
+RECORDED = json.loads((Path(__file__).parent / "data" / "nixl_pair_recorded.json").read_text())
 
 
 def pd_config(**disagg: Any) -> Any:
@@ -52,7 +58,7 @@ async def test_a_handoff_between_two_simulator_processes(sim_process: Any) -> No
         done = await handoff(http, p_url, d_url, MODEL, max_tokens=6)
         check_prefill_shape(done.prefill.json(), PROMPT_TOKENS)
         params = done.params
-        assert params is not None and tuple(params) == NIXL_PRODUCER_FIELDS
+        assert params is not None and tuple(params) == NIXL_RESPONSE_FIELDS
         host, _, port = prefill.addresses[0].rpartition(":")
         assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
         assert params["remote_engine_id"] == "p-engine"
@@ -223,3 +229,56 @@ async def test_the_pull_endpoint_refuses_bad_input_clearly() -> None:
                 "/sim/kv/pull", json={"remote_engine_id": "e", "remote_request_id": "r"}
             )
     assert [r.status_code for r in (not_json, no_ids, negative, unknown)] == [400, 400, 400, 404]
+
+
+async def test_the_hand_off_matches_a_recorded_real_nixl_pair_field_by_field() -> None:
+    real_params = RECORDED["prefill_response"]["kv_transfer_params"]
+    config = dataclasses.replace(
+        pd_config(), cache=dataclasses.replace(fast_config().cache, prompt_tokens_details=True)
+    )
+    async with run_sim(config, ports=[0, 0], roles=[Role.PREFILL, Role.DECODE]) as (p, d):
+        async with http_client.AsyncClient(timeout=10) as http:
+            done = await handoff(http, p.url, d.url, MODEL, max_tokens=8)
+            body = {**decode_body(MODEL, None, 4, prompt="Another prompt. " * 30), "stream": True}
+            first = await http.post(
+                f"{p.url}/v1/completions", json=prefill_body(MODEL, prompt=body["prompt"])
+            )
+            await p.stop()
+            body["kv_transfer_params"] = first.json()["kv_transfer_params"]
+            failed = await http.post(f"{d.url}/v1/completions", json={**body, "stream": False})
+            failed_stream = await http.post(f"{d.url}/v1/completions", json=body)
+    params = done.params
+    assert params is not None and list(params) == list(real_params)  # the same fields, in the same order
+    for name, real in real_params.items():
+        assert type(params[name]) is type(real), name
+    for name in ("do_remote_prefill", "do_remote_decode", "tp_size", "dcp_size", "pp_size",
+                 "remote_blocks_expiry_time", "transfer_mode", "remote_prefill_cached_tokens"):  # fmt: skip
+        assert params[name] == real_params[name], name
+    # ids as vLLM's: one list per KV-cache group, from 1 (block 0 is its null block), one per block
+    assert all(isinstance(b, int) and b >= 1 for b in params["remote_block_ids"][0])
+    real_prompt = RECORDED["prefill_response"]["usage"]["prompt_tokens"]
+    assert len(real_params["remote_block_ids"][0]) == -(-real_prompt // 128)  # vLLM CPU's block: 128
+    assert real_params["remote_num_tokens"] == real_prompt and params["remote_num_tokens"] == PROMPT_TOKENS
+    id_shape = r"cmpl-[0-9a-f]+-0-[0-9a-f]{8}"
+    assert re.fullmatch(id_shape, real_params["remote_request_id"]) and re.fullmatch(
+        id_shape, params["remote_request_id"]
+    )
+    # both answers: the shape the proxy reads
+    for name in ("prefill_response", "decode_response"):
+        real_body, sim_body = (
+            RECORDED[name],
+            (done.prefill if name == "prefill_response" else done.decode).json(),
+        )
+        assert [c["finish_reason"] for c in sim_body["choices"]] == [
+            c["finish_reason"] for c in real_body["choices"]
+        ]
+        assert sim_body["usage"]["completion_tokens"] == real_body["usage"]["completion_tokens"]
+        assert set(sim_body) - {"kv_transfer_params"} <= set(real_body)
+    assert done.decode.json()["kv_transfer_params"] is None
+    # the decode reports the prefill's cache hits, not the tokens it pulled
+    assert done.decode.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    # a failed pull (the prefill stopped), byte for byte
+    assert failed.status_code == RECORDED["failed_pull_response"]["status"]
+    assert failed.json() == RECORDED["failed_pull_response"]["body"]
+    assert failed_stream.status_code == RECORDED["failed_pull_stream"]["status"]
+    assert failed_stream.text == RECORDED["failed_pull_stream"]["body"]
