@@ -302,9 +302,7 @@ def build_core(config: PickerConfig) -> Core:
         metrics,
         fallback_count=config.scheduling.fallback_count,
         load_policy=policy,
-        flow_limits=FlowLimits(
-            max_queued=flow.max_queued, max_queued_bytes=flow.max_queued_bytes, ttl_s=flow.ttl_s
-        ),
+        flow_limits=FlowLimits.of(flow, config.tenants),
         reject_without_endpoints=flow.reject_without_endpoints,
         access_log_grace_s=config.streams.access_log_grace_s,
         stall_after_s=config.streams.stall_after_s,

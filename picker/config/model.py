@@ -942,6 +942,38 @@ class RolloutConfig(_Group):
         return steps_of(value) if isinstance(value, str | list | tuple) else value
 
 
+class TenantsConfig(_Group):
+    """Tenants (the fairness id header): fair share of a saturated pool by tokens (docs, "Flow
+    control", Tenants). Requests without the header are not counted and cost nothing."""
+
+    fair_share: Literal["on", "off"] = Field(
+        "on",
+        description="on: queued tenants are served by tokens per weight, and a tenant over its share of "
+        "the batch slots leaves a reserve to the others; off: tenants take turns by request",
+    )
+    weights: dict[str, float] = Field(
+        default_factory=dict, description="weight by tenant id (default_weight for the rest)"
+    )
+    default_weight: float = Field(1.0, gt=0, description="the weight of a tenant not in weights")
+    max_tracked: int = Field(
+        1000, ge=1, le=100_000, description="tenants tracked at once; further ids share the 'other' bucket"
+    )
+    active_s: float = Field(
+        10.0, gt=0, description="a tenant counts as active this long after its last request (the reserve)"
+    )
+    default_max_tokens: int = Field(
+        256, ge=1, description="the output tokens reserved for a request that sets no max_tokens"
+    )
+
+    @field_validator("weights")
+    @classmethod
+    def _positive_weights(cls, value: dict[str, float]) -> dict[str, float]:
+        for tenant, weight in value.items():
+            if not weight > 0 or weight != weight or weight == float("inf"):
+                raise ValueError(f"tenants.weights[{tenant!r}] must be a finite number above 0")
+        return value
+
+
 class PickerConfig(BaseModel):
     """All of the picker's settings, grouped by plane. `load_config` builds it from file, env, flags."""
 
@@ -968,6 +1000,7 @@ class PickerConfig(BaseModel):
     rollout: RolloutConfig = RolloutConfig()
     scale_down: ScaleDownConfig = ScaleDownConfig()
     autoscaling: AutoscalingConfig = AutoscalingConfig()
+    tenants: TenantsConfig = TenantsConfig()
     log_level: str = Field("INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line")
 

@@ -9,8 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from picker.config.model import FlowConfig, TenantsConfig
 from picker.contract import Outcome
 from picker.flow.queue import AdmissionQueue, QueuedItem
+from picker.flow.tenants import FairShare, Tenants
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,12 @@ class FlowLimits:
     max_queued: int = 1000
     max_queued_bytes: int = 256 * 1024 * 1024
     ttl_s: float = 30.0
+    fair_share: FairShare | None = None  # between tenants (flow/tenants.py); None: turns by request
+
+    @classmethod
+    def of(cls, flow: FlowConfig, tenants: TenantsConfig) -> FlowLimits:
+        share = FairShare.of(tenants) if tenants.fair_share == "on" else None
+        return cls(flow.max_queued, flow.max_queued_bytes, flow.ttl_s, share)
 
 
 class Ticket(Generic[T]):
@@ -85,6 +93,12 @@ class FlowController(Generic[T]):
         self._timers: dict[int, asyncio.TimerHandle] = {}
         self._aside = 0  # requests the pump passed and holds aside until it ends (queued still)
         self.closed = False
+        self.tenants: Tenants | None = None  # fair share between fairness ids (`share_by`)
+
+    def share_by(self, tenants: Tenants) -> None:
+        """Fair share on: the queue serves tenants by tokens per weight, with the reserve (tenants.py)."""
+        self.tenants = tenants
+        self._queue.choose = tenants.choose
 
     @property
     def queued(self) -> int:
@@ -108,21 +122,39 @@ class FlowController(Generic[T]):
         priority: int = 0,
         size: int = 0,
         objective_s: float | None = None,
+        cost: int = 0,
     ) -> Ticket[T]:
         """Dispatch, queue or refuse one request. `objective_s`: its time-to-first-token objective,
         which makes it due that long after now (queued, it goes ahead of its flow's requests due
-        later: those without one are due when their time to live ends)."""
+        later: those without one are due when their time to live ends). `cost`: the tokens its
+        tenant (`flow`, a key of `tenants`) is charged when it dispatches, with fair share on."""
         ticket: Ticket[T] = Ticket(payload)
+        tenants = self.tenants if flow else None
+        if tenants is not None:
+            tenants.arrived(flow)
         if self.closed:
             self._finish(ticket, Outcome.REJECTED_SHUTTING_DOWN, 0.0)
-        elif not len(self._queue) and self._try_dispatch(payload):
+        elif (
+            not len(self._queue)
+            and (tenants is None or not tenants.held_back(flow))
+            and self._try_dispatch(payload)
+        ):
+            if tenants is not None:
+                tenants.dispatched(flow, cost)
             self._finish(ticket, Outcome.DISPATCHED, 0.0)
         elif not self._queue.fits(size):
             self._finish(ticket, Outcome.REJECTED_SATURATED, 0.0)
         else:
-            self._enqueue(ticket, flow, priority, size, objective_s)
+            self._enqueue(ticket, flow, priority, size, objective_s, cost)
             self.pump()  # it may be first in line for room that is there already
         return ticket
+
+    def settle(self, flow: str, reserved: tuple[int, int], prompt: int | None, output: int | None) -> None:
+        """A dispatched request of tenant `flow` ended: the (prompt, output) tokens reserved for it
+        become what the engine reported (None: it reported no usage, the reservation stands)."""
+        if self.tenants is not None:
+            used = (reserved[0] if prompt is None else prompt) + (reserved[1] if output is None else output)
+            self.tenants.ended(flow, sum(reserved), used)
 
     def refuse(self, payload: T, outcome: Outcome) -> Ticket[T]:
         """A ticket refused at the door by the caller's own rule, counted like every other outcome."""
@@ -146,6 +178,7 @@ class FlowController(Generic[T]):
                 break
             ticket: Ticket[T] = item.payload
             if self._try_dispatch(ticket.payload):
+                self._dequeued(item, dispatched=True)
                 self._finish(ticket, Outcome.DISPATCHED, self._clock() - item.enqueued_at)
                 dispatched += 1
                 continue
@@ -164,7 +197,8 @@ class FlowController(Generic[T]):
         """The client went away while queued: free its place and count it."""
         if ticket.done or ticket.item is None:
             return
-        self._queue.remove(ticket.item)
+        if self._queue.remove(ticket.item):
+            self._dequeued(ticket.item)
         self._finish(ticket, Outcome.REJECTED_CONTEXT_CANCELLED, self._clock() - ticket.item.enqueued_at)
 
     def close(self) -> int:
@@ -172,17 +206,26 @@ class FlowController(Generic[T]):
         self.closed = True
         evicted = 0
         for item in self._queue.drain():
+            self._dequeued(item)
             self._finish(item.payload, Outcome.REJECTED_SHUTTING_DOWN, self._clock() - item.enqueued_at)
             evicted += 1
         return evicted
 
+    def _dequeued(self, item: QueuedItem, dispatched: bool = False) -> None:
+        if self.tenants is not None and item.flow:
+            self.tenants.queued(item.flow, -1)
+            if dispatched:
+                self.tenants.dispatched(item.flow, item.cost)
+
     def _enqueue(
-        self, ticket: Ticket[T], flow: str, priority: int, size: int, objective_s: float | None
+        self, ticket: Ticket[T], flow: str, priority: int, size: int, objective_s: float | None, cost: int
     ) -> None:
         now = self._clock()
         timed = objective_s is not None
         due = now + (objective_s if objective_s is not None else self.limits.ttl_s)
-        item = QueuedItem(flow, priority, size, now, ticket, deadline=due, timed=timed)
+        item = QueuedItem(flow, priority, size, now, ticket, deadline=due, timed=timed, cost=cost)
+        if self.tenants is not None and flow:
+            self.tenants.queued(flow, 1)
         ticket.item = item
         ticket.queued = True
         loop = asyncio.get_running_loop()
@@ -194,7 +237,8 @@ class FlowController(Generic[T]):
         self._timers.pop(id(ticket), None)
         if ticket.done or ticket.item is None:
             return
-        self._queue.remove(ticket.item)
+        if self._queue.remove(ticket.item):
+            self._dequeued(ticket.item)
         outcome = Outcome.REJECTED_TTL_EXPIRED if self._has_endpoints() else Outcome.REJECTED_NO_ENDPOINTS
         self._finish(ticket, outcome, self._clock() - ticket.item.enqueued_at)
 

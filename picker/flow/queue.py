@@ -1,5 +1,8 @@
 """The admission queue: priority bands, fair between flows, the earliest due first within a flow.
 
+Between a band's flows: turns by request, or with fair share (picker/flow/tenants.py) the flow its
+`choose` names (the lowest tokens served per weight), which may also name none for now.
+
 Within a flow, a request with a time-to-first-token objective (the SLO headers, read with
 `affinity.latency` on) is due at its admission plus that objective, and one without is due when its
 time to live ends; the flow serves whichever is due first (earliest deadline first). Requests
@@ -21,11 +24,15 @@ import heapq
 import itertools
 import math
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 # Stale heap entries allowed beyond twice the live bands before the heap is rebuilt.
 _HEAP_SLACK = 16
+
+# Which of a band's flows (in turn order) is served next; None: none may be now (flow/tenants.py)
+Chooser = Callable[[Iterable[str]], "str | None"]
 
 
 @dataclass(eq=False, slots=True)
@@ -37,6 +44,7 @@ class QueuedItem:
     payload: Any = None
     deadline: float = math.inf  # when it is due (earliest first within its flow)
     timed: bool = False  # due by its own objective (else by its time to live: arrival order)
+    cost: int = 0  # tokens its tenant is charged when it dispatches (fair share)
     removed: bool = field(default=False, repr=False)
     order: int = field(default=0, repr=False)  # ties between equal deadlines: the earlier push
 
@@ -108,8 +116,14 @@ class _Band:
         self.push(item, front=True)
         self.flows.move_to_end(item.flow, last=False)
 
-    def pop(self) -> QueuedItem:
-        flow, line = next(iter(self.flows.items()))
+    def pop(self, choose: Chooser | None = None) -> QueuedItem | None:
+        if choose is None:
+            flow, line = next(iter(self.flows.items()))
+        else:
+            chosen = choose(self.flows)
+            if chosen is None:
+                return None
+            flow, line = chosen, self.flows[chosen]
         # a flow without objectives (the usual case) is a FIFO: no method call between
         item = line.pop() if line.timed else line.fifo.popitem(last=False)[0]
         if line.fifo or line.timed:
@@ -131,8 +145,9 @@ class _Band:
 class AdmissionQueue:
     """Higher priority first; within a priority, flows take turns; bounded by count and bytes."""
 
-    def __init__(self, max_items: int, max_bytes: int) -> None:
+    def __init__(self, max_items: int, max_bytes: int, choose: Chooser | None = None) -> None:
         self.max_items = max_items
+        self.choose = choose  # between a band's flows; None: they take turns
         self.max_bytes = max_bytes
         self._bands: dict[int, _Band] = {}  # only bands with items
         self._heap: list[int] = []  # negated priorities; may hold bands since emptied
@@ -179,7 +194,9 @@ class AdmissionQueue:
             if band is None:  # a band emptied since it was pushed on the heap
                 heapq.heappop(self._heap)
                 continue
-            item = band.pop()
+            item = band.pop(self.choose)
+            if item is None:  # every flow of the first band is held back for now
+                return None
             if not band.flows:
                 self._drop_band(priority)
             self._forget(item)
@@ -197,9 +214,11 @@ class AdmissionQueue:
         return True
 
     def drain(self) -> list[QueuedItem]:
+        choose, self.choose = self.choose, None  # everything, held back or not
         items = []
         while (item := self.pop()) is not None:
             items.append(item)
+        self.choose = choose
         return items
 
     def _band(self, priority: int) -> _Band:

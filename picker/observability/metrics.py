@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from picker.contract import Outcome
+from picker.flow.tenants import OTHER, Tenants
 from picker.observability.reference import ReferenceSeries, ReferenceViews
 from picker.pool import DrainEnd, DrainExit, DrainRecord, Endpoint, EndpointState, Pool
 from picker.scheduling.latency import LatencyModel
@@ -298,6 +299,57 @@ class _DataPlanesCollector(Collector):
         for mode in Ends:
             family.add_metric([mode.value], counts.get(mode, 0))
         yield family
+
+
+# --- tenants (picker/flow/tenants.py): fair share and token budgets ---------------------------
+_TENANT_LABELS = 20  # tenants with a series of their own besides the configured ones; the rest: other
+
+
+class _TenantsCollector(Collector):
+    """Per tenant, read at scrape time: the configured tenants and the busiest others by tokens each
+    have their series, every other tenant is summed into `other` (a bounded label set)."""
+
+    def __init__(self, tenants: Tenants) -> None:
+        self._tenants = tenants
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        requests = CounterMetricFamily(
+            "picker_tenant_requests", "Requests admitted per tenant (fairness id)", labels=["tenant"]
+        )
+        tokens = CounterMetricFamily(
+            "picker_tenant_tokens",
+            "Tokens per tenant: dispatched (reserved at dispatch from the prompt and max_tokens, settled "
+            "at the end to what the engine reported)",
+            labels=["tenant", "kind"],
+        )
+        held = CounterMetricFamily(
+            "picker_tenant_held_back",
+            "Times a tenant over its share of the batch slots was held back to keep the reserve",
+            labels=["tenant"],
+        )
+        refused = CounterMetricFamily(
+            "picker_tenant_over_budget", "Requests refused by the tenant's token budget", labels=["tenant"]
+        )
+        queued = GaugeMetricFamily("picker_tenant_queued", "Requests queued per tenant", labels=["tenant"])
+        in_flight = GaugeMetricFamily(
+            "picker_tenant_in_flight", "Requests in flight per tenant", labels=["tenant"]
+        )
+        rows: dict[str, list[float]] = {}
+        named = set(self._tenants.rules.weights) | set(self._tenants.rules.budgets)
+        ranked = sorted(self._tenants.all(), key=lambda t: -t.tokens)
+        for rank, t in enumerate(ranked):
+            label = t.name if t.name in named or rank < _TENANT_LABELS else OTHER
+            row = rows.setdefault(label, [0.0] * 6)
+            for i, value in enumerate((t.requests, t.tokens, t.held, t.over_budget, t.queued, t.in_flight)):
+                row[i] += value
+        for label, (n, tok, h, over, q, f) in rows.items():
+            requests.add_metric([label], n)
+            tokens.add_metric([label, "dispatched"], tok)
+            held.add_metric([label], h)
+            refused.add_metric([label], over)
+            queued.add_metric([label], q)
+            in_flight.add_metric([label], f)
+        yield from (requests, tokens, held, refused, queued, in_flight)
 
 
 _REJECTED_DOCS = {
@@ -916,6 +968,10 @@ class Metrics:
 
     def register_data_planes(self, planes: DataPlanes) -> None:
         self.registry.register(_DataPlanesCollector(planes))
+
+    def register_tenants(self, tenants: Tenants) -> None:
+        """Fair share on: the tenants' books, read at scrape time (bounded labels)."""
+        self.registry.register(_TenantsCollector(tenants))
 
     def count_end(
         self, reason: EndReason, endpoint: str | None = None, model: str = "", tokens: int = 0

@@ -45,6 +45,7 @@ from picker.streams import Attempts, RequestRecord, ResponseTracker
 log = logging.getLogger(__name__)
 
 SEPARATOR = "~"  # in a request id: <owner>~<hex>
+PULL = "/kv"  # a prefill hand-off's id in the books: its request's id and this
 ALIVE_EVERY_S = 5.0  # a foreign stream's heartbeat to its owner (its stall sweep reads it)
 _TOMBSTONES = 4096  # the last ends heard: a pick of one of them, heard later, is stale
 
@@ -138,6 +139,12 @@ class Peering:
             event.append(record.connection)  # its peers learn it too
         for peer in self.peers:
             self.outbox.to(peer, event)
+
+    def pulling(self, record: RequestRecord, address: str, held: bool = True) -> None:
+        """A request's prefill hand-off waits on `address` (`held`), or no longer: booked as a request."""
+        pull = record.request_id + PULL
+        for peer in self.peers:
+            self.outbox.to(peer, ["pick", pull, address] if held else ["end", pull])
 
     def ended(self, record: RequestRecord) -> None:
         self.connections.ended(record.request_id)
@@ -345,6 +352,7 @@ class Peering:
         """This picker's books whole, to the peers `to` (every one when None); the transport calls it
         every SYNC_EVERY_S for the peers it reaches (a peer away gets the books on its reconnect)."""
         entries = [[r.request_id, r.endpoint] for r in records if r.endpoint and r.owner is None]
+        entries += [[r.request_id + PULL, r.pulling] for r in records if r.pulling and r.owner is None]
         for peer in self.peers:
             if to is None or peer in to:
                 self.outbox.to(peer, ["sync", self.new_id(""), entries])

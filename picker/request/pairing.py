@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from picker.config.model import PdConfig
 from picker.contract import headers
@@ -38,12 +39,19 @@ from picker.streams.record import EndReason
 Group = Callable[[Endpoint], str]  # an endpoint's canary group, while a canary runs
 
 
+class Books(Protocol):
+    """The shared books of several pickers (picker/peers/books.py `Peering`)."""
+
+    def pulling(self, record: RequestRecord, address: str, held: bool = True) -> None: ...
+
+
 class Pairing:
     def __init__(self, pool: Pool, config: PdConfig, metrics: Metrics) -> None:
         self._pool = pool
         self._config = config
         self._metrics = metrics
         self._revision_label = config.revision_label
+        self.peering: Books | None = None  # several pickers: a hand-off is booked on its replica for all
         pool.role_labels = tuple(dict.fromkeys((config.role_label, LLM_D_ROLE)))
         for endpoint in pool.endpoints():  # labels read before the role label was configured
             endpoint.role = role_of(endpoint.labels, pool.role_labels)
@@ -106,6 +114,8 @@ class Pairing:
         record.prefill_on = chosen.address
         record.prefill = uncached_tokens(chosen)  # the backlog it adds there (placement.dispatched)
         record.pull = self._pool.lease(chosen.address, pull=True)
+        if self.peering is not None:
+            self.peering.pulling(record, chosen.address)
         self._metrics.count_pd_pick("pair")
 
     def same_revision(self, destinations: Sequence[str]) -> list[str]:
@@ -149,5 +159,7 @@ class Pairing:
         return abandoned
 
     def _release(self, record: RequestRecord, end: DrainEnd) -> None:
-        if record.pull is not None:
+        if record.pull is not None and record.pull.held:
             record.pull.release(end)
+            if self.peering is not None and record.prefill_on:
+                self.peering.pulling(record, record.prefill_on, held=False)

@@ -123,6 +123,7 @@ class RequestPath(ResponseSide):
         self.tokenizer: Tokenizer | None = None  # precise prefix affinity: set by the wiring
         # prefill / decode pairs: active only while some READY endpoint serves prefill alone
         self.pairing = Pairing(pool, pd or PdConfig(), metrics)
+        self.pairing.peering = peering
         self._engine_tracked = 0
         # what each data-plane connection shows of responses' ends (the frontends note it)
         self.data_planes = DataPlanes()

@@ -325,6 +325,10 @@ class ResponseSide:
         self._recent[record.request_id] = record  # Envoy's access-log entry may still be on its way
         if len(self._recent) > _RECENT_KEPT:
             self._recent.popitem(last=False)
+        if record.tenant:  # fair share: its reservation settled to the tokens the engine reported
+            self.flow.settle(
+                record.tenant, record.reserved, *(t.usage if (t := record.tracker) else (None, None))
+            )
         self.flow.pump()  # its slot may be the one a queued request waits for
         if not self._live:
             for listener in list(self._idle_listeners):

@@ -8,6 +8,7 @@ any moment, not only at scrape time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -133,6 +134,19 @@ def _queued(load: float, sample: LoadSample, view: LoadView, policy: LoadPolicy)
     if slots:
         return max(0.0, load - slots)
     return sample.waiting  # slots unknown: only the scrape can tell
+
+
+def room(views: Sequence[LoadView], policy: LoadPolicy) -> tuple[int, int] | None:
+    """(free batch slots, batch slots) summed over `views`; None while some view's slots are not
+    known (configured, or learned from a scrape that showed a queue) or there is none."""
+    free = total = 0
+    for view in views:
+        slots = policy.engine_slots or view.learned_slots
+        if not slots:
+            return None
+        total += slots
+        free += max(0, slots - math.ceil(estimated_load(view)))
+    return (free, total) if total else None
 
 
 def saturated(view: LoadView, now: float, policy: LoadPolicy) -> bool:

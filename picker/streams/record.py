@@ -128,6 +128,11 @@ class RequestRecord:
     stall_kept: bool = False  # judged stalled with nowhere to move: it waits on its own replica
 
     @property
+    def pulling(self) -> str | None:
+        """The prefill replica its hand-off still waits on (a prefill / decode pool), if any."""
+        return self.prefill_on if self.pull is not None and self.pull.held else None
+
+    @property
     def ended(self) -> bool:
         return self.end_reason is not None
 

@@ -53,6 +53,11 @@ class ResponseTracker:
             self._body = bytearray()
 
     @property
+    def usage(self) -> tuple[int | None, int | None]:
+        """(prompt, completion) tokens as the server reported them; None where it did not."""
+        return self.usage_prompt_tokens, self.usage_completion_tokens
+
+    @property
     def tokens(self) -> int:
         """Usage when the server reported it, else token chunks seen."""
         return self.usage_completion_tokens if self.usage_completion_tokens is not None else self.token_chunks

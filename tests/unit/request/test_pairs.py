@@ -329,3 +329,41 @@ def test_the_endpoints_file_names_roles_and_refuses_one_it_does_not_know() -> No
     assert "10.0.0.3:8000" not in tags
     with pytest.raises(EndpointsFileError, match="'role' must be one of prefill, decode, both"):
         read_endpoints("- {address: 10.0.0.1:8000, role: prefil}\n")
+
+
+def test_another_picker_counts_a_hand_off_on_its_prefill_replica_until_the_pull() -> None:
+    from picker.peers.books import Peering
+    from tests.unit.peers.test_peering import deliver
+
+    names = ("10.1.0.1:9004", "10.1.0.2:9004")
+    entries = {P1: labels("prefill"), D1: labels("decode")}
+
+    class Picker:
+        def __init__(self, name: str) -> None:
+            self.pool = pool_of(entries, Clock())
+            self.peering = Peering(name, names, self.pool)
+            self.path = RequestPath(
+                self.pool,
+                Metrics(pool="default"),
+                fallback_count=0,
+                schedule=lambda d, f: lambda: None,
+                peering=self.peering,
+                affinity=AffinityConfig(prefix="approximate"),
+            )
+
+    a, b = Picker(names[0]), Picker(names[1])
+    record, routed = send(a.path)
+    assert prefiller(routed) == P1
+    deliver(a, b)  # type: ignore[arg-type]
+    prefill, decode = b.pool.get(P1), b.pool.get(D1)
+    assert prefill is not None and decode is not None
+    assert (prefill.peer_in_flight, decode.peer_in_flight) == (1, 1)
+    a.peering.sync([record])  # books resent whole keep the hand-off while it waits
+    deliver(a, b)  # type: ignore[arg-type]
+    assert prefill.peer_in_flight == 1
+    first_token(a.path, record)
+    deliver(a, b)  # type: ignore[arg-type]
+    assert (prefill.peer_in_flight, decode.peer_in_flight) == (0, 1)
+    a.peering.sync([record])
+    deliver(a, b)  # type: ignore[arg-type]
+    assert prefill.peer_in_flight == 0
