@@ -13,6 +13,7 @@ from picker.observability.metrics import Metrics
 from picker.pool import Pool
 from picker.pool.load import LoadSample
 from picker.scheduling.latency import LatencyModel
+from picker.scheduling.load import LoadPolicy
 from picker.scheduling.signals import PoolFigures
 from picker.streams.ends import DataPlanes
 
@@ -74,6 +75,7 @@ def every_family(pool_label: str = "default") -> Metrics:
 def _reference_samples(metrics: Metrics) -> None:
     """One sample in each of the reference's families, so that the page shows their labels."""
     metrics.register_running(lambda: ("model",))
+    metrics.register_load_policy(LoadPolicy(), lambda: 0.0)
     metrics.reference.picked("model", 0)
     metrics.reference.refused("model", Outcome.REJECTED_SATURATED)
     metrics.reference.produced("model", 1)

@@ -32,7 +32,7 @@ from picker.flow.tenants import OTHER, Tenants
 from picker.observability.reference import ReferenceSeries, ReferenceViews
 from picker.pool import DrainEnd, DrainExit, DrainRecord, Endpoint, EndpointState, Pool
 from picker.scheduling.latency import LatencyModel
-from picker.scheduling.load import books_gap
+from picker.scheduling.load import LoadPolicy, books_gap
 from picker.scheduling.signals import PoolFigures
 from picker.streams import EndReason
 from picker.streams.ends import DataPlanes, Ends
@@ -524,15 +524,6 @@ class _CapacityCollector(Collector):
             if value is not None and math.isfinite(value):  # unknown or unbounded: no sample
                 family.add_metric([self._pool], value)
             yield family
-        # the reference's name for the same figure (picker/observability/reference.py), from this read
-        reference = GaugeMetricFamily(
-            "inference_extension_flow_control_pool_saturation",
-            "picker_pool_saturation under the reference's name",
-            labels=["inference_pool"],
-        )
-        if figures.saturation is not None and math.isfinite(figures.saturation):
-            reference.add_metric([self._pool], figures.saturation)
-        yield reference
 
 
 class RolloutView(Protocol):
@@ -859,6 +850,11 @@ class Metrics:
     def register_running(self, read: Callable[[], Iterable[str]]) -> None:
         """`read()` gives the model of each request in flight (inference_objective_running_requests)."""
         self._reference_views.running = read
+
+    def register_load_policy(self, policy: LoadPolicy, clock: Callable[[], float]) -> None:
+        """The thresholds the pick calls an engine saturated by, and the clock of its load samples:
+        the reference's pool saturation is computed from them at scrape time."""
+        self._reference_views.policy, self._reference_views.clock = policy, clock
 
     def count_request_end(self, reason: EndReason, record: RequestRecord, now: float, tokens: int) -> None:
         """A dispatched request ended at `now` having streamed `tokens` (`count_end`), and its duration,

@@ -4,11 +4,16 @@ A team that swaps the reference's image for this one keeps its dashboards and al
 and label names are the reference's. One recording per fact: a fact the picker already records (time to
 first token, admission-and-pick time, queue wait, queue size, per-replica engine gauges) is read from
 that recording, or from the pool, when /metrics is scraped and shown again under the reference's name
-(its buckets are then the picker's; the pool's saturation is shown by the collector that reads it for
-picker_pool_saturation, from the same read); a fact the picker did not record before
+(its buckets are then the picker's); a fact the picker did not record before
 (requests and errors by model, request duration, sizes, token counts, time per output token) is
 recorded once, under the reference's name, and the picker's own name derived from it where it has one
 (`picker_output_tokens_total` is the `_sum` of `inference_objective_output_tokens`).
+
+The pool's saturation is the reference's figure, not `picker_pool_saturation` (demand over ready slots,
+unknown while a replica's slot count is): the mean over READY replicas of the larger of engine queue
+over `load.waiting_threshold` and KV-cache usage over `load.kv_threshold`, a replica without fresh
+figures counting 1, no READY replica 1. It is read from the pool at scrape time, with the thresholds
+the pick calls an engine saturated by, so it answers whenever the engines are scraped.
 
 Labels as the reference sets them. The picker rewrites no model names, so `target_model_name` is
 `model_name`; model names come from requests and are capped as the picker's own (`other` past the cap).
@@ -17,6 +22,8 @@ Labels as the reference sets them. The picker rewrites no model names, so `targe
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
@@ -25,7 +32,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from picker.contract import Outcome
-from picker.pool import EndpointState, Pool
+from picker.pool import Endpoint, EndpointState, Pool
+from picker.scheduling.load import LoadPolicy
 
 # The reference's buckets for the facts recorded here (pkg/epp/metrics/metrics.go).
 LATENCY_BUCKETS = (
@@ -190,6 +198,34 @@ def _renamed(
     return family
 
 
+def pool_saturation(endpoints: Iterable[Endpoint], policy: LoadPolicy, now: float) -> float:
+    """The reference's pool saturation (its utilization detector): the mean over READY replicas of
+    max(engine queue / waiting_threshold, KV usage / kv_threshold); a replica whose figures are
+    missing or older than staleness_s counts 1 (never idle), and a pool with no READY replica is 1."""
+    total, count = 0.0, 0
+    for endpoint in endpoints:
+        if endpoint.state is not EndpointState.READY:
+            continue
+        count += 1
+        load = endpoint.load
+        if load is None or now - load.at > policy.staleness_s:
+            total += 1.0
+        else:
+            total += max(load.waiting / policy.waiting_threshold, load.kv_usage / policy.kv_threshold)
+    return total / count if count else 1.0
+
+
+def build_commit() -> str:
+    """The commit the installed package was built from, where the installer recorded one (PEP 610:
+    installed from a VCS URL); blank otherwise (the version alone names no commit)."""
+    try:
+        text = importlib.metadata.distribution("inference-picker").read_text("direct_url.json")
+        commit = json.loads(text or "{}").get("vcs_info", {}).get("commit_id", "")
+    except (importlib.metadata.PackageNotFoundError, ValueError, AttributeError):
+        return ""
+    return commit if isinstance(commit, str) else ""
+
+
 class FlowFigures(Protocol):
     @property
     def queued(self) -> int: ...
@@ -216,6 +252,10 @@ class ReferenceViews(Collector):
         self.pool: Pool | None = None
         self.flow: FlowFigures | None = None
         self.running: Callable[[], Iterable[str]] | None = None
+        # the pick's thresholds (load.*), set by the request path; None or scraping off: no saturation
+        self.policy: LoadPolicy | None = None
+        self.clock: Callable[[], float] = time.monotonic
+        self._commit = build_commit()
         try:
             self._version = importlib.metadata.version("inference-picker")
         except importlib.metadata.PackageNotFoundError:
@@ -225,8 +265,12 @@ class ReferenceViews(Collector):
         yield from self._pool_gauges()
         yield from self._objective_views()
         yield from self._flow_views()
-        info = Metric("inference_extension_info", "The picker's build (commit unknown: blank)", "gauge")
-        info.add_sample("inference_extension_info", {"commit": "", "build_ref": self._version}, 1.0)
+        info = Metric(
+            "inference_extension_info",
+            "The picker's build: its version, and its commit where the installer recorded one",
+            "gauge",
+        )
+        info.add_sample("inference_extension_info", {"commit": self._commit, "build_ref": self._version}, 1.0)
         yield info
 
     def _pool_gauges(self) -> Iterator[Metric]:
@@ -286,6 +330,18 @@ class ReferenceViews(Collector):
 
     def _flow_views(self) -> Iterator[Metric]:
         pool = {"inference_pool": self._name}
+        saturation = Metric(
+            "inference_extension_flow_control_pool_saturation",
+            "The reference's pool saturation: mean over READY replicas of max(engine queue / "
+            "load.waiting_threshold, KV usage / load.kv_threshold), 1 for a replica without fresh "
+            "figures or a pool without READY replicas; absent with load.scrape off",
+            "gauge",
+        )
+        policy = self.policy
+        if self.pool is not None and policy is not None and policy.use_metrics:
+            value = pool_saturation(self.pool.endpoints(), policy, self.clock())
+            saturation.add_sample(saturation.name, dict(pool), value)
+        yield saturation
         flow_labels = {"fairness_id": "", "priority": "", **pool, "model_name": "", "target_model_name": ""}
         for name, doc, value in (
             ("queue_size", "Requests waiting in the admission queue", lambda f: f.queued),

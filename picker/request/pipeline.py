@@ -158,6 +158,7 @@ class RequestPath(ResponseSide):
         self.on_stall: Callable[[RequestRecord], bool] | None = None
         metrics.register_flow(self.flow)
         metrics.register_running(lambda: [record.model for record in self._live.values()])
+        metrics.register_load_policy(self._policy, clock)
 
     @property
     def engine_gauges(self) -> bool:

@@ -21,8 +21,6 @@ from loadtest.traffic import completion_body, stream_one
 pytestmark = pytest.mark.envoy
 DASHBOARD = Path(__file__).parent / "fixtures" / "reference_inference_gateway.json"
 NOT_THE_PICKERS = ("vllm:", "bbr_")
-# Absent, like picker_pool_saturation, while a ready replica's slot count is unknown (the simulator's).
-UNKNOWN_HERE = {"inference_extension_flow_control_pool_saturation"}
 
 
 def queries() -> list[str]:
@@ -69,8 +67,6 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
 def test_each_query_of_the_reference_dashboard_is_answered(page: dict[str, set[str]], query: str) -> None:
     names = set(re.findall(r"\binference_[a-z0-9_]+", query)) - {"inference_pool"}  # a label
     assert names
-    if names & UNKNOWN_HERE and not names & set(page):
-        pytest.xfail("the pool's saturation needs the replicas' slot counts")
     for name in names:
         assert name in page, f"{name} is not on the picker's /metrics"
     for group in re.findall(r"by\s*\(([^)]*)\)", query):
