@@ -10,8 +10,8 @@ Modules: config (SimConfig), openai_format (wire format), sampling (stop strings
 min_tokens, logprobs on the greedy tokens of prefix), sampled_stream (the chunks of streams that use
 them or return_token_ids), timing (latency model), engine (slots, queue, KV), faults, metrics,
 requestlog, state (one replica's shared state), handlers (completion requests), endings (how their
-responses end), admin (the other routes), disagg (prefill/decode hand-off), replica (lifecycle,
-shutdown), cli.
+responses end), admin (the other routes), disagg (prefill/decode hand-off), sidecar (llm-d's routing
+sidecar's prefill step), replica (lifecycle, shutdown), cli.
 
 Prefill/decode pairs (vLLM's NixlConnector, pull mode): `run_sim(config, ports=[0, 0],
 roles=[Role.PREFILL, Role.DECODE])` or `--port P --port D --role prefill --role decode`; the options

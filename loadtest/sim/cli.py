@@ -260,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="a decode whose pull failed: fail (vLLM's default: HTTP 500 / in-stream error) or recompute",
     )
 
+    disagg.add_argument(
+        "--pd-sidecar",
+        action="store_true",
+        help="act as llm-d's routing sidecar too: a request naming x-prefiller-host-port is prefilled "
+        "there first, then decoded here",
+    )
+
     faults = parser.add_argument_group("fault injection (also per request: header x-sim-fault)")
     faults.add_argument(
         "--fault",
@@ -323,6 +330,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             transfer_per_block_ms=args.kv_transfer_per_block_ms,
             kv_lease_s=args.kv_lease_s,
             load_failure_policy=KvLoadFailurePolicy(args.kv_load_failure_policy),
+            sidecar=args.pd_sidecar,
         ),
         faults=fault,
         fault_count=args.fault_count,

@@ -150,6 +150,8 @@ class DisaggConfig:
     # kv_connector_extra_config kv_lease_duration, default 30 s)
     kv_lease_s: float = 30.0
     load_failure_policy: KvLoadFailurePolicy = KvLoadFailurePolicy.FAIL
+    # run llm-d's routing sidecar's prefill step for requests naming x-prefiller-host-port (sidecar.py)
+    sidecar: bool = False
 
     def __post_init__(self) -> None:
         for name in ("transfer_ms", "transfer_per_block_ms"):

@@ -38,6 +38,7 @@ from loadtest.sim.openai_format import (
 )
 from loadtest.sim.requestlog import Outcome, RequestRecord
 from loadtest.sim.sampled_stream import SampledEncoder
+from loadtest.sim.sidecar import sidecar_step
 from loadtest.sim.state import ReplicaState, log
 from loadtest.sim.timing import TokenPlan, parse_overrides, plan_tokens
 
@@ -80,7 +81,13 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     record.traceparent = request.headers.get("traceparent")
     state.stats.received += 1
     try:
-        call = await _validate(request, state, endpoint, record, arrival)
+        # the routing sidecar's prefill step comes first (sidecar.py)
+        body = await sidecar_step(request) if state.config.disagg.sidecar else None
+        if isinstance(body, int):
+            record.status = body
+            state.end(record, Outcome.PREFILL_FAILED)
+            return web.Response(status=body)
+        call = await _validate(request, state, endpoint, record, arrival, body)
     except _Refused as refusal:
         return _refuse(state, record, refusal)
     except asyncio.CancelledError:
@@ -126,11 +133,18 @@ def _refuse(state: ReplicaState, record: RequestRecord, refusal: _Refused) -> we
 
 
 async def _validate(
-    request: web.Request, state: ReplicaState, endpoint: Endpoint, record: RequestRecord, arrival: float
+    request: web.Request,
+    state: ReplicaState,
+    endpoint: Endpoint,
+    record: RequestRecord,
+    arrival: float,
+    body: bytes | None = None,
 ) -> Call:
+    """`body`: the request as the sidecar's prefill step rewrote it (None: as it came)."""
     config = state.config
     try:
-        body = await request.read()
+        if body is None:
+            body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _Refused(
             ApiError(413, "Request body too large", "RequestEntityTooLarge"), Outcome.BAD_REQUEST, "too-large"

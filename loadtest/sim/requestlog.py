@@ -30,6 +30,7 @@ class Outcome(enum.Enum):
     SHUTDOWN_ERROR = "shutdown-error"  # cut by a shutdown with the EngineCore error event
     HUNG = "hung"  # left hanging by a shutdown; ends when the client goes away (or the hang limit)
     KILLED = "killed"  # connection closed by Replica.stop() / a second SIGTERM
+    PREFILL_FAILED = "prefill-failed"  # the sidecar's prefill step failed: its status passed on
     KV_LOAD_FAILED = "kv-load-failed"  # a decode whose KV pull failed, policy "fail": 500 / error event
     INTERNAL_ERROR = "internal-error"  # a simulator bug (logged with its traceback)
 

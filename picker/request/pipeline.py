@@ -9,6 +9,7 @@ they stay with it; what can stand alone already does (placement, tracking, hints
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 from picker.config.model import AffinityConfig, PdConfig
 from picker.contract import Outcome, Reply, reply_for
 from picker.flow import FlowController, FlowLimits, Ticket
+from picker.flow.tenants import Tenants
 from picker.observability.metrics import Metrics
 from picker.observability.tracing import Tracing
 from picker.peers.books import Peering
@@ -33,7 +35,7 @@ from picker.request.tracking import ResponseSide
 from picker.rollout import Canary, canary_side
 from picker.scheduling import LoadPolicy, pick, without_metrics
 from picker.scheduling.fit import CHARS_PER_TOKEN, fits, need_of, refusal
-from picker.scheduling.load import estimated_load
+from picker.scheduling.load import estimated_load, room
 from picker.streams import EndReason, RequestRecord
 from picker.streams.ends import DataPlanes
 from picker.streams.inferred import inferred_ends
@@ -156,6 +158,11 @@ class RequestPath(ResponseSide):
         self.catch_up: Callable[[], None] = lambda: None
         self._idle_listeners: list[Callable[[], None]] = []
         self.on_stall: Callable[[RequestRecord], bool] | None = None
+        if self.flow.limits.fair_share is not None:  # between tenants (picker/flow/tenants.py)
+            share = self.flow.limits.fair_share
+            tenants = Tenants(share, lambda: room(self._pool.ready(), self._policy), clock)
+            self.flow.share_by(tenants)
+            metrics.register_tenants(tenants)
         metrics.register_flow(self.flow)
         metrics.register_running(lambda: [record.model for record in self._live.values()])
         metrics.register_load_policy(self._policy, clock)
@@ -247,9 +254,18 @@ class RequestPath(ResponseSide):
                 return self.flow.refuse(record, never)
         if not self.flow.closed and (shed := self.placement.shed(record, self._pool, self._policy, now)):
             return self.flow.refuse(record, shed)
+        if flow and self.flow.tenants is not None:  # fair share: the tenant and its reservation
+            flow = record.tenant = self.flow.tenants.key(flow)
+            prompt = len(tokens) if tokens else math.ceil(request.prompt_chars / CHARS_PER_TOKEN)
+            record.reserved = (prompt, request.max_tokens or self.flow.tenants.rules.default_max_tokens)
         objective = slo.ttft_s if slo is not None else None
         ticket = self.flow.submit(
-            record, flow=flow, priority=priority, size=request.body_bytes, objective_s=objective
+            record,
+            flow=flow,
+            priority=priority,
+            size=request.body_bytes,
+            objective_s=objective,
+            cost=sum(record.reserved),
         )
         if record.trace is not None and not ticket.done:
             record.trace.queued()

@@ -111,6 +111,10 @@ class RequestRecord:
     priority: int = 0  # flow control's: below 0, sheddable
     max_tokens: int | None = None  # what it asks for (None: the engine's default)
     slo: Slo | None = None  # its latency objectives (SLO headers, with affinity.latency on)
+    # fair share (picker/flow/tenants.py): its tenant, and the tokens reserved for it at admission
+    # (prompt, output), settled at its end to what the engine reported
+    tenant: str = ""
+    reserved: tuple[int, int] = (0, 0)
     # affinity.latency: when it was picked, and the features its primary's predictions were made
     # from (the model learns from them at its first token and its end)
     dispatched_at: float | None = None

@@ -25,7 +25,8 @@ from pd_checks import (
 from simkit import fast_config, sim_requests, sse_frames
 
 from loadtest import http_client
-from loadtest.sim import run_sim
+from loadtest.procs import free_port
+from loadtest.sim import parse_fault_header, run_sim
 from loadtest.sim.config import DisaggConfig, KvLoadFailurePolicy, LatencyConfig, Role
 from loadtest.sim.prefix import completion_tokens
 
@@ -282,3 +283,34 @@ async def test_the_hand_off_matches_a_recorded_real_nixl_pair_field_by_field() -
     assert failed.json() == RECORDED["failed_pull_response"]["body"]
     assert failed_stream.status_code == RECORDED["failed_pull_stream"]["status"]
     assert failed_stream.text == RECORDED["failed_pull_stream"]["body"]
+
+
+async def test_a_decode_replica_with_the_sidecar_prefills_where_the_header_says() -> None:
+    config = dataclasses.replace(pd_config(), disagg=DisaggConfig(sidecar=True))
+    async with run_sim(config, ports=[0, 0], roles=[Role.PREFILL, Role.DECODE]) as (p, d):
+        async with http_client.AsyncClient(timeout=10) as http:
+            body = {**decode_body(MODEL, None, 5), "stream": True, "stream_options": {"include_usage": True}}
+            named = {"x-prefiller-host-port": f"{p.address}, 127.0.0.1:1"}  # a list: the first one
+            streamed = await http.post(f"{d.url}/v1/completions", json=body, headers=named)
+            prefills = await sim_requests(p.url)
+            plain = await http.post(f"{d.url}/v1/completions", json=body)  # no header: no prefill step
+            after_plain = await sim_requests(p.url)
+            gone = await http.post(
+                f"{d.url}/v1/completions",
+                json=body,
+                headers={"x-prefiller-host-port": f"127.0.0.1:{free_port()}"},
+            )
+            p.state.faults.set(parse_fault_header("status=503"), None)
+            refused = await http.post(
+                f"{d.url}/v1/completions", json=body, headers={"x-prefiller-host-port": p.address}
+            )
+    assert streamed.status_code == 200 and streamed.text.endswith("data: [DONE]\n\n")
+    frames = sse_frames(streamed.text)
+    assert frames[-1]["usage"]["completion_tokens"] == 5  # the client's own max_tokens and stream_options
+    (prefill,) = prefills
+    assert (prefill["stream"], prefill["tokens_sent"], prefill["outcome"]) == (False, 1, "completed")
+    assert p.state.kv.pulled == 1 and d.state.stats.prompt_by_source["external_kv_transfer"] == PROMPT_TOKENS
+    assert plain.status_code == 200 and len(after_plain) == 1
+    assert (gone.status_code, gone.content) == (502, b"")  # Go's reverse proxy: prefill unreachable
+    assert (refused.status_code, refused.content) == (503, b"")  # the prefill's status, passed on
+    assert [r["outcome"] for r in d.state.log.snapshot()].count("prefill-failed") == 2
