@@ -79,6 +79,7 @@ async def _serve(request: web.Request, endpoint: Endpoint) -> web.StreamResponse
     arrival = loop.time()
     record = state.log.open(request.headers.get(REQUEST_ID_HEADER), endpoint.value)
     record.traceparent = request.headers.get("traceparent")
+    record.prefiller = request.headers.get("x-prefiller-host-port")
     state.stats.received += 1
     try:
         # the routing sidecar's prefill step comes first (sidecar.py)
@@ -193,6 +194,7 @@ async def _validate(
         plan.itl_per_running_s *= slowdown
     prefix = "cmpl-" if endpoint is Endpoint.COMPLETIONS else "chatcmpl-"
     kv = parse_kv_params(parsed.kv_transfer_params)
+    record.remote_decode = kv is KvIntent.REMOTE_DECODE
     return Call(parsed, plan, fault, arrival, prefix + secrets.token_hex(16), int(time.time()), kv)
 
 

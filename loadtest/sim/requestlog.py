@@ -46,7 +46,9 @@ class RequestRecord:
         "model",
         "outcome",
         "path",
+        "prefiller",
         "prompt_tokens",
+        "remote_decode",
         "request_id",
         "status",
         "stream",
@@ -68,6 +70,8 @@ class RequestRecord:
         self.prompt_tokens = 0
         self.finish_reason: str | None = None
         self.traceparent: str | None = None  # the W3C trace context it came with (vLLM continues it)
+        self.prefiller: str | None = None  # the x-prefiller-host-port it came with (a picker's P/D pick)
+        self.remote_decode = False  # a prefill step: its kv_transfer_params asked for a remote decode
 
     def finish(self, outcome: Outcome, finish_reason: str | None = None) -> bool:
         """Close the record once; later calls keep the first outcome (the one that really ended it)."""
@@ -93,6 +97,8 @@ class RequestRecord:
             "prompt_tokens": self.prompt_tokens,
             "finish_reason": self.finish_reason,
             "traceparent": self.traceparent,
+            "prefiller": self.prefiller,
+            "remote_decode": self.remote_decode,
         }
 
 
