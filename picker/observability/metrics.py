@@ -833,9 +833,9 @@ class Metrics:
         self._reference_names(r)
 
     def _reference_names(self, r: CollectorRegistry) -> None:
-        """The reference picker's names (picker/observability/reference.py): its new facts recorded
+        """The reference picker's names (picker/observability/reference/): its new facts recorded
         once under its names, the picker's existing recordings shown again at scrape time."""
-        self.reference = ReferenceSeries(r, self._models, _Histogram)
+        self.reference = ReferenceSeries(r, self._models)
         self._reference_views = ReferenceViews(
             self.pool,
             self._models,

@@ -1,4 +1,4 @@
-"""The reference's names (picker/observability/reference.py) carry the same values as the picker's own
+"""The reference's names (picker/observability/reference/) carry the same values as the picker's own
 names for the same fact, after traffic through the request path; and the reference's pool saturation
 is its utilization figure, from the pick's thresholds, whatever is known of slot counts."""
 

@@ -42,7 +42,7 @@ def test_many_long_names_stay_within_the_model_cap_and_the_length_bound() -> Non
     names = [f"{i}-" + "z" * (64 * 1024) for i in range(200)]
     size, page = exposition_size_after(names, "e" * MIB)
     # 32 bounded model names in three histograms and a counter, plus bounded endpoint labels; the
-    # reference's names (picker/observability/reference.py) show two histograms again, the name twice
+    # reference's names (picker/observability/reference/) show two histograms again, the name twice
     # (model_name, target_model_name).
     assert size < normal_size + 32 * (4 + 2 * 2) * 16 * (MAX_LABEL_CHARS + 64)
     assert 'model="other"' in page and "e" * (MAX_LABEL_CHARS + 1) not in page

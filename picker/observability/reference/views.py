@@ -1,23 +1,4 @@
-"""The reference endpoint picker's metric names (Gateway API Inference Extension), beside the picker's own.
-
-A team that swaps the reference's image for this one keeps its dashboards and alerts: the names, types
-and label names are the reference's. One recording per fact: a fact the picker already records (time to
-first token, admission-and-pick time, queue wait, queue size, per-replica engine gauges) is read from
-that recording, or from the pool, when /metrics is scraped and shown again under the reference's name
-(its buckets are then the picker's); a fact the picker did not record before
-(requests and errors by model, request duration, sizes, token counts, time per output token) is
-recorded once, under the reference's name, and the picker's own name derived from it where it has one
-(`picker_output_tokens_total` is the `_sum` of `inference_objective_output_tokens`).
-
-The pool's saturation is the reference's figure, not `picker_pool_saturation` (demand over ready slots,
-unknown while a replica's slot count is): the mean over READY replicas of the larger of engine queue
-over `load.waiting_threshold` and KV-cache usage over `load.kv_threshold`, a replica without fresh
-figures counting 1, no READY replica 1. It is read from the pool at scrape time, with the thresholds
-the pick calls an engine saturated by, so it answers whenever the engines are scraped.
-
-Labels as the reference sets them. The picker rewrites no model names, so `target_model_name` is
-`model_name`; model names come from requests and are capped as the picker's own (`other` past the cap).
-"""
+"""The reference's series read at scrape time from the picker's state and its own recordings."""
 
 from __future__ import annotations
 
@@ -27,46 +8,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from picker.contract import Outcome
+from picker.observability.reference.recorded import Labels
 from picker.pool import Endpoint, EndpointState, Pool
 from picker.scheduling.load import LoadPolicy
-
-# The reference's buckets for the facts recorded here (pkg/epp/metrics/metrics.go).
-LATENCY_BUCKETS = (
-    *(0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.25, 1.5, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30),
-    *(45, 60, 120, 180, 240, 300, 360, 480, 600, 900, 1200, 1800, 2700, 3600),
-)
-TPOT_BUCKETS = (
-    *(0.0005, 0.00205, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5),
-    *(0.6, 0.8, 1, 1.5, 2, 3, 4.5, 6, 12, 18, 24, 30, 36, 48, 60, 90, 120, 180, 270, 360),
-)
-REQUEST_SIZE_BUCKETS = tuple(float(2**n) for n in range(6, 31))  # 64 B .. 1 GiB
-RESPONSE_SIZE_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778, 65536)
-INPUT_TOKEN_BUCKETS = (*(1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32778), 65536)
-INPUT_TOKEN_BUCKETS += (131072, 262144, 524288, 1048576)
-OUTPUT_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-
-_MODEL = ["model_name", "target_model_name"]
-
-# The reference's error_code (its error package's codes) for each refusal of the status contract.
-ERROR_CODES: dict[Outcome, str] = {
-    Outcome.REJECTED_SATURATED: "ResourceExhausted",
-    Outcome.REJECTED_TTL_EXPIRED: "ResourceExhausted",
-    Outcome.REJECTED_NO_ENDPOINTS: "ServiceUnavailable",
-    Outcome.REJECTED_SHUTTING_DOWN: "ServiceUnavailable",
-    Outcome.REJECTED_CONTEXT_CANCELLED: "Unknown",
-    Outcome.REJECTED_MODEL_NOT_SERVED: "NotFound",
-    Outcome.REJECTED_CONTEXT_TOO_LONG: "BadRequest",
-    Outcome.REJECTED_SLO_UNATTAINABLE: "ResourceExhausted",
-    Outcome.BAD_REQUEST: "BadRequest",
-    Outcome.TOO_LARGE: "BadRequest",
-    Outcome.INTERNAL_ERROR: "Internal",
-    Outcome.PICKER_UNAVAILABLE: "ServiceUnavailable",
-}
 
 # The reference's flow-control outcome for each admission outcome (its QueueOutcome names).
 QUEUE_OUTCOMES: dict[str, str] = {
@@ -79,101 +27,10 @@ QUEUE_OUTCOMES: dict[str, str] = {
 }
 
 
-class Labels(Protocol):
-    """The picker's capped model labels (metrics.py's _CappedLabels)."""
-
-    def label(self, value: str) -> str: ...
-
-
 class Recorded(Protocol):
     """A metric of the picker's own registry whose samples are shown again (a Histogram)."""
 
     def collect(self) -> list[Metric]: ...
-
-
-class ReferenceSeries:
-    """The facts recorded under the reference's names, each child looked up once per model."""
-
-    def __init__(self, registry: CollectorRegistry, models: Labels, histogram: type[Histogram]) -> None:
-        r, self._models = registry, models
-
-        def _histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return histogram(
-                f"inference_objective_{name}", doc + ", by model", _MODEL, buckets=buckets, registry=r
-            )
-
-        self.requests = Counter(
-            "inference_objective_request_total",
-            "Requests picked for a replica, by model and priority (the reference's count)",
-            [*_MODEL, "priority"],
-            registry=r,
-        )
-        self.errors = Counter(
-            "inference_objective_request_error_total",
-            "Requests the picker refused, by model and the reference's error_code",
-            [*_MODEL, "error_code"],
-            registry=r,
-        )
-        self.duration = _histogram(
-            "request_duration_seconds", "Admission to the response's end", LATENCY_BUCKETS
-        )
-        self.tpot = _histogram(
-            "request_tpot_seconds",
-            "Per request: first token to end over output tokens after the first",
-            TPOT_BUCKETS,
-        )
-        self.request_sizes = _histogram("request_sizes", "Request body bytes", REQUEST_SIZE_BUCKETS)
-        self.response_sizes = _histogram("response_sizes", "Response body bytes seen", RESPONSE_SIZE_BUCKETS)
-        self.input_tokens = _histogram(
-            "input_tokens", "Prompt tokens (the engine's usage)", INPUT_TOKEN_BUCKETS
-        )
-        self.output_tokens = _histogram(
-            "output_tokens", "Output tokens per request (usage, else token chunks)", OUTPUT_TOKEN_BUCKETS
-        )
-        self._children: dict[tuple[str, str], Histogram | Counter] = {}
-
-    def _child(self, kind: str, metric: Histogram | Counter, model: str, *extra: str) -> Histogram | Counter:
-        key = (kind, model + "\0" + "\0".join(extra))
-        child = self._children.get(key)
-        if child is None:
-            label = self._models.label(model)
-            child = metric.labels(label, label, *extra)
-            if len(self._children) < 1024:  # model names come from requests: the cache is bounded too
-                self._children[key] = child
-        return child
-
-    def picked(self, model: str, priority: int) -> None:
-        self._child("requests", self.requests, model, str(priority)).inc()  # type: ignore[union-attr]
-
-    def refused(self, model: str, outcome: Outcome) -> None:
-        code = ERROR_CODES.get(outcome)
-        if code is not None:
-            self._child("errors", self.errors, model, code).inc()  # type: ignore[union-attr]
-
-    def produced(self, model: str, tokens: int) -> None:
-        """The tokens one request streamed (`picker_output_tokens_total` is this histogram's sum)."""
-        if tokens > 0:
-            self._child("output_tokens", self.output_tokens, model).observe(tokens)  # type: ignore[union-attr]
-
-    def ended(
-        self,
-        model: str,
-        *,
-        duration_s: float,
-        request_bytes: int,
-        response_bytes: int,
-        prompt_tokens: int | None,
-        tpot_s: float | None,
-    ) -> None:
-        """One dispatched request's end, once (its output tokens: `produced`)."""
-        child = self._child
-        child("duration", self.duration, model).observe(duration_s)  # type: ignore[union-attr]
-        child("request_sizes", self.request_sizes, model).observe(request_bytes)  # type: ignore[union-attr]
-        child("response_sizes", self.response_sizes, model).observe(response_bytes)  # type: ignore[union-attr]
-        if prompt_tokens:
-            child("input_tokens", self.input_tokens, model).observe(prompt_tokens)  # type: ignore[union-attr]
-        if tpot_s is not None:
-            child("tpot", self.tpot, model).observe(tpot_s)  # type: ignore[union-attr]
 
 
 def _renamed(
@@ -244,7 +101,7 @@ class ReferenceViews(Collector):
         ttft: Recorded,
         pick: Recorded,
         queue_wait: Recorded,
-        output_tokens: Recorded,
+        output_tokens: Callable[[], Iterable[tuple[str, float]]],
         bounded: Callable[[str], str],
     ) -> None:
         self._name, self._models, self._bounded = pool_name, models, bounded
@@ -320,12 +177,8 @@ class ReferenceViews(Collector):
             running.add_sample(running.name, {"model_name": label}, float(count))
         yield running
         tokens = Metric("picker_output_tokens", "Tokens streamed to clients, by model", "counter")
-        for metric in self._output_tokens.collect():
-            for sample in metric.samples:
-                if sample.name.endswith("_sum"):
-                    tokens.add_sample(
-                        "picker_output_tokens_total", {"model": sample.labels["model_name"]}, sample.value
-                    )
+        for label, total in self._output_tokens():
+            tokens.add_sample("picker_output_tokens_total", {"model": label}, total)
         yield tokens
 
     def _flow_views(self) -> Iterator[Metric]:
