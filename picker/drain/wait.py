@@ -45,7 +45,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Union
 
 DEFAULT_METRICS_URL = "http://127.0.0.1:8000/metrics"
@@ -75,10 +75,13 @@ class Sample:
     waiting: float
     finished: float | None = None  # vllm:request_success_total, every finished_reason
     admitted: float | None = None  # prompt tokens + first tokens: moves when a request starts
+    # a prefill replica (--pulls-url): prompts it computed whose KV a decode replica has still to
+    # pull, as the picker counts them; vLLM shows these nowhere, yet stopping the engine loses them
+    pulls: float = 0.0
 
     @property
     def in_engine(self) -> float:
-        return self.running + self.waiting
+        return self.running + self.waiting + self.pulls
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,9 @@ class Settings:
     # ?move_streams=true, POSTed once at the start: its streams continue on other replicas at once
     move_streams_url: str | None = None
     admin_token_file: str | None = None
+    # a prefill replica of a prefill / decode pool: its entry on the picker's admin API
+    # (GET /admin/endpoints/<address>), whose kv_pulls_pending the drain waits for too
+    pulls_url: str | None = None
 
 
 def arrived(previous: Sample, current: Sample) -> bool:
@@ -239,6 +245,13 @@ class DrainWait:
         self.end = now
         self.phase = Phase.DONE
 
+    def _last(self) -> dict[str, float]:
+        assert self.last is not None
+        last = {"running": self.last.running, "waiting": self.last.waiting}
+        if self.settings.pulls_url:
+            last["pulls"] = self.last.pulls
+        return last
+
     def summary(self, now: float) -> dict[str, Any]:
         """The one log line: phases, durations, last counts, errors."""
         end = self.end if self.end is not None else now
@@ -257,9 +270,7 @@ class DrainWait:
             ),
             "samples": self.samples,
             "arrivals_seen": self.arrivals,
-            "last": None
-            if self.last is None
-            else {"running": self.last.running, "waiting": self.last.waiting},
+            "last": None if self.last is None else self._last(),
             "errors": dict(self.errors),
             "last_error": None if self.last_error is None else str(self.last_error),
             "settings": asdict(self.settings),
@@ -428,7 +439,12 @@ def run(
     if fetch is None:
 
         def fetch(budget_s: float) -> Result:
-            return fetch_metrics(settings.metrics_url, budget_s)
+            result = fetch_metrics(settings.metrics_url, budget_s)
+            if settings.pulls_url and isinstance(result, Sample):
+                pulls = fetch_pulls(settings, budget_s)
+                if pulls is not None:
+                    result = replace(result, pulls=pulls)
+            return result
 
     machine = DrainWait(settings, clock() if started is None else min(started, clock()))
     moved = ask_move(settings) if settings.move_streams_url else None
@@ -465,6 +481,26 @@ def ask_move(settings: Settings) -> dict[str, Any]:
             return {"status": response.status, "moved": answer.get("moved_streams")}
     except Exception as exc:  # a refusal (HTTPError), no picker, a bad token file: said, not raised
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+def fetch_pulls(settings: Settings, budget_s: float) -> float | None:
+    """kv_pulls_pending of this replica's entry on the picker's admin API (--pulls-url), or None when
+    it cannot be read: then the engine's own figures decide, as without the flag. Never raises."""
+    import urllib.request
+
+    headers = {"User-Agent": "drain-wait", "Accept": "application/json"}
+    try:
+        if settings.admin_token_file:
+            with open(settings.admin_token_file, encoding="utf-8") as handle:
+                headers["Authorization"] = "Bearer " + handle.read().strip()
+        request = urllib.request.Request(settings.pulls_url or "", headers=headers)
+        with urllib.request.urlopen(request, timeout=max(budget_s, 0.05)) as response:
+            pending = json.loads(response.read(64 * 1024)).get("kv_pulls_pending")
+    except Exception:  # no picker, a refusal, a bad answer: the engine's figures decide
+        return None
+    if isinstance(pending, bool) or not isinstance(pending, int) or pending < 0:
+        return None
+    return float(pending)
 
 
 def prestop_url(url: str) -> str:
@@ -538,7 +574,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="picker proxy (streams.resume): POST this replica's drain URL with ?move_streams=true once "
         "at the start, so its streams continue on other replicas instead of holding the drain",
     )
-    parser.add_argument("--admin-token-file", help="the picker's admin token, for --move-streams-url")
+    parser.add_argument(
+        "--pulls-url",
+        help="a prefill replica of a prefill / decode pool: its entry on the picker's admin API "
+        "(http://<picker>:9090/admin/endpoints/<ip:port>); the drain also waits until no decode replica "
+        "has KV left to pull from it (the picker bounds that wait: drain.kv_pull_timeout_s)",
+    )
+    parser.add_argument(
+        "--admin-token-file", help="the picker's admin token, for --move-streams-url and --pulls-url"
+    )
 
 
 def build_parser(prog: str = "drain-wait") -> argparse.ArgumentParser:
@@ -568,6 +612,16 @@ def parse_settings(argv: list[str] | None = None, prog: str = "drain-wait") -> S
                 f"--move-streams-url {args.move_streams_url!r}: "
                 "not an http:// drain URL with ?move_streams=true"
             )
+    if args.pulls_url is not None:
+        pulls = urllib.parse.urlsplit(args.pulls_url)
+        if (
+            pulls.scheme not in ("http", "https")
+            or not pulls.hostname
+            or "/admin/endpoints/" not in pulls.path
+        ):
+            raise UsageError(
+                f"--pulls-url {args.pulls_url!r}: not an http(s):// URL of /admin/endpoints/<address>"
+            )
     if args.quiet_interval <= 0 or args.poll_interval <= 0 or args.request_timeout <= 0:
         raise UsageError("--quiet-interval, --poll-interval and --request-timeout must be > 0")
     return Settings(
@@ -580,6 +634,7 @@ def parse_settings(argv: list[str] | None = None, prog: str = "drain-wait") -> S
         log_file=args.log_file,
         move_streams_url=args.move_streams_url,
         admin_token_file=args.admin_token_file,
+        pulls_url=args.pulls_url,
     )
 
 
