@@ -153,7 +153,7 @@ class ReferenceSeries(Collector):
             (_INPUT, prompt_tokens or None),
             (_TPOT, tpot_s),
         ):
-            if amount is not None and amount == amount:  # NaN: in no bucket, as prometheus_client
+            if amount is not None and amount == amount:  # NaN: dropped (a NaN sum stays NaN)
                 counts[i][bisect_left(_BOUNDS[i], amount)] += 1
                 sums[i] += amount
 

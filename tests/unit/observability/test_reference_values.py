@@ -194,3 +194,72 @@ def test_saturation_answers_while_slot_counts_are_unknown_and_is_absent_without_
         assert saturation == expected  # waiting 1 / 1 beats KV 0.45 / 0.9
         assert metrics.registry.get_sample_value("picker_pool_saturation", {"pool": POOL}) is None
     assert pool.get(A).state is EndpointState.READY  # type: ignore[union-attr]
+
+
+def test_the_recorded_facts_read_as_prometheus_clients_own_histograms_would() -> None:
+    """The per-model plain numbers (reference/recorded.py) against a prometheus_client Histogram and
+    Counter fed the same values: the same samples, bucket by bucket; a NaN is dropped whole (in no
+    bucket, as prometheus_client, and not in the sum, which it would poison for good)."""
+    from prometheus_client import Counter, Histogram
+
+    from picker.observability.reference.recorded import HISTOGRAMS
+
+    metrics = Metrics(CollectorRegistry(), pool=POOL)
+    twin = CollectorRegistry()
+    names = ("duration_s", "tpot_s", "request_bytes", "response_bytes", "prompt_tokens")
+    models = ["m", "n", "m"]
+    rows = [(0.004, 0.0005, 64, 1, 1), (0.4, 0.05, 900, 2400, 60), (3600.0, 360.0, 2**30, 65536, 1048576)]
+    twins = {
+        name: Histogram(
+            f"inference_objective_{name}",
+            "",
+            ["model_name", "target_model_name"],
+            buckets=bounds,
+            registry=twin,
+        )
+        for name, _, bounds in HISTOGRAMS
+    }
+    requests = Counter(
+        "inference_objective_request", "", ["model_name", "target_model_name", "priority"], registry=twin
+    )
+    order = (
+        "request_duration_seconds",
+        "request_tpot_seconds",
+        "request_sizes",
+        "response_sizes",
+        "input_tokens",
+    )
+    for model, row in zip(models, rows, strict=True):
+        metrics.reference.picked(model, 1)
+        requests.labels(model, model, "1").inc()
+        metrics.reference.ended(model, **dict(zip(names, row, strict=True)))  # type: ignore[arg-type]
+        metrics.reference.produced(model, int(row[4]) % 9000)
+        twins["output_tokens"].labels(model, model).observe(int(row[4]) % 9000)
+        for name, amount in zip(order, row, strict=True):
+            twins[name].labels(model, model).observe(amount)
+
+    def page(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in registry.collect()
+            for s in family.samples
+            if s.name.startswith("inference_objective_")
+            and not s.name.endswith("_created")
+            and "error" not in s.name
+            and "ttft" not in s.name
+            and "running" not in s.name
+        }
+
+    ours, theirs = page(metrics.registry), page(twin)
+    assert set(ours) == set(theirs)
+    for key, expected in theirs.items():
+        assert ours[key] == pytest.approx(expected), key
+    nan = float("nan")
+    metrics.reference.ended(
+        "m", duration_s=nan, request_bytes=1, response_bytes=1, prompt_tokens=1, tpot_s=nan
+    )
+    after = page(metrics.registry)
+    for key in ("inference_objective_request_duration_seconds", "inference_objective_request_tpot_seconds"):
+        for suffix in ("_sum", "_count"):
+            labels = (("model_name", "m"), ("target_model_name", "m"))
+            assert after[(key + suffix, labels)] == ours[(key + suffix, labels)]
