@@ -23,7 +23,7 @@ from picker.config.model import PdConfig
 from picker.contract import headers
 from picker.observability.metrics import Metrics
 from picker.pool import DrainEnd, Endpoint, Pool
-from picker.pool.roles import LLM_D_ROLE, role_of
+from picker.pool.roles import LLM_D_ROLE, Role, role_of
 from picker.scheduling import LoadPolicy
 from picker.scheduling.pairs import (
     destinations,
@@ -57,11 +57,11 @@ class Pairing:
             endpoint.role = role_of(endpoint.labels, pool.role_labels)
         # whether some READY endpoint serves prefill alone, kept current on every pool change: a pool
         # without roles pays one attribute read per request
-        self.active = disaggregated(pool.ready())
+        self.active = _active(pool.ready())
         pool.on_change(self._changed)
 
     def _changed(self) -> None:
-        self.active = disaggregated(self._pool.ready())
+        self.active = _active(self._pool.ready())
 
     def revision(self, endpoint: Endpoint) -> str | None:
         labels = endpoint.labels
@@ -70,8 +70,8 @@ class Pairing:
     def destinations(self, record: RequestRecord, candidates: list[Endpoint]) -> list[Endpoint]:
         """The candidates that may be the destination (all of them in a pool without roles)."""
         ready = self._pool.ready()
-        if not disaggregated(ready):
-            return candidates
+        if not disaggregated(ready):  # only an endpoint whose role label names no role to leave out
+            return [e for e in candidates if e.role is not None]
         allowed, paired = destinations(ready, self.revision)
         record.unpaired = not paired
         keep = {e.address for e in allowed}
@@ -163,3 +163,9 @@ class Pairing:
             record.pull.release(end)
             if self.peering is not None and record.prefill_on:
                 self.peering.pulling(record, record.prefill_on, held=False)
+
+
+def _active(ready: Sequence[Endpoint]) -> bool:
+    """Whether the request path asks the pairing at all: a pool with a prefill-only endpoint, or with
+    one whose role label names no role (it takes no work)."""
+    return any(e.role is Role.PREFILL or e.role is None for e in ready)

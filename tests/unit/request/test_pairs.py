@@ -367,3 +367,13 @@ def test_another_picker_counts_a_hand_off_on_its_prefill_replica_until_the_pull(
     a.peering.sync([record])
     deliver(a, b)  # type: ignore[arg-type]
     assert prefill.peer_in_flight == 0
+
+
+def test_in_a_pool_without_prefill_replicas_an_invalid_role_still_takes_no_work() -> None:
+    clock = Clock()
+    pool = pool_of({D1: labels(None), D2: labels("decoder")}, clock)
+    path = path_of(pool, clock)
+    for i in range(6):
+        record, routed = send(path, str(i) + LONG)
+        assert routed.destinations == (D1,) and prefiller(routed) is None
+        path.finish(record, EndReason.COMPLETED)
