@@ -895,6 +895,15 @@ class ProxyConfig(_Group):
         3, ge=1, le=9, description="upstream attempts before the first byte, along the picker's ordered list"
     )
     max_connections: int = Field(1024, ge=1, description="pooled keep-alive connections to model servers")
+    pd_steps: Literal["proxy", "sidecar"] = Field(
+        "proxy",
+        description="a prefill / decode pair: the proxy sends the prefill step, then the decode with its "
+        "kv_transfer_params (proxy), or names the prefill replica in x-prefiller-host-port to the decode "
+        "replica, whose llm-d routing sidecar does both (sidecar)",
+    )
+    pd_prefill_timeout_s: float = Field(
+        120.0, gt=0, description="longest prefill step (proxy pd_steps); then the decode computes the prompt"
+    )
 
 
 def steps_of(text: str | list[int] | tuple[int, ...]) -> tuple[int, ...]:

@@ -312,6 +312,18 @@ class _TenantsCollector(Collector):
     def __init__(self, tenants: Tenants) -> None:
         self._tenants = tenants
 
+    def rows(self) -> dict[str, list[float]]:
+        """By label: requests, tokens, held back, over budget, queued, in flight."""
+        rows: dict[str, list[float]] = {}
+        named = set(self._tenants.rules.weights) | set(self._tenants.rules.budgets)
+        ranked = sorted(self._tenants.all(), key=lambda t: -t.tokens)
+        for rank, t in enumerate(ranked):
+            label = t.name if t.name in named or rank < _TENANT_LABELS else OTHER
+            row = rows.setdefault(label, [0.0] * 6)
+            for i, value in enumerate((t.requests, t.tokens, t.held, t.over_budget, t.queued, t.in_flight)):
+                row[i] += value
+        return rows
+
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         requests = CounterMetricFamily(
             "picker_tenant_requests", "Requests admitted per tenant (fairness id)", labels=["tenant"]
@@ -334,15 +346,7 @@ class _TenantsCollector(Collector):
         in_flight = GaugeMetricFamily(
             "picker_tenant_in_flight", "Requests in flight per tenant", labels=["tenant"]
         )
-        rows: dict[str, list[float]] = {}
-        named = set(self._tenants.rules.weights) | set(self._tenants.rules.budgets)
-        ranked = sorted(self._tenants.all(), key=lambda t: -t.tokens)
-        for rank, t in enumerate(ranked):
-            label = t.name if t.name in named or rank < _TENANT_LABELS else OTHER
-            row = rows.setdefault(label, [0.0] * 6)
-            for i, value in enumerate((t.requests, t.tokens, t.held, t.over_budget, t.queued, t.in_flight)):
-                row[i] += value
-        for label, (n, tok, h, over, q, f) in rows.items():
+        for label, (n, tok, h, over, q, f) in self.rows().items():
             requests.add_metric([label], n)
             tokens.add_metric([label, "dispatched"], tok)
             held.add_metric([label], h)
@@ -742,6 +746,16 @@ class Metrics:
             "recomputes the prompt)",
             registry=r,
         )
+        # picker proxy's own prefill / decode steps (picker/proxy/pd_steps.py)
+        self._pd_recomputes = Counter(
+            "picker_pd_recomputes",
+            "Paired requests whose decode replica computed the prompt itself (sent again without "
+            "kv_transfer_params, before any byte reached the client), by why: prefill-unreachable, "
+            "prefill-status (not 2xx), prefill-timeout, prefill-bad-params (an answer without usable "
+            "kv_transfer_params), pull-failed (the decode failed before its first token)",
+            ["why"],
+            registry=r,
+        )
         self._latency_waits = Counter(
             "picker_latency_waits",
             "Requests held in the picker for a busy replica predicted to serve them sooner than any "
@@ -966,8 +980,11 @@ class Metrics:
         self.registry.register(_DataPlanesCollector(planes))
 
     def register_tenants(self, tenants: Tenants) -> None:
-        """Fair share on: the tenants' books, read at scrape time (bounded labels)."""
-        self.registry.register(_TenantsCollector(tenants))
+        """Fair share on: the tenants' books, read at scrape time (bounded labels); the reference's
+        queue size by fairness_id from the same rows."""
+        collector = _TenantsCollector(tenants)
+        self.registry.register(collector)
+        self._reference_views.queued_by_tenant = lambda: {k: row[4] for k, row in collector.rows().items()}
 
     def count_end(
         self, reason: EndReason, endpoint: str | None = None, model: str = "", tokens: int = 0
@@ -1035,6 +1052,9 @@ class Metrics:
 
     def count_pd_pull_abandoned(self) -> None:
         self._pd_pulls_abandoned.inc()
+
+    def count_pd_recompute(self, why: str) -> None:
+        self._pd_recomputes.labels(why).inc()
 
     def count_placement(self, how: str, cached: float) -> None:
         """A cache-aware pick: how it was chosen, and the share of the prompt it was known to hold."""

@@ -62,6 +62,8 @@ class ProxyApp:
             resume=ResumeMode(config.streams.resume),
             resume_max=config.streams.resume_max,
             resume_max_tokens=config.streams.resume_max_tokens,
+            pd_steps=config.proxy.pd_steps,
+            pd_prefill_timeout_s=config.proxy.pd_prefill_timeout_s,
         )
         self.path.on_stall = self.frontend.stalled  # a stalled resumable stream continues elsewhere
         self.ready = False

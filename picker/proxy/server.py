@@ -19,6 +19,7 @@ from picker.pool import Pool
 from picker.proxy import translate
 from picker.proxy.downstream import Downstream, Http1Downstream
 from picker.proxy.exchange import Exchange, UpstreamCut
+from picker.proxy.pd_steps import PdSteps
 from picker.proxy.resuming import prepared, read_ask, relay_resumable
 from picker.proxy.upstream import UPSTREAM_READ_ERRORS, Opened, Upstream, UpstreamUnavailable
 from picker.request.hints import HintRules, read_hints
@@ -50,6 +51,8 @@ class ProxyFrontend:
         resume: ResumeMode = ResumeMode.OFF,
         resume_max: int = 2,
         resume_max_tokens: int = 0,
+        pd_steps: str = "proxy",
+        pd_prefill_timeout_s: float = 120.0,
     ) -> None:
         self.path = path
         self._hint_rules = HintRules(max_hint_bytes, test_hooks, session_header, slo_headers)
@@ -59,6 +62,8 @@ class ProxyFrontend:
         self._max_body_bytes = max_body_bytes
         self._max_model_bytes = max_model_bytes
         self._resume, self._resume_max, self._resume_max_tokens = resume, resume_max, resume_max_tokens
+        # a pair's steps: sent here (proxy), or left to the decode replica's sidecar, told by header
+        self._pd = PdSteps(upstream, path, pd_prefill_timeout_s) if pd_steps == "proxy" else None
         self._exchanges: set[Exchange] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -169,12 +174,23 @@ class ProxyFrontend:
     async def _relay(self, down: Downstream, exchange: Exchange) -> None:
         record = exchange.routed.record
         path = self.path
-        outgoing = translate.upstream_headers(down.header_items(), record.request_id, exchange.routed.headers)
+        routing = exchange.routed.headers
+        if record.prefill_on is not None:  # a continuation (resume) never names the prefill replica
+            routing = tuple(h for h in routing if h[0] != headers.PREFILLER)
+        outgoing = translate.upstream_headers(down.header_items(), record.request_id, routing)
         exchange.outgoing = outgoing
+        sent = outgoing
+        if record.prefill_on is not None and self._pd is None:  # the decode replica's sidecar does the steps
+            sent = [*outgoing, (headers.PREFILLER, record.prefill_on)]
         try:
-            opened = await self._upstream.open(
-                exchange.routed.destinations, down.method, down.target, outgoing, exchange.body
-            )
+            opened = None
+            if record.prefill_on is not None and self._pd is not None:
+                destination = exchange.routed.destinations[0]
+                opened = await self._pd.open(record, destination, down.target, outgoing, exchange.body)
+            if opened is None:
+                opened = await self._upstream.open(
+                    exchange.routed.destinations, down.method, down.target, sent, exchange.body
+                )
         except UpstreamUnavailable as exc:
             log.warning("no upstream took request_id=%s: %s", record.request_id, exc)
             path.upstream_retried(record, exc.attempts - 1)

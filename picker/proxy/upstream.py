@@ -12,6 +12,7 @@ concurrent streams; aiohttp's pool hands a connection over in O(1).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -146,6 +147,40 @@ class Upstream:
             opened.head, opened.complete = await _read_capped(response)
             raise _TryNext(f"{destination}: refused with {response.status}", opened)
         return opened
+
+    async def call(
+        self,
+        destination: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        limit: int,
+        timeout_s: float,
+    ) -> tuple[int, bytes | None]:
+        """One POST to `destination` and its whole answer (None: longer than `limit` bytes), within
+        `timeout_s`; never retried. Raises UpstreamUnavailable (unreachable, reset) or TimeoutError.
+        A caller cancelled meanwhile closes the connection, so the engine aborts the request."""
+        async with asyncio.timeout(timeout_s):
+            try:
+                response = await self._client().request(
+                    "POST", f"http://{destination}{target}", headers=headers, data=body, allow_redirects=False
+                )
+            except _BEFORE_HEADERS as exc:
+                if isinstance(exc, TimeoutError):
+                    raise
+                raise UpstreamUnavailable(1, f"{destination}: {type(exc).__name__}") from exc
+            try:
+                out = bytearray()
+                while chunk := await response.content.readany():
+                    out += chunk
+                    if len(out) > limit:
+                        return response.status, None
+                response.release()  # read to its end: the connection goes back to the pool
+                return response.status, bytes(out)
+            except aiohttp.ClientError as exc:
+                raise UpstreamUnavailable(1, f"{destination}: {type(exc).__name__}") from exc
+            finally:
+                response.close()  # a no-op once released; else the connection closes (vLLM aborts)
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -25,7 +25,7 @@ from picker.flow.tenants import Tenants
 from picker.observability.metrics import Metrics
 from picker.observability.tracing import Tracing
 from picker.peers.books import Peering
-from picker.pool import Endpoint, EndpointState, Pool
+from picker.pool import DrainEnd, Endpoint, EndpointState, Pool
 from picker.pool.sessions import Sessions
 from picker.request.inference import InferenceRequest
 from picker.request.objectives import Objectives
@@ -551,6 +551,19 @@ class RequestPath(ResponseSide):
 
         ratio = self.placement.tokens.value  # the engines' tokens per index token
         self.pairing.pair(record, destination, uncached, ratio, now, policy, self._rng, suspects, group)
+
+    def recomputed(self, record: RequestRecord, why: str | None, end: DrainEnd) -> None:
+        """A frontend that runs a pair's steps itself (picker proxy) gave its hand-off up before any
+        byte reached the client: the destination computes the prompt. The prefill replica's lease
+        ends with `end` (its books too); counted by `why` (None: not counted)."""
+        pull = record.pull
+        if pull is not None and pull.held:
+            pull.release(end)
+            books = self.pairing.peering
+            if books is not None and record.prefill_on:
+                books.pulling(record, record.prefill_on, held=False)
+        if why is not None:
+            self._metrics.count_pd_recompute(why)
 
     def sweep_pulls(self, timeout_s: float) -> int:
         """`drain.kv_pull_timeout_s`: abandon hand-offs a draining prefill replica still holds."""
