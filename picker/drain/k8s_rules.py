@@ -18,6 +18,7 @@ from picker.drain.workloads import (
     selector_matches,
     workloads,
 )
+from picker.pool.roles import LLM_D_ROLE, Role
 
 SHUTDOWN_TIMEOUT = ("--shutdown-timeout", "--shutdown_timeout")
 # "inference-extension": the name the reference charts probe (for liveness too: flagged below).
@@ -200,6 +201,10 @@ def check_model_servers(inputs: Inputs, report: Report, budget: Budget) -> list[
             shutdown_s = _shutdown_timeout(container, report, budget)
             hook = prestop_of(container)
             _check_prestop(container, hook, report)
+            settings = hook.wait_settings
+            prefill = workload.pod_labels.get(LLM_D_ROLE) == Role.PREFILL.value
+            if prefill and settings is not None and not settings.pulls_url:
+                report.add("PRESTOP-005", doc, hook.path, "a prefill replica's drain-wait has no --pulls-url")
             _check_probes(container, report, budget)
             budgets.append(EngineBudget(workload, hook.seconds, shutdown_s))
             if hook.seconds is None:

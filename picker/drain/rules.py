@@ -100,6 +100,14 @@ _CATALOGUE = (
         "drain-wait then sees no engine: it sleeps the propagation allowance blind and stops early.",
     ),
     Rule(
+        "PRESTOP-005",
+        W,
+        "a prefill replica's drain-wait does not wait for its KV to be pulled",
+        "A prefill-only replica (llm-d.ai/role: prefill) looks idle to its engine while decode replicas "
+        "still have its KV to pull; without --pulls-url, drain-wait lets the engine stop and each of "
+        "those decodes fails (vLLM's kv_load_failure_policy: fail).",
+    ),
+    Rule(
         "PICKER-001",
         W,
         "a single picker replica",

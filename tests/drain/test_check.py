@@ -172,6 +172,10 @@ def _peers_without_credential(m: Manifests) -> None:
     m.picker["env"] = [e for e in m.picker["env"] if e["name"] != "PICKER_PEERS__SECRET"]
 
 
+def _prefill_without_pulls_url(m: Manifests) -> None:
+    m.model_server["spec"]["template"]["metadata"]["labels"]["llm-d.ai/role"] = "prefill"
+
+
 def _admin_without_token(m: Manifests) -> None:
     m.picker["env"] = [e for e in m.picker["env"] if e["name"] != "PICKER_ADMIN__TOKEN"]
 
@@ -206,6 +210,7 @@ VARIANTS: list[tuple[str, str, Mutation]] = [
      lambda m: m.set_prestop_arg("--propagation-allowance", "90")),
     ("PRESTOP-004", "metrics on another port",
      lambda m: m.set_prestop_arg("--metrics-url", "http://127.0.0.1:8080/metrics")),
+    ("PRESTOP-005", "a prefill replica without --pulls-url", _prefill_without_pulls_url),
     ("ADMIN-001", "admin port without a token", _admin_without_token),
     ("ADMIN-002", "metrics auth without the review grants",
      lambda m: m.picker["args"].append("--metrics-endpoint-auth=true")),
