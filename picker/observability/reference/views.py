@@ -109,6 +109,8 @@ class ReferenceViews(Collector):
         self.pool: Pool | None = None
         self.flow: FlowFigures | None = None
         self.running: Callable[[], Iterable[str]] | None = None
+        # tenants.fair_share on: requests queued by tenant label (picker_tenant_queued's rows)
+        self.queued_by_tenant: Callable[[], dict[str, float]] | None = None
         # the pick's thresholds (load.*), set by the request path; None or scraping off: no saturation
         self.policy: LoadPolicy | None = None
         self.clock: Callable[[], float] = time.monotonic
@@ -196,14 +198,26 @@ class ReferenceViews(Collector):
             saturation.add_sample(saturation.name, dict(pool), value)
         yield saturation
         flow_labels = {"fairness_id": "", "priority": "", **pool, "model_name": "", "target_model_name": ""}
-        for name, doc, value in (
-            ("queue_size", "Requests waiting in the admission queue", lambda f: f.queued),
-            ("queue_bytes", "Request bytes waiting in the admission queue", lambda f: f.queued_bytes),
-        ):
-            family = Metric(f"inference_extension_flow_control_{name}", doc, "gauge")
-            if self.flow is not None:
-                family.add_sample(family.name, flow_labels, float(value(self.flow)))
-            yield family
+        size = Metric(
+            "inference_extension_flow_control_queue_size",
+            "Requests waiting in the admission queue (by fairness_id with tenants.fair_share on; blank: "
+            "requests without one)",
+            "gauge",
+        )
+        queued_bytes = Metric(
+            "inference_extension_flow_control_queue_bytes",
+            "Request bytes waiting in the admission queue",
+            "gauge",
+        )
+        if self.flow is not None:
+            queued = float(self.flow.queued)
+            tenants = self.queued_by_tenant() if self.queued_by_tenant is not None else {}
+            for tenant, count in tenants.items():
+                size.add_sample(size.name, {**flow_labels, "fairness_id": tenant}, count)
+            size.add_sample(size.name, flow_labels, max(0.0, queued - sum(tenants.values())))
+            queued_bytes.add_sample(queued_bytes.name, flow_labels, float(self.flow.queued_bytes))
+        yield size
+        yield queued_bytes
 
         def queue_labels(labels: dict[str, str]) -> dict[str, str]:
             outcome = QUEUE_OUTCOMES.get(labels.get("outcome", ""), "RejectedOther")

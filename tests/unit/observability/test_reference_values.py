@@ -263,3 +263,30 @@ def test_the_recorded_facts_read_as_prometheus_clients_own_histograms_would() ->
         for suffix in ("_sum", "_count"):
             labels = (("model_name", "m"), ("target_model_name", "m"))
             assert after[(key + suffix, labels)] == ours[(key + suffix, labels)]
+
+
+class _Queue:
+    queued = 5
+    queued_bytes = 5000
+
+
+def test_queue_size_by_fairness_id_with_fair_share_on_sums_to_the_pickers_own() -> None:
+    """tenants.fair_share on: the reference's queue size is split by tenant from the tenants' rows
+    (picker_tenant_queued's labels), the requests without a tenant under a blank fairness_id."""
+    from picker.flow.tenants import FairShare, Tenants
+
+    tenants = Tenants(FairShare(weights={"gold": 2.0}), lambda: None)
+    for name, queued in (("gold", 2), ("bronze", 1), ("idle", 0)):
+        tenants.arrived(name)
+        tenants.queued(name, queued)
+    metrics = Metrics(CollectorRegistry(), pool=POOL)
+    metrics.register_flow(_Queue())
+    metrics.register_tenants(tenants)
+    flow = {"priority": "", "inference_pool": POOL, "model_name": "", "target_model_name": ""}
+    size = "inference_extension_flow_control_queue_size"
+    by_tenant = {t: value(metrics, size, fairness_id=t, **flow) for t in ("gold", "bronze", "idle", "")}
+    assert by_tenant == {"gold": 2, "bronze": 1, "idle": 0, "": 2}
+    assert total(metrics, size) == value(metrics, "picker_flow_queue_size", pool=POOL) == 5
+    for tenant in ("gold", "bronze"):
+        assert by_tenant[tenant] == value(metrics, "picker_tenant_queued", tenant=tenant)
+    assert value(metrics, "inference_extension_flow_control_queue_bytes", fairness_id="", **flow) == 5000
