@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,9 @@ _SEQ = itertools.count()
 LONG = "Summarise the report below in three paragraphs, citing each table. " * 40  # ~700 tokens
 
 
-def pd_proxy(workdir: Path, *config: tuple[str, Any], prefill_at: str | None = None) -> ProxyStack:
+def pd_proxy(
+    workdir: Path, *config: tuple[str, Any], prefill_at: str | None = None, roles: tuple[str, ...] = ROLES
+) -> ProxyStack:
     """One prefill and one decode replica, each its own process, behind `picker proxy` reading an
     endpoints file that names their roles (`prefill_at`: another prefill replica listed instead of
     the simulator's). No scrapes: a stopped replica stays in the pool."""
@@ -39,15 +42,15 @@ def pd_proxy(workdir: Path, *config: tuple[str, Any], prefill_at: str | None = N
         picker[group] = values
     (workdir / "picker.yaml").write_text(json.dumps(picker))
     options = StackOptions(
-        replicas=len(ROLES),
+        replicas=len(roles),
         sim_args=("--ttft-ms", "20", "--itl-ms", "10", "--kv-transfer-ms", "5"),
         picker_args=("--config", str(workdir / "picker.yaml"), "--no-scrape"),
         static_endpoints=False,
-        replica_args=(("--role", "prefill"), ("--role", "decode")),
+        replica_args=tuple(("--role", role) for role in roles),
     )
     stack = ProxyStack(workdir, options)
-    listed = [prefill_at or stack.replicas[0], stack.replicas[1]]
-    entries = [{"address": a, "role": r} for a, r in zip(listed, ROLES, strict=True)]
+    listed = [prefill_at or stack.replicas[0], *stack.replicas[1:]]
+    entries = [{"address": a, "role": r} for a, r in zip(listed, roles, strict=True)]
     endpoints.write_text(json.dumps(entries))
     return stack.start()
 
@@ -236,3 +239,32 @@ async def test_a_prefill_answer_without_usable_params_is_a_failed_step(tmp_path:
             stack.stop()
     finally:
         await runner.cleanup()
+
+
+async def test_a_resumed_decode_stream_continues_without_a_prefill_step_or_params(tmp_path: Path) -> None:
+    """The decode replica streaming a paired request is killed mid-stream: the stream continues on the
+    other decode replica from the text already sent, with no second prefill step and no params (a
+    continuation carrying the first decode's params would try a pull of KV already pulled, and fail)."""
+    stack = pd_proxy(tmp_path, ("streams", {"resume": "greedy"}), roles=("prefill", "decode", "decode"))
+    try:
+        prefill, decodes = stack.replicas[0], stack.replicas[1:]
+        async with http_client.AsyncClient(timeout=30) as client:
+            flowing = asyncio.Event()
+            task = asyncio.create_task(
+                stream_one(client, stack.url, {**long_body(True, 200), "temperature": 0}, first_event=flowing)
+            )
+            await asyncio.wait_for(flowing.wait(), 10)
+            serving = next(d for d in decodes if stack.sim_requests(d))
+            # by its PID, mid-stream: the stream breaks off, as a crashed engine's would
+            stack.more_sims[stack.replicas.index(serving) - 1].signal(signal.SIGKILL)
+            result = await asyncio.wait_for(task, 30)
+        assert result.status == 200 and result.done and result.finish_reason == "length", result
+        (other,) = [d for d in decodes if d != serving]
+        assert [r["outcome"] for r in stack.sim_requests(other)] == ["completed"]
+        assert kv_state(other)["pulls_failed"] == 0
+        assert len(stack.sim_requests(prefill)) == 1 and kv_state(prefill)["pulled"] == 1
+        assert stack.picker_value("picker_pd_recomputes_total", why="pull-failed") == 0
+        wait_until(lambda: pulls_pending(stack) == [0, 0, 0], 5, what="the prefill lease to end")
+        stack.wait_no_leaks()
+    finally:
+        stack.stop()
