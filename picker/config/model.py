@@ -54,7 +54,7 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-@functools.lru_cache(maxsize=4096)  # asked of every access-log entry: a parse 2.7 us, a lookup 0.05
+@functools.lru_cache(maxsize=4096)  # asked of every access-log entry: a lookup costs a fraction of a parse
 def canonical_address(value: str) -> str:
     """One spelling per endpoint, whichever source names it (IP addresses in their compressed form)."""
     host, port = parse_address(value)

@@ -3,9 +3,9 @@ reasons it gives, the events it records. Operators and controllers read these st
 part of the contract and live here, once.
 
 The condition type is `Ready`, the name proposed for an InferencePool's runtime health in the
-Gateway API Inference Extension (issue #2925: `Ready=True` when the pool can serve, `Ready=False`
-with a reason that tells a configuration failure from a runtime one). Reasons are CamelCase, as
-`metav1.Condition.reason` requires.
+Gateway API Inference Extension (gateway-api-inference-extension#2925: `Ready=True` when the pool
+can serve, `Ready=False` with a reason that tells a configuration failure from a runtime one).
+Reasons are CamelCase, as `metav1.Condition.reason` requires.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every ext_proc filter holds one gRPC stream on its cluster per request: the observer's for the whole
 response, the routing filter's until the response headers (a queued request's for its whole wait).
 Envoy's DEFAULT-priority max_requests (1024 unless set) caps them: past it a fail-closed routing
-filter answers 503 picker-unavailable and an observer lets its stream pass untracked (issue 15). The
+filter answers 503 picker-unavailable and an observer lets its stream pass untracked. The
 rule asks for room for every filter's stream of every expected stream at once (a burst of queued
 requests holds both), the bound the shipped config meets.
 """

@@ -117,7 +117,7 @@ def _check_retries(doc: Document, path: FieldPath, policy: Any, report: Report) 
 
 def _bounded(policy: dict[str, Any]) -> bool:
     """A 500 retry each replica sees at most once, on at most 3 replicas: a query of death that
-    crashes engines cannot walk a whole pool (issue 13: the drain 500 comes before any token)."""
+    crashes engines cannot walk a whole pool (the drain 500 comes before any token)."""
     predicates = {
         str(p.get("name", "")) for p in policy.get("retry_host_predicate") or [] if isinstance(p, dict)
     }

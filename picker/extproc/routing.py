@@ -300,8 +300,8 @@ class RoutingSession:
             self.finished = True  # it reads nothing after this and will report no response
         elif self._ends_at_decision and not self.modes.sees_response_bodies and self._request_answered():
             # Envoy goes on without this stream once the picker ends it: the response headers then
-            # pass without a round trip to the picker (measured: 0.5 ms less from the replica's
-            # headers to the client's), the observer reports who served, and a picker that stops
+            # pass without a round trip to the picker (a hop less from the replica's headers to
+            # the client's), the observer reports who served, and a picker that stops
             # answering cannot hold a response (tests/envoy/test_routing.py).
             self.finished = True
         return out

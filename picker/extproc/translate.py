@@ -102,7 +102,7 @@ def modes(request: ep.ProcessingRequest) -> Modes:
     )
 
 
-@functools.lru_cache(maxsize=64)  # a filter's modes are its config's: one Modes each (0.97 -> 0.40 us)
+@functools.lru_cache(maxsize=64)  # a filter's modes are its config's: one Modes each, built once
 def _known_modes(request_body: int, response_body: int, body_without_waiting: bool) -> Modes:
     return Modes(request_body, response_body, body_without_waiting, known=True)
 
@@ -159,7 +159,7 @@ def route_response(
 
     `remove` names the client's scheduling hints: they are the picker's, not the model server's.
     `extra`: headers the routed request carries (the trace context naming the picker's span).
-    Built in place, field by field: nested constructors copy each level again (3.4 us against 8.2).
+    Built in place, field by field: nested constructors copy each level again.
     """
     value = ",".join(destinations)
     response = ep.ProcessingResponse()

@@ -184,7 +184,7 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.
 
 class _Histogram(Histogram):
     """prometheus_client's Histogram, observed by bisection: its own `observe` walks the buckets one
-    by one (1.27 against 0.70 us a value; the request path observes about 11 a request)."""
+    by one, and the request path observes several a request."""
 
     def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
         self._sum.inc(amount)
@@ -194,7 +194,8 @@ class _Histogram(Histogram):
 
 class _Children:
     """A labelled metric's children, each looked up once (prometheus_client builds a tuple and takes a
-    lock per `labels()`: 0.87 us, 0.04 from a dict). Bounded: label values may come from requests."""
+    lock per `labels()`; a dict lookup costs a fraction of that). Bounded: label values may come from
+    requests."""
 
     __slots__ = ("_cache", "_metric")
 

@@ -11,9 +11,8 @@ frame (picker/peers/session.py: a MAC under the session's key and its sequence n
 reopened with backoff; on each (re)connect the picker first sends a `pick` for each request it has in
 flight, so a peer that restarted, or orphaned this picker's books when the connection broke, counts
 them again. What the peer sends is read as it comes, however the reads split it.
-Why not gRPC, as everything else here: measured (loadtest/bench_peers.py), a small message costs
-36 us of CPU to send and 45 to receive over a grpc.aio stream, 7 and 6 this way, and a request
-makes several (the frames' MACs add about 1 us each side: the same benchmark).
+Why not gRPC, as everything else here: a small message costs several times the CPU to send and to
+receive over a grpc.aio stream than this way, and a request makes several (loadtest/bench_peers.py).
 """
 
 from __future__ import annotations

@@ -18,10 +18,9 @@ settle, a link that broke is noticed). While requests wait in the flow-control q
 are watched again, so an end that frees a slot dispatches at once (a peer's `end` or `move` pumps
 the queue as an own request's end does).
 Why: a message to a process waiting on its socket costs a wake-up on both sides (the sender's
-write wakes the receiver; the receiver runs its loop for one message). Measured with two pickers at
-20 concurrent short requests (docs, "Two pickers"): the books' CPU per request (two pickers with
-one set of books less two with separate books) went from 211 to 141-163 us, and a pick reads its
-peers' latest picks and ends, which a message ready in the same loop turn as the request was not.
+write wakes the receiver; the receiver runs its loop for one message). Reading what is ready as a
+batch costs the books less CPU per request (loadtest/bench_peers.py), and a pick reads
+its peers' latest picks and ends, which a message ready in the same loop turn as the request was not.
 """
 
 from __future__ import annotations

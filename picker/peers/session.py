@@ -9,8 +9,9 @@ sender (the other direction has another key), nor carried over to another connec
 A frame that fails closes the session, and is counted by reason: `bad-mac`, `not-a-frame` (anything
 but a `bin` of at least a tag), `unreadable` (a proven frame that is not msgpack).
 
-Why BLAKE2b and not HMAC-SHA256 per frame: measured here, 0.4 us a small message against 2.4 (one
-of each per message on each side); the handshake, once per connection, uses HMAC-SHA256.
+Why BLAKE2b and not HMAC-SHA256 per frame: a keyed BLAKE2b costs a fraction of an HMAC on a small
+message, and each message takes one on each side; the handshake, once per connection, uses
+HMAC-SHA256.
 
 Pure: no I/O. The limits here bound what a connection may make this picker hold.
 """

@@ -4,9 +4,9 @@
   pick, as the reference picker does), bounded like the engine's cache. Recency in two generations:
   blocks routed since the last rotation, and those of the generation before; when the newer one
   reaches the capacity, the older one goes in one step. The `capacity` most recently routed blocks
-  always stay (up to twice as many may). Exact LRU per block (an ordered map) costs ~140 bytes a
-  block and a sweep-by-age index 60-90 us per prompt; this costs ~70 bytes a block held and about
-  20 us per 125-block prompt. The engine's own word corrects it (`observed`): many prompts reported
+  always stay (up to twice as many may). Exact LRU per block (an ordered map, or an index swept by
+  age) costs about twice the memory a block and several times the time a prompt
+  (loadtest/bench_prefix.py). The engine's own word corrects it (`observed`): many prompts reported
   with fewer cached tokens than the index predicted mean the engine evicts sooner than the index
   assumed, so the capacity shrinks; none lets it grow back up to its bound.
 - `KvBlocks` (precise): the blocks the engine reports it holds through its KV events

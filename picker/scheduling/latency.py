@@ -190,7 +190,7 @@ def _dot(params: Sequence[float], x: Sequence[float]) -> float:
     return total if total > _FLOOR_S else _FLOOR_S
 
 
-# A pool nobody has measured yet: 50 ms to a first token, 0.1 s per 1,000 prefill tokens ahead,
+# A pool with no observation yet: 50 ms to a first token, 0.1 s per 1,000 prefill tokens ahead,
 # the slot wait as estimated, 20 ms per token. Replaced by the pool's own figures at once.
 STARTING_TTFT = (0.05, 0.1, 1.0)
 STARTING_TPOT = (0.02, 0.0)
@@ -208,7 +208,7 @@ class LatencyModel:
         # fit at every observation (the pick routes by the predictions); False (auto, not engaged):
         # observations only add up, unclipped (the fit they would be clipped by may be a second
         # old), and `refresh` (at most once a second) fits them: two Gaussian eliminations a request
-        # are most of a learning's 38 us
+        # would be most of a learning's cost
         self.eager = True
 
     def predict(

@@ -79,9 +79,9 @@ class LoadPolicy:
     def engaged(self) -> LoadPolicy:
         """The policy while `auto`'s predictions are engaged: `on`'s engine queue bound, so that a
         request waits in the picker and goes to the first slot that frees anywhere (one queue for the
-        pool), not to one engine's queue. Measured on bench_shapes' mixed pool at 55 req/s (8 ms a
-        token): TTFT p90 x0.63-0.66 of Envoy least request's with it, x0.87-0.97 queued on the
-        engines."""
+        pool), not to one engine's queue: on a mixed pool a request queued on a slow engine waits
+        for it, where one held in the picker takes the first slot that frees anywhere
+        (loadtest/bench_shapes.py)."""
         if self.engaged_queue is None:
             return self
         return replace(self, engine_queue=self.engaged_queue, engaged_queue=None)

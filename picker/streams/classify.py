@@ -20,7 +20,7 @@ UPSTREAM_FLAGS = frozenset(
     }
 )
 IDLE_FLAGS = frozenset({"stream_idle_timeout"})
-# vLLM's answer to new work once SIGTERM has started its drain (HTTP 500, measured on 0.32; see
+# vLLM's answer to new work once SIGTERM has started its drain (HTTP 500, measured on vLLM 0.32; see
 # /work/shared/reference/vllm.md): the engine takes no new request, whatever the picker was told.
 _SHUTDOWN_REFUSAL = b"cannot schedule new futures after shutdown"
 

@@ -5,11 +5,11 @@ The first token is the commit point: nothing retries after it. With resume on, a
 vLLM (>= 0.10.2) returns the prompt's token ids and each chunk's generated ids under
 `return_token_ids`, and a completions request takes token ids as its prompt. So the rest is asked as
 prompt = the prompt's ids + the ids already sent, `max_tokens` less what was sent, the same sampling
-parameters. Under greedy decoding that is exactly what the first replica would have produced
-(measured on vLLM 0.32: 4 of 4 cut points); under sampling, a coherent continuation. A chat request
-is continued from its chat template's ids through the completions endpoint and re-emitted as chat
-chunks. The client sees one stream: the first part's `id`, `created` and `model`, no token twice,
-the final usage counting the original prompt and both parts' tokens.
+parameters. Under greedy decoding that is exactly what the first replica would have produced (the
+real-vLLM tier checks it: tests/realvllm/test_resume.py); under sampling, a coherent continuation.
+A chat request is continued from its chat template's ids through the completions endpoint and
+re-emitted as chat chunks. The client sees one stream: the first part's `id`, `created` and
+`model`, no token twice, the final usage counting the original prompt and both parts' tokens.
 
 What cannot be continued exactly is never resumed, and `refusal()` says why; every request field's
 rule is in picker/streams/resume_fields.py (the resume guide's table). What only the stream shows
