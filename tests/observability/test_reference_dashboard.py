@@ -1,8 +1,9 @@
 """The reference picker's Grafana dashboard (fixtures/reference_inference_gateway.json: Gateway API
 Inference Extension, tools/dashboards/inference_gateway.json, Apache-2.0) against a running picker:
-every metric a panel names that belongs to the endpoint picker is on /metrics, with the labels the query
-groups by, and (with promtool) every query evaluated over two scrapes gives samples. The vLLM row (the model servers' own /metrics) and the Body Based Router row (another
-component) are not the picker's to answer."""
+every metric a panel names that belongs to the endpoint picker is on /metrics, with the labels the
+query groups by, and (with promtool) every query evaluated over two scrapes gives samples. The vLLM
+row (the model servers' own /metrics) and the Body Based Router row (another component) are not the
+picker's to answer."""
 
 from __future__ import annotations
 
