@@ -973,6 +973,11 @@ class TenantsConfig(_Group):
     default_max_tokens: int = Field(
         256, ge=1, description="the output tokens reserved for a request that sets no max_tokens"
     )
+    budgets: dict[str, TokenBudgetConfig] = Field(
+        default_factory=dict,
+        description="token budget by tenant id: a request is reserved its prompt and max_tokens at "
+        "admission, settled to the engine's usage at its end; over budget: 429 rejected-over-budget",
+    )
 
     @field_validator("weights")
     @classmethod

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import assert_never
 
 from picker.contract import headers
@@ -33,6 +34,9 @@ class Outcome(enum.Enum):
     # affinity.latency: a sheddable request (priority < 0) whose SLO headers no replica is predicted
     # to meet now; a critical one goes to the best replica instead
     REJECTED_SLO_UNATTAINABLE = "rejected-slo-unattainable"
+    # tenants.budgets: the tenant (fairness id) has spent its token budget for now (every picker
+    # sharing the books counts); Retry-After says when its budget has room again
+    REJECTED_OVER_BUDGET = "rejected-over-budget"
     BAD_REQUEST = "bad-request"
     TOO_LARGE = "too-large"
     INTERNAL_ERROR = "internal-error"
@@ -76,8 +80,16 @@ _RETRY_AFTER_UNAVAILABLE_S = 2
 ENVOY_PICKER_ERROR_STATUS = 506
 
 
-def reply_for(outcome: Outcome, message: str = "") -> Reply:
-    """The one translation from an outcome to its public reply."""
+def reply_for(outcome: Outcome, message: str = "", retry_after_s: float | None = None) -> Reply:
+    """The one translation from an outcome to its public reply. `retry_after_s`: when the refusal
+    knows when room comes back (a tenant's budget), the seconds a client should wait (rounded up)."""
+    reply = _reply(outcome, message)
+    if retry_after_s is not None and reply.retry_after_s is not None:
+        return replace(reply, retry_after_s=max(1, math.ceil(retry_after_s)))
+    return reply
+
+
+def _reply(outcome: Outcome, message: str) -> Reply:
     match outcome:
         case Outcome.REJECTED_SATURATED:
             return Reply(
@@ -97,6 +109,15 @@ def reply_for(outcome: Outcome, message: str = "") -> Reply:
                 "rate_limit_error",
                 message
                 or "no model server is predicted to meet this sheddable request's latency objective now",
+            )
+        case Outcome.REJECTED_OVER_BUDGET:
+            return Reply(
+                outcome,
+                429,
+                True,
+                _RETRY_AFTER_SATURATED_S,
+                "rate_limit_error",
+                message or "this tenant's token budget is spent for now; retry after the time given",
             )
         case Outcome.REJECTED_TTL_EXPIRED:
             return Reply(

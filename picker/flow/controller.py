@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from picker.config.model import FlowConfig, TenantsConfig
 from picker.contract import Outcome
+from picker.flow.budgets import Budgets, TokenBudget, budgets_of
 from picker.flow.queue import AdmissionQueue, QueuedItem
 from picker.flow.tenants import FairShare, Tenants
 
@@ -28,23 +29,29 @@ class FlowLimits:
     max_queued_bytes: int = 256 * 1024 * 1024
     ttl_s: float = 30.0
     fair_share: FairShare | None = None  # between tenants (flow/tenants.py); None: turns by request
+    budgets: Mapping[str, TokenBudget] = field(default_factory=dict)  # by tenant (flow/budgets.py)
+    default_max_tokens: int = 256  # reserved for a request that sets no max_tokens
 
     @classmethod
     def of(cls, flow: FlowConfig, tenants: TenantsConfig) -> FlowLimits:
         share = FairShare.of(tenants) if tenants.fair_share == "on" else None
-        return cls(flow.max_queued, flow.max_queued_bytes, flow.ttl_s, share)
+        budgets = budgets_of(tenants.budgets)
+        limits = (flow.max_queued, flow.max_queued_bytes, flow.ttl_s)
+        return cls(*limits, share, budgets, tenants.default_max_tokens)
 
 
 class Ticket(Generic[T]):
     """One request's place in admission. Done at once when it dispatched or was refused at the door."""
 
-    __slots__ = ("_future", "item", "outcome", "payload", "queued")
+    __slots__ = ("_future", "charged", "item", "outcome", "payload", "queued", "retry_after_s")
 
     def __init__(self, payload: T) -> None:
         self.payload = payload
         self.outcome: Outcome | None = None
         self.queued = False
         self.item: QueuedItem | None = None
+        self.charged: tuple[str, int] | None = None  # (tenant, tokens) its budget was charged
+        self.retry_after_s: float | None = None  # over budget: when the tenant's budget has room
         self._future: asyncio.Future[Outcome] | None = None
 
     @property
@@ -94,6 +101,8 @@ class FlowController(Generic[T]):
         self._aside = 0  # requests the pump passed and holds aside until it ends (queued still)
         self.closed = False
         self.tenants: Tenants | None = None  # fair share between fairness ids (`share_by`)
+        # token budgets by tenant (flow/budgets.py); None: none configured, nothing counted
+        self.budgets: Budgets | None = Budgets(limits.budgets, clock) if limits.budgets else None
 
     def share_by(self, tenants: Tenants) -> None:
         """Fair share on: the queue serves tenants by tokens per weight, with the reserve (tenants.py)."""
@@ -127,13 +136,16 @@ class FlowController(Generic[T]):
         """Dispatch, queue or refuse one request. `objective_s`: its time-to-first-token objective,
         which makes it due that long after now (queued, it goes ahead of its flow's requests due
         later: those without one are due when their time to live ends). `cost`: the tokens its
-        tenant (`flow`, a key of `tenants`) is charged when it dispatches, with fair share on."""
+        tenant (`flow`, a key of `tenants`) is charged when it dispatches, with fair share on, and its
+        budget at once, if it has one (over budget: refused)."""
         ticket: Ticket[T] = Ticket(payload)
         tenants = self.tenants if flow else None
         if tenants is not None:
             tenants.arrived(flow)
         if self.closed:
             self._finish(ticket, Outcome.REJECTED_SHUTTING_DOWN, 0.0)
+        elif self.budgets is not None and flow in self.budgets and self._over_budget(ticket, flow, cost):
+            self._finish(ticket, Outcome.REJECTED_OVER_BUDGET, 0.0)
         elif (
             not len(self._queue)
             and (tenants is None or not tenants.held_back(flow))
@@ -152,9 +164,27 @@ class FlowController(Generic[T]):
     def settle(self, flow: str, reserved: tuple[int, int], prompt: int | None, output: int | None) -> None:
         """A dispatched request of tenant `flow` ended: the (prompt, output) tokens reserved for it
         become what the engine reported (None: it reported no usage, the reservation stands)."""
+        if self.tenants is None and self.budgets is None:
+            return
+        used = (reserved[0] if prompt is None else prompt) + (reserved[1] if output is None else output)
         if self.tenants is not None:
-            used = (reserved[0] if prompt is None else prompt) + (reserved[1] if output is None else output)
             self.tenants.ended(flow, sum(reserved), used)
+        if self.budgets is not None and flow in self.budgets:
+            self.budgets.settle(flow, used - sum(reserved))
+
+    def _over_budget(self, ticket: Ticket[T], flow: str, cost: int) -> bool:
+        """Charge `flow`'s budget `cost` tokens (False; refunded if the request is not dispatched
+        after all), or refuse (True: its bucket is empty)."""
+        assert self.budgets is not None
+        wait = self.budgets.take(flow, cost)
+        if not wait:
+            ticket.charged = (flow, cost)
+            return False
+        ticket.retry_after_s = wait
+        tenant = self.tenants.get(flow) if self.tenants is not None else None
+        if tenant is not None:
+            tenant.over_budget += 1
+        return True
 
     def refuse(self, payload: T, outcome: Outcome) -> Ticket[T]:
         """A ticket refused at the door by the caller's own rule, counted like every other outcome."""
@@ -246,5 +276,7 @@ class FlowController(Generic[T]):
         timer = self._timers.pop(id(ticket), None)
         if timer is not None:
             timer.cancel()
+        if ticket.charged is not None and outcome is not Outcome.DISPATCHED and self.budgets is not None:
+            self.budgets.settle(ticket.charged[0], -ticket.charged[1])  # never dispatched: refunded
         ticket._resolve(outcome)
         self._on_outcome(outcome, waited)

@@ -29,16 +29,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from picker.config.model import TenantsConfig
+from picker.flow.budgets import TokenBudget, budgets_of
 
 OTHER = "other"  # the bucket of every tenant past the cap
-
-
-@dataclass(frozen=True, slots=True)
-class TokenBudget:
-    """A tenant's token budget: refilled at `tokens_per_minute`, holding at most `burst`."""
-
-    tokens_per_minute: float
-    burst: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +55,7 @@ class FairShare:
             max_tracked=config.max_tracked,
             active_s=config.active_s,
             default_max_tokens=config.default_max_tokens,
+            budgets=budgets_of(config.budgets),
         )
 
 
@@ -107,8 +101,8 @@ class Tenants:
     def key(self, flow: str) -> str:
         """The tenant a fairness id counts as: itself while it is tracked or there is room (an idle
         tenant is forgotten to make room), else `OTHER`."""
-        if flow in self._tenants or flow == OTHER:
-            return flow
+        if flow in self._tenants or flow == OTHER or flow in self.rules.budgets:
+            return flow  # a budgeted tenant is its own, whatever the cap: its budget is by name
         if len(self._tenants) < self.rules.max_tracked:
             return flow
         for name, tenant in self._tenants.items():  # least recently seen first

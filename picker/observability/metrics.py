@@ -28,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from picker.contract import Outcome
+from picker.flow.budgets import Budgets
 from picker.flow.tenants import OTHER, Tenants
 from picker.observability.reference import ReferenceSeries, ReferenceViews
 from picker.pool import DrainEnd, DrainExit, DrainRecord, Endpoint, EndpointState, Pool

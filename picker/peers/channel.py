@@ -58,6 +58,9 @@ async def resolve(service: str) -> list[str]:
     return sorted({canonical_address(format_address(str(info[4][0]), port)) for info in infos})
 
 
+_SUPERSEDED = BOOKKEEPING | {budget_share.SPENT}  # what a reopened link's first message restates
+
+
 class PeerLinks:
     """The sending side: one stream to each peer, fed from the outbox, reopened when it breaks.
 
@@ -130,6 +133,9 @@ class PeerLinks:
             await asyncio.sleep(SYNC_EVERY_S)  # the sync period, not a synchronisation
             try:
                 self._peering.sync(self._path.live_records(), to=set(self._open_links))
+                if (budgets := self._path.flow.budgets) is not None:
+                    for peer in self._open_links:
+                        self._peering.outbox.to(peer, budget_share.view(self._peering, budgets))
             except Exception:
                 log.exception("peer books sync failed; the next one runs in %.0f s", SYNC_EVERY_S)
 
@@ -178,8 +184,8 @@ class PeerLinks:
                 _, link = await loop.create_connection(outbound, host, port)
                 await asyncio.wait_for(link.ready, HELLO_TIMEOUT_S)  # both proven, the session open
                 # then this picker's books; what was queued while down stays queued only if it is
-                # a report (the books supersede its picks and ends)
-                queued = [e for e in self._peering.outbox.take(peer) if e[0] not in BOOKKEEPING]
+                # a report (the books supersede its picks and ends, the budgets view its totals)
+                queued = [e for e in self._peering.outbox.take(peer) if e[0] not in _SUPERSEDED]
                 link.send([*self._in_flight(), *queued])
                 self._open_links[peer] = link
                 self.connected.add(peer)
@@ -216,7 +222,12 @@ class PeerLinks:
             self._flush = None
 
     def _in_flight(self) -> list[Event]:
-        return [["pick", r.request_id, r.endpoint] for r in self._path.live_records() if r.endpoint]
+        """What a link opens with: this picker's books, and its view of the tenants' budgets."""
+        books: list[Event] = [
+            ["pick", r.request_id, r.endpoint] for r in self._path.live_records() if r.endpoint
+        ]
+        budgets = self._path.flow.budgets
+        return books if budgets is None else [*books, budget_share.view(self._peering, budgets)]
 
 
 class _Outbound(asyncio.Protocol):

@@ -85,6 +85,26 @@ def _entries(value: Any) -> bool:
     )
 
 
+MAX_BUDGETS = 10_000  # budgeted tenants in one view (picker/peers/budget_share.py)
+MAX_TOKENS = 1e15  # a running total or a bucket's level, either sign
+
+
+def _tokens(value: Any) -> bool:
+    return _time(value) and abs(value) <= MAX_TOKENS
+
+
+def _budget_rows(value: Any) -> bool:
+    """A budgets view: [[tenant, level, running total], ...]."""
+    return (
+        isinstance(value, list)
+        and len(value) <= MAX_BUDGETS
+        and all(
+            isinstance(row, list) and len(row) == 3 and _text(row[0]) and _tokens(row[1]) and _tokens(row[2])
+            for row in value
+        )
+    )
+
+
 def _plain(value: Any) -> bool:
     return (
         value is None
@@ -107,6 +127,8 @@ SHAPES: dict[str, tuple[tuple[Check, ...], tuple[Check, ...]]] = {
     "blind": ((), ()),  # its observer there sees no body: the owner's gauges end it
     "ended": ((_bool,), (_summary, _time)),  # end of stream; summary; when
     "log": ((_count, _flags, _status, _text_or_none), ()),  # attempts, flags, status, upstream
+    "spent": ((_text, _text, _tokens), ()),  # "<sender>~": incarnation, tenant, its running total
+    "budgets": ((_text, _budget_rows), ()),  # "<sender>~": incarnation, its view of every budget
 }
 
 

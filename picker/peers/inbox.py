@@ -44,7 +44,8 @@ from picker.request.pipeline import RequestPath
 
 log = logging.getLogger(__name__)
 
-OWN_ONLY = frozenset({"pick", "move", "sync"})  # events a picker sends only about its own requests
+# events a picker sends only about its own requests (or its own spending)
+OWN_ONLY = frozenset({"pick", "move", "sync", *budget_share.KINDS})
 _SAID = 1024  # (who, cause) pairs logged once each, then forgotten: a flood must not flood the log
 
 
@@ -254,7 +255,9 @@ class PeerInbox:
                 self._reject(sender, reason)
                 continue
             try:
-                if not self._peering.book(sender, event):
+                if event[0] in budget_share.KINDS:
+                    budget_share.apply(self._path.flow.budgets, sender, event)
+                elif not self._peering.book(sender, event):
                     self._path.peer_event(event, sender)
                 freed = freed or event[0] in ("end", "move")
             except Exception:

@@ -23,7 +23,7 @@ SYNC_EVERY_S = 5.0
 # socket before each pick, picker/peers/inbox.py). Other reports wait a few milliseconds to share a
 # write. A `claim` waits for its request's next report (`started`, or `ended`: for a short request
 # all go as one message), at most `claim_within_s`, well inside the owner's observer grace.
-URGENT = BOOKKEEPING | {"ended"}
+URGENT = BOOKKEEPING | {"ended", "spent"}  # spent: a tenant's budget (picker/peers/budget_share.py)
 REPORT_WITHIN_S = 0.005
 CLAIM_WITHIN_S = 0.1
 _MAX_QUEUED = 50_000  # events held for a peer that does not take them; the oldest go beyond

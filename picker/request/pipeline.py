@@ -24,6 +24,7 @@ from picker.flow import FlowController, FlowLimits, Ticket
 from picker.flow.tenants import Tenants
 from picker.observability.metrics import Metrics
 from picker.observability.tracing import Tracing
+from picker.peers import budget_share
 from picker.peers.books import Peering
 from picker.pool import DrainEnd, Endpoint, EndpointState, Pool
 from picker.pool.sessions import Sessions
@@ -163,6 +164,10 @@ class RequestPath(ResponseSide):
             tenants = Tenants(share, lambda: room(self._pool.ready(), self._policy), clock)
             self.flow.share_by(tenants)
             metrics.register_tenants(tenants)
+        if self.flow.budgets is not None:  # token budgets (picker/flow/budgets.py), one across pickers
+            metrics.register_budgets(self.flow.budgets)
+            if peering is not None:
+                budget_share.share(peering, self.flow.budgets)
         metrics.register_flow(self.flow)
         metrics.register_running(lambda: [record.model for record in self._live.values()])
         metrics.register_load_policy(self._policy, clock)
@@ -254,10 +259,10 @@ class RequestPath(ResponseSide):
                 return self.flow.refuse(record, never)
         if not self.flow.closed and (shed := self.placement.shed(record, self._pool, self._policy, now)):
             return self.flow.refuse(record, shed)
-        if flow and self.flow.tenants is not None:  # fair share: the tenant and its reservation
-            flow = record.tenant = self.flow.tenants.key(flow)
+        if flow and (self.flow.tenants is not None or self.flow.budgets is not None):  # its reservation
+            flow = record.tenant = self.flow.tenants.key(flow) if self.flow.tenants is not None else flow
             prompt = len(tokens) if tokens else math.ceil(request.prompt_chars / CHARS_PER_TOKEN)
-            record.reserved = (prompt, request.max_tokens or self.flow.tenants.rules.default_max_tokens)
+            record.reserved = (prompt, request.max_tokens or self.flow.limits.default_max_tokens)
         objective = slo.ttft_s if slo is not None else None
         ticket = self.flow.submit(
             record,
@@ -297,7 +302,7 @@ class RequestPath(ResponseSide):
         self._metrics.count_refusal(record.model, outcome)
         if record.trace is not None:
             record.trace.refused(outcome.value)
-        return reply_for(outcome)
+        return reply_for(outcome, retry_after_s=ticket.retry_after_s)
 
     def cancel(self, ticket: Ticket[RequestRecord]) -> None:
         """The client went away while its request waited in the queue.

@@ -44,6 +44,7 @@ ERROR_CODES: dict[Outcome, str] = {
     Outcome.REJECTED_MODEL_NOT_SERVED: "NotFound",
     Outcome.REJECTED_CONTEXT_TOO_LONG: "BadRequest",
     Outcome.REJECTED_SLO_UNATTAINABLE: "ResourceExhausted",
+    Outcome.REJECTED_OVER_BUDGET: "ResourceExhausted",
     Outcome.BAD_REQUEST: "BadRequest",
     Outcome.TOO_LARGE: "BadRequest",
     Outcome.INTERNAL_ERROR: "Internal",
