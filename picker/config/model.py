@@ -951,6 +951,16 @@ class RolloutConfig(_Group):
         return steps_of(value) if isinstance(value, str | list | tuple) else value
 
 
+class TokenBudgetConfig(_Group):
+    """One tenant's token budget (docs, "Flow control", Tenants): a bucket refilled at
+    `tokens_per_minute`, holding at most `burst`, shared by every picker that shares the books."""
+
+    tokens_per_minute: float = Field(gt=0, le=1e12, description="tokens the budget refills a minute")
+    burst: float | None = Field(
+        None, gt=0, le=1e12, description="the most the budget holds (default: a minute's tokens)"
+    )
+
+
 class TenantsConfig(_Group):
     """Tenants (the fairness id header): fair share of a saturated pool by tokens (docs, "Flow
     control", Tenants). Requests without the header are not counted and cost nothing."""

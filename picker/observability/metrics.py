@@ -341,21 +341,40 @@ class _TenantsCollector(Collector):
             "Times a tenant over its share of the batch slots was held back to keep the reserve",
             labels=["tenant"],
         )
-        refused = CounterMetricFamily(
-            "picker_tenant_over_budget", "Requests refused by the tenant's token budget", labels=["tenant"]
-        )
         queued = GaugeMetricFamily("picker_tenant_queued", "Requests queued per tenant", labels=["tenant"])
         in_flight = GaugeMetricFamily(
             "picker_tenant_in_flight", "Requests in flight per tenant", labels=["tenant"]
         )
-        for label, (n, tok, h, over, q, f) in self.rows().items():
+        for label, (n, tok, h, _over, q, f) in self.rows().items():
             requests.add_metric([label], n)
             tokens.add_metric([label, "dispatched"], tok)
             held.add_metric([label], h)
-            refused.add_metric([label], over)
             queued.add_metric([label], q)
             in_flight.add_metric([label], f)
-        yield from (requests, tokens, held, refused, queued, in_flight)
+        yield from (requests, tokens, held, queued, in_flight)
+
+
+class _BudgetsCollector(Collector):
+    """Each configured token budget (picker/flow/budgets.py), read at scrape time: labels are the
+    configured tenants only."""
+
+    def __init__(self, budgets: Budgets) -> None:
+        self._budgets = budgets
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        level = GaugeMetricFamily(
+            "picker_tenant_budget_tokens",
+            "Tokens left in the tenant's budget as this picker counts every picker's spending (below "
+            "zero: owed)",
+            labels=["tenant"],
+        )
+        refused = CounterMetricFamily(
+            "picker_tenant_over_budget", "Requests refused by the tenant's token budget", labels=["tenant"]
+        )
+        for row in self._budgets.rows():
+            level.add_metric([str(row["tenant"])], float(row["level"]))
+            refused.add_metric([str(row["tenant"])], float(row["refused"]))
+        yield from (level, refused)
 
 
 _REJECTED_DOCS = {
@@ -980,6 +999,10 @@ class Metrics:
 
     def register_data_planes(self, planes: DataPlanes) -> None:
         self.registry.register(_DataPlanesCollector(planes))
+
+    def register_budgets(self, budgets: Budgets) -> None:
+        """Token budgets configured: each one's level and refusals, read at scrape time."""
+        self.registry.register(_BudgetsCollector(budgets))
 
     def register_tenants(self, tenants: Tenants) -> None:
         """Fair share on: the tenants' books, read at scrape time (bounded labels); the reference's

@@ -28,6 +28,7 @@ from typing import Any, cast
 import msgpack
 
 from picker.config.model import canonical_address, format_address, parse_address
+from picker.peers import budget_share
 from picker.peers.auth import EVENTS, REFUSAL, Handshake, challenge_of, new_nonce, proven, welcome_of
 from picker.peers.books import Peering
 from picker.peers.outbox import BOOKKEEPING, SYNC_EVERY_S, Event

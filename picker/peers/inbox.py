@@ -35,6 +35,7 @@ from typing import Any
 import msgpack
 
 from picker.config.model import canonical_address, parse_address
+from picker.peers import budget_share
 from picker.peers.auth import DRAINS, EVENTS, REFUSAL, hello_of, proven
 from picker.peers.books import Peering, owner_of
 from picker.peers.events import CANNOT, MOVED, REFUSED, ask_problem, problem
