@@ -76,11 +76,15 @@ def prefill_body(request: dict[str, Any]) -> dict[str, Any]:
 
 def usable_params(answer: bytes) -> dict[str, Any] | None:
     """The prefill answer's `kv_transfer_params` when a decode can pull with them (NixlConnector's
-    fields, typed); None for anything else."""
+    fields, typed); {} when the answer says `null` (a connector that hands the KV over without
+    params, as vLLM's shared-folder ExampleConnector or LMCache do: the decode goes as it came);
+    None for anything else."""
     try:
         data = json.loads(answer)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
+    if isinstance(data, dict) and "kv_transfer_params" in data and data["kv_transfer_params"] is None:
+        return {}
     params = data.get("kv_transfer_params") if isinstance(data, dict) else None
     if not isinstance(params, dict) or params.get("do_remote_prefill") is not True:
         return None
@@ -141,7 +145,11 @@ class PdSteps:
         params = await self._prefill(record, prefill_on, target, outgoing, request)
         if params is None:
             return None
-        decode = json.dumps({**request, "kv_transfer_params": params}, separators=(",", ":")).encode()
+        decode = (
+            json.dumps({**request, "kv_transfer_params": params}, separators=(",", ":")).encode()
+            if params
+            else body  # the connector needs no params: the decode goes as it came
+        )
         try:
             opened = await self._upstream.open([destination], "POST", target, outgoing, decode)
         except UpstreamUnavailable as exc:

@@ -131,7 +131,7 @@ class Pairing:
 
     def pulled(self, record: RequestRecord) -> None:
         """The destination sent its first token: the prompt's KV is in place, the hand-off is done."""
-        self._release(record, DrainEnd.PULLED)
+        self.release_pull(record, DrainEnd.PULLED)
 
     def ended(self, record: RequestRecord) -> None:
         """The request ended: a hand-off still held ends with it, as the request did."""
@@ -139,9 +139,9 @@ class Pairing:
             return
         reason = record.end_reason
         if reason is EndReason.COMPLETED or (record.tracker and record.tracker.first_byte_at is not None):
-            self._release(record, DrainEnd.PULLED)
+            self.release_pull(record, DrainEnd.PULLED)
         else:
-            self._release(record, drain_end(reason) if reason is not None else DrainEnd.UNKNOWN)
+            self.release_pull(record, drain_end(reason) if reason is not None else DrainEnd.UNKNOWN)
 
     def sweep(self, records: Iterable[RequestRecord], now: float, timeout_s: float) -> int:
         """Abandon the hand-offs of prefill replicas draining for `timeout_s`
@@ -153,12 +153,14 @@ class Pairing:
             endpoint = self._pool.get(record.prefill_on or "")
             drain = endpoint.drain if endpoint is not None else None
             if drain is not None and now - drain.started_at >= timeout_s:
-                self._release(record, DrainEnd.PULL_ABANDONED)
+                self.release_pull(record, DrainEnd.PULL_ABANDONED)
                 self._metrics.count_pd_pull_abandoned()
                 abandoned += 1
         return abandoned
 
-    def _release(self, record: RequestRecord, end: DrainEnd) -> None:
+    def release_pull(self, record: RequestRecord, end: DrainEnd) -> None:
+        """End the hand-off's claim on the prefill replica (`end`: how it ended), once, and tell the
+        other pickers' books."""
         if record.pull is not None and record.pull.held:
             record.pull.release(end)
             if self.peering is not None and record.prefill_on:

@@ -561,12 +561,7 @@ class RequestPath(ResponseSide):
         """A frontend that runs a pair's steps itself (picker proxy) gave its hand-off up before any
         byte reached the client: the destination computes the prompt. The prefill replica's lease
         ends with `end` (its books too); counted by `why` (None: not counted)."""
-        pull = record.pull
-        if pull is not None and pull.held:
-            pull.release(end)
-            books = self.pairing.peering
-            if books is not None and record.prefill_on:
-                books.pulling(record, record.prefill_on, held=False)
+        self.pairing.release_pull(record, end)
         if why is not None:
             self._metrics.count_pd_recompute(why)
 

@@ -49,7 +49,7 @@ def test_params_a_decode_can_pull_with_are_kept_whole() -> None:
     [
         b"not json",
         b"[]",
-        json.dumps({"kv_transfer_params": None}).encode(),
+        json.dumps({"choices": []}).encode(),  # no params at all: a prefill that kept nothing
         json.dumps({"kv_transfer_params": {**NIXL, "do_remote_prefill": False}}).encode(),
         json.dumps({"kv_transfer_params": {**NIXL, "remote_port": "8001"}}).encode(),
         json.dumps({"kv_transfer_params": {**NIXL, "remote_port": True}}).encode(),
@@ -61,6 +61,12 @@ def test_params_a_decode_can_pull_with_are_kept_whole() -> None:
 )
 def test_anything_else_is_a_failed_prefill(answer: bytes) -> None:
     assert usable_params(answer) is None
+
+
+def test_null_params_send_the_decode_as_it_came() -> None:
+    """vLLM's shared-folder ExampleConnector (and LMCache) hand the KV over without params: their
+    prefill answers `kv_transfer_params: null`, and the decode finds the KV by itself."""
+    assert usable_params(json.dumps({"choices": [], "kv_transfer_params": None}).encode()) == {}
 
 
 def _event(data: Any) -> bytes:
