@@ -149,3 +149,47 @@ def test_the_simulator_returns_the_fields_of_the_installed_nixl_connector() -> N
     transfer_config = _vllm_file("config/kv_transfer.py").read_text()
     policy = DisaggConfig().load_failure_policy.value
     assert f'kv_load_failure_policy: Literal["recompute", "fail"] = "{policy}"' in transfer_config
+
+
+async def test_picker_proxy_runs_the_real_pair_through_both_steps(
+    real_pair: tuple[launcher.RealVllm, launcher.RealVllm, Path], tmp_path: Path
+) -> None:
+    """`picker proxy` in front of the real pair (roles in its endpoints file): the prefill step on the
+    producer, the decode on the consumer, which loads the prompt's KV instead of computing it. The
+    ExampleConnector answers `kv_transfer_params: null`, so the decode goes as the client's request
+    came: no recompute is counted, and no claim on the producer is left behind."""
+    from loadtest.proxy_stack import ProxyStack
+    from loadtest.stack import StackOptions
+
+    p, d, _ = real_pair
+    prefill, decode = p.url.removeprefix("http://"), d.url.removeprefix("http://")
+    endpoints = tmp_path / "endpoints.yaml"
+    endpoints.write_text(
+        json.dumps([{"address": prefill, "role": "prefill"}, {"address": decode, "role": "decode"}])
+    )
+    config = tmp_path / "picker.yaml"
+    config.write_text(json.dumps({"pool": {"endpoints_file": str(endpoints)}}))
+    options = StackOptions(replicas=0, static_endpoints=False, picker_args=("--config", str(config)))
+    stack = ProxyStack(tmp_path, options).start()
+    try:
+        async with http_client.AsyncClient(timeout=120) as http:
+            before = _external_tokens((await http.get(f"{d.url}/metrics")).text)
+            prompt = "A proxy runs the prefill step on one engine and the decode on another. " * 30
+            answer = await http.post(
+                f"{stack.url}/v1/completions",
+                json={"model": MODEL, "prompt": prompt, "max_tokens": DECODE_TOKENS, "ignore_eos": True},
+            )
+            after = _external_tokens((await http.get(f"{d.url}/metrics")).text)
+            view = (await http.get(f"http://127.0.0.1:{stack.metrics_port}/admin/endpoints")).json()
+        assert answer.status_code == 200, answer.text
+        pd.check_decode_shape(answer.json(), DECODE_TOKENS)
+        assert answer.headers.get("x-gateway-destination-endpoint-served", decode) == decode
+        assert after > before, "the decode computed the prompt instead of loading it"
+        assert stack.picker_value("picker_pd_picks_total", how="pair") == 1
+        recomputes = [
+            v for (name, _), v in stack.picker_metrics().items() if name == "picker_pd_recomputes_total"
+        ]
+        assert sum(recomputes) == 0, recomputes
+        assert all(e["kv_pulls_pending"] == 0 for e in view["endpoints"]), view
+    finally:
+        stack.stop()
