@@ -224,10 +224,16 @@ DRAIN_FIELDS: dict[str, Check] = {
 }
 
 
+# fields a picker of an earlier version does not send: checked when present
+DRAIN_FIELDS_OPTIONAL: dict[str, Check] = {"pulls_at_start": _count}
+
+
 def _drain_record(record: dict[Any, Any]) -> bool:
     if not all(name in record and check(record[name]) for name, check in DRAIN_FIELDS.items()):
         return False
-    extra = [k for k in record if k not in DRAIN_FIELDS]
+    if not all(check(record[name]) for name, check in DRAIN_FIELDS_OPTIONAL.items() if name in record):
+        return False
+    extra = [k for k in record if k not in DRAIN_FIELDS and k not in DRAIN_FIELDS_OPTIONAL]
     return len(extra) <= MAX_EXTRA and all(_word(k) and _plain(record[k]) for k in extra)
 
 

@@ -82,6 +82,7 @@ BAD_DRAINS: list[tuple[Any, str]] = [
     ([{**a_summary(), "ended": {"completed": "3"}}], "bad-field"),
     ([{**a_summary(), "ended": []}], "bad-field"),
     ([{**a_summary(), "in_flight_at_start": -1}], "bad-field"),
+    ([{**a_summary(), "pulls_at_start": "one"}], "bad-field"),  # optional, but a count when sent
     ([{**a_summary(), "open": 1}], "bad-field"),
     ([{k: v for k, v in a_summary().items() if k != "address"}], "bad-field"),
     ([{**a_summary(), "extra": [1, 2]}], "bad-field"),
