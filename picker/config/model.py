@@ -199,7 +199,7 @@ class KubeSourceConfig(_Group):
         description="with deletion_cost: a pod's annotation changes at most once per this",
     )
 
-    # Pool status (picker/sources/pool_status.py): a `Ready` condition on the InferencePool and
+    # Pool status (picker/sources/pool_status/): a `Ready` condition on the InferencePool and
     # events on changes of state, drains and rollbacks.
     pool_status: bool = Field(
         False,

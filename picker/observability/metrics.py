@@ -447,7 +447,7 @@ class _DeletionCostCollector(Collector):
 
 
 class _PoolStatusCollector(Collector):
-    """kube.pool_status: the InferencePool's Ready condition and events (picker/sources/pool_status.py)."""
+    """kube.pool_status: the InferencePool's Ready condition and events (picker/sources/pool_status/)."""
 
     def __init__(self, read: Callable[[], tuple[bool, Mapping[str, int], Mapping[str, int]]]) -> None:
         self._read = read

@@ -1,4 +1,4 @@
-"""The pool's health as the picker reports it on the InferencePool (picker/sources/pool_status.py
+"""The pool's health as the picker reports it on the InferencePool (picker/sources/pool_status/
 writes it): a pure reading of the view and of where the process is in its life, no I/O.
 
 READY while at least one endpoint takes new work; DEGRADED when none does (none listed, none ready,

@@ -162,7 +162,7 @@ class EndpointSources:
         """kube.pool_status: the status client and its grants; PoolStatusRefused (a ConfigError: the
         picker does not start) when it may write neither the condition nor events."""
         from picker.sources.kube_api import load_kubeconfig
-        from picker.sources.pool_status_api import LightkubePoolStatusApi
+        from picker.sources.pool_status.api import LightkubePoolStatusApi
 
         kube_config = self._config.kube
         api = LightkubePoolStatusApi(

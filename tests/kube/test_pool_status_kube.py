@@ -190,7 +190,7 @@ async def test_a_write_raced_by_a_controller_keeps_its_entry(
     assert sources.status_api is not None
     parents_read, version, *_ = await sources.status_api.read("vllm")
     fake.put_pool("vllm", ports=(8000, 8001))  # written meanwhile
-    from picker.sources.pool_status_api import StatusConflict
+    from picker.sources.pool_status.api import StatusConflict
 
     with pytest.raises(StatusConflict):
         await sources.status_api.write("vllm", [*parents_read], version)

@@ -18,7 +18,7 @@ from loadtest.procs import async_wait_until
 from picker.pool import Pool
 from picker.pool.endpoint import EndpointState
 from picker.sources.pool_status import PoolStatusWriter
-from picker.sources.pool_status_api import StatusConflict
+from picker.sources.pool_status.api import StatusConflict
 
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 
@@ -139,7 +139,7 @@ async def test_a_problem_of_the_endpoint_source_wakes_the_writer(
     running(writer)
     await async_wait_until(lambda: api.shown() == ("True", "Ready"), 2.0, what="Ready at start")
     problem = "inferencepool vllm: not found"
-    writer.wake()  # what sources.on_problem calls (picker/sources/pool_status_of.py)
+    writer.wake()  # what sources.on_problem calls (picker/sources/pool_status/opening.py)
     await async_wait_until(
         lambda: api.shown() == ("False", "EndpointSourceUnavailable"), 2.0, what="the problem written"
     )
@@ -235,14 +235,14 @@ async def test_an_event_names_its_pool_by_uid_and_stays_within_the_api_servers_l
 
 
 def test_the_wiring_names_a_successor_and_wakes_the_writer_on_the_sources_problem() -> None:
-    """open_pool_status (picker/sources/pool_status_of.py): a successor is a linked peer in another
+    """open_pool_status (picker/sources/pool_status/opening.py): a successor is a linked peer in another
     pod, never a standby for the Lease (not ready until it holds it, and maybe absent) nor a worker
     of the same pod (they stop together); a change of the endpoint source's problem wakes the writer."""
     from types import SimpleNamespace
 
     from picker.config.sources import load_config
     from picker.observability.metrics import Metrics
-    from picker.sources.pool_status_of import open_pool_status
+    from picker.sources.pool_status.opening import open_pool_status
 
     listeners: list[Callable[[str | None], None]] = []
     unlinked: list[str] = []

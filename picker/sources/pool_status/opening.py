@@ -1,5 +1,5 @@
-"""kube.pool_status: the writer made from the core (picker/wiring.py `Core`), apart from the writer
-itself so that neither it nor the wiring grows past its size."""
+"""The writer made from the core (picker/wiring.py `Core`): who writes (one picker of several), with
+what it reads of the pool, the rollout and the drains."""
 
 from __future__ import annotations
 
@@ -15,8 +15,17 @@ from picker.request.pipeline import RequestPath
 from picker.rollout.runner import RolloutRunner
 from picker.sources.deletion_cost import writer_gate
 from picker.sources.drain_store import DrainStore
-from picker.sources.endpoints import EndpointSources
-from picker.sources.pool_status import PoolStatusWriter
+from picker.sources.pool_status.writer import Grants, PoolStatusWriter, StatusApi
+
+
+class Source(Protocol):
+    """What the writer reads of the endpoint source (picker/sources/endpoints.py `EndpointSources`)."""
+
+    status_api: StatusApi | None
+    status_grants: Grants | None
+    problem: str | None
+
+    def on_problem(self, listener: Callable[[str | None], None]) -> None: ...
 
 
 class Parts(Protocol):
@@ -25,7 +34,7 @@ class Parts(Protocol):
     @property
     def config(self) -> PickerConfig: ...
     @property
-    def sources(self) -> EndpointSources: ...
+    def sources(self) -> Source: ...
     @property
     def path(self) -> RequestPath: ...
     @property

@@ -1,7 +1,6 @@
-"""kube.pool_status: what the writer puts on the InferencePool, shaped apart from the writer
-(picker/sources/pool_status.py) so that it stays within its size: the picker's own entry in
-`status.parents` (its `parentRef`, how to find it among the others), its `Ready` condition, and one
-events.k8s.io/v1 Event. Pure functions; no I/O.
+"""What the writer puts on the InferencePool: the picker's own entry in `status.parents` (its
+`parentRef`, how to find it among the others), its `Ready` condition, and one events.k8s.io/v1
+Event. Pure functions; no I/O.
 """
 
 from __future__ import annotations

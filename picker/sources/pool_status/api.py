@@ -1,4 +1,4 @@
-"""kube.pool_status over lightkube: may this picker write the pool's status and record events (self
+"""The Kubernetes side, over lightkube: may this picker write the pool's status and record events (self
 access reviews), the pool's `status.parents` as stored, that list written back, one Event created.
 
 `status.parents` is an atomic list (`+listType=atomic` in the v1 CRD): neither a JSON merge patch nor

@@ -1,5 +1,5 @@
-"""kube.pool_status: the picker's reading of its pool (picker/pool/status.py) written on the
-InferencePool as a `Ready` condition, and events on changes of state, drains and rollbacks.
+"""The writer: the picker's reading of its pool (picker/pool/status.py) written on the InferencePool
+as a `Ready` condition, and events on changes of state, drains and rollbacks.
 
 Where the condition goes: `status.parents[]` is the only place the v1 InferencePool has for
 conditions (a top-level `status.conditions` is not in its schema and would be pruned). Writing into a
@@ -8,7 +8,7 @@ of its own, whose `parentRef` names the picker as the pool does (`spec.endpointP
 kind, name), holding one condition of type `Ready` (the name proposed upstream, GIE #2925). Every
 picker of the pool, and a restarted one, names the same entry: a new writer replaces it, never adds
 one. The list is atomic: read, replace that entry, write back under the read's resourceVersion
-(pool_status_api.py says why a merge patch and not server-side apply).
+(api.py says why a merge patch and not server-side apply).
 
 Bounded: a write only when the (state, reason) to show differs from what the entry says, after the
 view has held still for `debounce_s` (a burst of pod changes is one look; a change of the endpoint
@@ -49,7 +49,7 @@ from picker.pool import Pool
 from picker.pool.status import Phase, PoolHealth, pool_health
 from picker.sources.cancel import raise_if_cancelled
 from picker.sources.kube import ReviewNotServed, SourceError
-from picker.sources.pool_status_body import condition, event_body, parent_ref, same_ref, shows
+from picker.sources.pool_status.body import condition, event_body, parent_ref, same_ref, shows
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class PoolStatusRefused(ConfigError):
 
 
 class StatusApi(Protocol):
-    """What the writer needs of the API server (pool_status_api.LightkubePoolStatusApi)."""
+    """What the writer needs of the API server (api.py `LightkubePoolStatusApi`)."""
 
     namespace: str
 
