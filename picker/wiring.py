@@ -126,7 +126,7 @@ class Core:
             spawn(self.rollout.run(), "rollout")
         self.sources.run_deletion_cost(self, spawn)  # kube.deletion_cost, when on
         if self.sources.status_api is not None:
-            from picker.sources.pool_status.opening import open_pool_status
+            from picker.sources.pool_status_of import open_pool_status
 
             self.pool_status = open_pool_status(self)
             spawn(self.pool_status.run(), "pool-status")
@@ -138,7 +138,7 @@ class Core:
     ) -> web.Application:
         """The metrics port's application (picker/admin/api.py) over this core."""
         from picker.admin.api import admin_app
-        from picker.admin.status_page import overview
+        from picker.admin.status_page import overview, tenants
 
         token, metrics_token = self.config.admin.token, self.config.admin.metrics_token
         drains = self.drains = self.open_drains(spawn) or LocalDrains(self.pool)
@@ -178,6 +178,7 @@ class Core:
             read_auth=self.config.admin.read_auth,
             move_streams=move,
             pool_moves=None if moves is None else moves.move,
+            tenants=lambda: tenants(self.path),
         )
 
     def open_reviewer(self) -> TokenReviewer | None:

@@ -11,6 +11,7 @@
                                          streams on other replicas at once (docs, "Streams that ..."),
                                          with peers every picker's (picker/peers/moves.py)
 - POST /admin/endpoints/<addr>/undrain   lift an admin drain
+- GET  /admin/tenants                    the tenants, bounded (picker/flow/tenant_view.py)
 - GET  /admin/rollout                    the canary: phase, weight, steps, gate readings, rollback
 - POST /admin/rollout/<verb>             promote | abort | resume | pause (same auth as drains)
 
@@ -108,6 +109,7 @@ def admin_app(
     read_auth: str = "metrics",
     move_streams: Callable[[str], int] | None = None,
     pool_moves: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
+    tenants: Callable[[], dict[str, Any] | None] | None = None,
 ) -> web.Application:
     """The metrics port's application; `token` allows admin changes from non-loopback peers.
 
@@ -122,6 +124,7 @@ def admin_app(
     and a SubjectAccessReview); `read_auth`: `metrics`, the admin reads under the same rule, or `open`.
     `move_streams`: moves an endpoint's running streams elsewhere (picker proxy's resume).
     `pool_moves`: with peers, moves them on every picker sharing the books (picker/peers/moves.py).
+    `tenants`: the tenants' table (picker/admin/status_page.py's `tenants`; None: nothing counted).
     """
     admin = _Admin(
         pool, metrics, token, drains if drains is not None else LocalDrains(pool), propagate, pool_drains
@@ -131,7 +134,7 @@ def admin_app(
     admin.reads = ReadGuard(metrics_token, metrics_reviewer, admin_token=token, trust_loopback=trust_loopback)
     metrics.register_rejections("drain_record", lambda: admin.store.rejected)
     read = admin.reads.wrap if read_auth == "metrics" else _open
-    admin.move_streams, admin.pool_moves = move_streams, pool_moves
+    admin.move_streams, admin.pool_moves, admin.tenants = move_streams, pool_moves, tenants
     app = web.Application(middlewares=[_json_errors])
     app.router.add_get("/metrics", admin.metrics_page)
     app.router.add_get("/admin/endpoints", read(admin.endpoints))
@@ -139,6 +142,7 @@ def admin_app(
     app.router.add_get("/admin/endpoints/{address}", read(admin.one_endpoint))
     app.router.add_post("/admin/endpoints/{address}/drain", admin.change("drain"))
     app.router.add_post("/admin/endpoints/{address}/undrain", admin.change("undrain"))
+    app.router.add_get("/admin/tenants", read(admin.tenants_table))
     app.router.add_get("/admin/rollout", read(admin.rollout_status))
     app.router.add_get("/admin/status", read(admin.status))
     app.router.add_get("/status", status_page.page)
@@ -187,6 +191,7 @@ class _Admin:
         self.reads = ReadGuard(None, None, admin_token=token, trust_loopback=False)
         self.move_streams: Callable[[str], int] | None = None
         self.pool_moves: Callable[[str], Awaitable[dict[str, Any]]] | None = None
+        self.tenants: Callable[[], dict[str, Any] | None] | None = None
         self._drains_turn = asyncio.Lock()
 
     def refusal(self, request: web.Request) -> web.Response | None:
@@ -350,6 +355,10 @@ class _Admin:
         """What the status page polls: every lane, the canary, the queue, in one document."""
         shown = status_page.snapshot(self.pool, self.rollout, self.data_planes, self.overview)
         return web.json_response(shown)
+
+    async def tenants_table(self, _: web.Request) -> web.Response:
+        """The tenants; `{"tenants": null}`: nothing counted by tenant (no fair share, no budget)."""
+        return web.json_response({"tenants": None if self.tenants is None else self.tenants()})
 
     async def rollout_status(self, _: web.Request) -> web.Response:
         return web.json_response({"rollout": None if self.rollout is None else self.rollout.status()})

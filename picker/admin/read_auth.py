@@ -1,5 +1,6 @@
 """Who may read the metrics port: `/metrics`, and with admin.read_auth `metrics` (the default) the
-admin API's reads (`/admin/status`, `/admin/endpoints[/<addr>]`, `/admin/drains`, `/admin/rollout`).
+admin API's reads (`/admin/status`, `/admin/endpoints[/<addr>]`, `/admin/drains`, `/admin/rollout`,
+`/admin/tenants`).
 
 Nothing is asked while neither admin.metrics_token nor admin.metrics_auth is set (the port as it
 always was). Once one is, a reader presents the static metrics token (compared in constant time) or

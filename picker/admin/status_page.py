@@ -4,7 +4,8 @@ build step, shipped in the wheel), and the one JSON document it polls, `GET /adm
 What an operator mid-rollout wants at a glance, from one place: a lane per replica (its state, its
 streams in flight, the drain in progress with what it still waits for, its cut and failed counts),
 the canary (weight, step, each gate's reading and limit, the rollback's reason), the admission
-queue, and what the other pickers hold. Reading is open like the admin API's other GETs; the page's
+queue, the tenants (picker/flow/tenant_view.py: share, queued, in flight, tokens, budget; bounded),
+and what the other pickers hold. Reading is open like the admin API's other GETs; the page's
 actions (drain, undrain, promote, abort) go to the admin API's POST routes, with its auth.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from picker.flow import tenant_view
 from picker.pool import Endpoint, EndpointState, Pool
 from picker.request.pipeline import RequestPath
 from picker.rollout.runner import RolloutRunner
@@ -42,11 +44,21 @@ _ORDER = {
 }
 
 
+def tenants(path: RequestPath) -> dict[str, Any] | None:
+    """The tenants' table (picker/flow/tenant_view.py); None when neither fair share nor a budget is
+    configured (nothing is counted by tenant)."""
+    flow = path.flow
+    if flow.tenants is None and flow.budgets is None:
+        return None
+    return tenant_view.table(flow.tenants, flow.budgets)
+
+
 def overview(path: RequestPath) -> dict[str, Any]:
-    """What the request path adds to the page: its queue, live requests and peers."""
+    """What the request path adds to the page: its queue, tenants, live requests and peers."""
     peering = path.peering
     return {
         "queue": {"queued": path.flow.queued, "bytes": path.flow.queued_bytes},
+        "tenants": tenants(path),
         "live": path.live,
         "accepting": path.accepting,
         "peers": None

@@ -273,6 +273,7 @@ def _run_proxy(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Every subcommand and flag (the documentation's CLI page is generated from it)."""
+    from picker.cli import tenants as tenants_cli
     from picker.drain import check as drain_check
     from picker.drain import scorecard as drain_scorecard
     from picker.rollout import command as rollout_cli
@@ -301,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
             "rollout", help="a running picker's canary: status, promote, abort, resume, pause"
         )
     )
+    tenants_cli.add_arguments(
+        commands.add_parser("tenants", help="a running picker's tenants: share, queued, tokens, budgets")
+    )
     drain_check.add_arguments(
         commands.add_parser("check", help="check drain timing budgets of manifests + Envoy")
     )
@@ -314,6 +318,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["drain-wait"]:  # before argparse: a preStop hook exits 0 even on bad flags
         raise SystemExit(drain_wait.main(argv[1:], prog="picker drain-wait", started=_STARTED))
+    from picker.cli import tenants as tenants_cli
     from picker.drain import check as drain_check
     from picker.drain import scorecard as drain_scorecard
     from picker.rollout import command as rollout_cli
@@ -352,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(drain_scorecard.main(args))
         case "rollout":
             raise SystemExit(rollout_cli.main(args))
+        case "tenants":
+            raise SystemExit(tenants_cli.main(args))
         case "envoy-config":
             raise SystemExit(_envoy_config(args))
 

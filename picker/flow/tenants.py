@@ -202,6 +202,13 @@ class Tenants:
             return True
         return False
 
+    def shares(self) -> dict[str, float]:
+        """Each active tenant's share of the pool now: its weight over the active tenants' weights."""
+        now = self._clock()
+        active = [t for t in self._tenants.values() if self._active(t, now)]
+        weights = sum(t.weight for t in active)
+        return {t.name: t.weight / weights for t in active} if weights > 0 else {}
+
     def _active(self, tenant: Tenant, now: float) -> bool:
         return bool(tenant.queued or tenant.in_flight) or now - tenant.last_seen <= self.rules.active_s
 

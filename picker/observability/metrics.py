@@ -28,8 +28,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from picker.contract import Outcome
+from picker.flow import tenant_view
 from picker.flow.budgets import Budgets
-from picker.flow.tenants import OTHER, Tenants
+from picker.flow.tenants import Tenants
 from picker.observability.reference import ReferenceSeries, ReferenceViews
 from picker.pool import DrainEnd, DrainExit, DrainRecord, Endpoint, EndpointState, Pool
 from picker.scheduling.latency import LatencyModel
@@ -304,27 +305,22 @@ class _DataPlanesCollector(Collector):
 
 
 # --- tenants (picker/flow/tenants.py): fair share and token budgets ---------------------------
-_TENANT_LABELS = 20  # tenants with a series of their own besides the configured ones; the rest: other
 
 
 class _TenantsCollector(Collector):
-    """Per tenant, read at scrape time: the configured tenants and the busiest others by tokens each
-    have their series, every other tenant is summed into `other` (a bounded label set)."""
+    """Per tenant, read at scrape time: the rows of picker/flow/tenant_view.py (the configured tenants
+    and the busiest others by tokens each have their series, every other tenant is summed into
+    `other`: a bounded label set)."""
 
     def __init__(self, tenants: Tenants) -> None:
         self._tenants = tenants
 
     def rows(self) -> dict[str, list[float]]:
         """By label: requests, tokens, held back, over budget, queued, in flight."""
-        rows: dict[str, list[float]] = {}
-        named = set(self._tenants.rules.weights) | set(self._tenants.rules.budgets)
-        ranked = sorted(self._tenants.all(), key=lambda t: -t.tokens)
-        for rank, t in enumerate(ranked):
-            label = t.name if t.name in named or rank < _TENANT_LABELS else OTHER
-            row = rows.setdefault(label, [0.0] * 6)
-            for i, value in enumerate((t.requests, t.tokens, t.held, t.over_budget, t.queued, t.in_flight)):
-                row[i] += value
-        return rows
+        return {
+            label: [t.requests, t.tokens, t.held, t.over_budget, t.queued, t.in_flight]
+            for label, t in tenant_view.grouped(self._tenants).items()
+        }
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         requests = CounterMetricFamily(

@@ -165,11 +165,41 @@ function drains(state) {
   document.querySelector("#drains tbody").replaceChildren(...rows);
 }
 
+function percent(value) {
+  return value === null || value === undefined ? "—" : `${(100 * value).toFixed(1)} %`;
+}
+
+// The tenants (picker/flow/tenant_view.py): configured and busiest first, the rest summed as "other".
+function tenants(state) {
+  const view = state.tenants;
+  document.getElementById("tenants-note").hidden = Boolean(view);
+  document.getElementById("tenants").hidden = !view;
+  const rows = (view ? view.rows : []).map((t) => {
+    const budget = t.budget;
+    return el(
+      "tr",
+      { "data-tenant": t.tenant },
+      el("td", { class: "wide" }, el("b", {}, t.tenant)),
+      el("td", { "data-label": "weight" }, t.weight ?? "—"),
+      el("td", { "data-label": "share" }, percent(t.share)),
+      el("td", { "data-label": "queued", class: "queued" }, t.queued ?? "—"),
+      el("td", { "data-label": "in flight", class: "in-flight" }, t.in_flight ?? "—"),
+      el("td", { "data-label": "tokens", class: "tokens" }, t.tokens ?? "—"),
+      el("td", { "data-label": "token share" }, percent(t.token_share)),
+      el("td", { "data-label": "held back" }, t.held_back ?? "—"),
+      el("td", { "data-label": "budget left", class: "budget" }, budget ? `${budget.level} of ${budget.burst} (${budget.tokens_per_minute}/min)` : "—"),
+      el("td", { "data-label": "over budget", class: "over-budget" }, t.over_budget),
+    );
+  });
+  document.querySelector("#tenants tbody").replaceChildren(...rows);
+}
+
 function draw(state) {
   document.getElementById("source").textContent = `source: ${state.source}`;
   document.getElementById("lanes").replaceChildren(...state.lanes.map(laneCard));
   document.getElementById("canary").replaceChildren(canaryPanel(state.rollout));
   admission(state);
+  tenants(state);
   drains(state);
 }
 
