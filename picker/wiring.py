@@ -126,7 +126,7 @@ class Core:
             spawn(self.rollout.run(), "rollout")
         self.sources.run_deletion_cost(self, spawn)  # kube.deletion_cost, when on
         if self.sources.status_api is not None:
-            from picker.sources.pool_status_of import open_pool_status
+            from picker.sources.pool_status.opening import open_pool_status
 
             self.pool_status = open_pool_status(self)
             spawn(self.pool_status.run(), "pool-status")
