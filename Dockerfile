@@ -9,7 +9,6 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY picker ./picker
-COPY loadtest ./loadtest
 COPY config ./config
 # xds-protos overwrites opentelemetry-proto's files with an older copy; the OTLP exporter needs the newer.
 RUN pip install . \

@@ -215,7 +215,7 @@ async def _baseline_round(client: httpx.AsyncClient, urls: list[str]) -> None:
 
 async def scrape_cost(endpoints: int, seconds: float, workdir: Path) -> None:
     sim_port = free_port()
-    sim = Proc("sim", [sys.executable, "-m", "loadtest.sim", "--port", str(sim_port)], workdir / "sim.log")
+    sim = Proc("sim", [sys.executable, "-m", "vllm_sim", "--port", str(sim_port)], workdir / "sim.log")
     try:
         sim.wait_ready(lambda: health_ok(sim_port))
         page = await asyncio.to_thread(

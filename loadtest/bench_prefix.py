@@ -4,7 +4,7 @@
   learning    adding one prompt's blocks to an index
   kv events   the picker's CPU following 4 busy engines' KV events          bound: 5 % of a core
   tokenize    precise affinity's /tokenize round trip to a simulated engine, per request
-KV events come from 4 publishers in another process (loadtest.sim's publisher, real ZMQ over
+KV events come from 4 publishers in another process (vllm_sim's publisher, real ZMQ over
 loopback), each sending what a busy engine sends: every 100 ms a prefill of 4,000 new tokens
 (250 blocks stored) and as many evicted. Run: `python -m loadtest.bench_prefix` (about 40 s).
 """
@@ -63,8 +63,8 @@ def index() -> None:
 
 
 def _publish(ports: Sequence[int], seconds: float, ready: multiprocessing.synchronize.Event) -> None:
-    from loadtest.sim.kv_events import KvEventPublisher
-    from loadtest.sim.prefix import PrefixCache
+    from vllm_sim.kv_events import KvEventPublisher
+    from vllm_sim.prefix import PrefixCache
 
     publishers = [KvEventPublisher("127.0.0.1", port, "m", 16) for port in ports]
     caches = [PrefixCache(16, 2000) for _ in ports]
@@ -115,9 +115,9 @@ async def kv_events() -> None:
 
 async def tokenize() -> None:
     import httpx
+    from vllm_sim import run_sim
+    from vllm_sim.config import SimConfig
 
-    from loadtest.sim import run_sim
-    from loadtest.sim.config import SimConfig
     from picker.pool import Pool
     from picker.sources.tokenizer import EngineTokenizer
 

@@ -1,7 +1,7 @@
 """A routing proving ground (issue 63, item 3): pool shapes x workloads, the picker's defaults beside
 Envoy alone (round robin, least request) and prefix-then-load, each row's columns side by side in one run.
 
-Rows are a pool shape x a workload. Every replica is simulated (loadtest/sim): a base speed of 20 ms to
+Rows are a pool shape x a workload. Every replica is simulated (sim/vllm_sim): a base speed of 20 ms to
 the first token plus 0.03 ms per uncached prompt token, 12 ms a token after it, 8 running slots, vLLM's
 prefix caching on (blocks of 16 tokens). Replicas with the same slots share one simulator process (at
 most 8 ports each: the machine has two cores); a slower replica is the same replica slowed with
@@ -149,7 +149,7 @@ POOLS: dict[str, Pool] = {
 
 
 def prompt_tokens(prompt: str) -> int:
-    """The simulator's count: one token per 4 characters (loadtest/sim/prefix.py)."""
+    """The simulator's count: one token per 4 characters (sim/vllm_sim/prefix.py)."""
     return max(1, math.ceil(len(prompt) / 4))
 
 

@@ -1,6 +1,6 @@
 """How many concurrent streams one simulator process sustains with accurate token timing.
 
-Starts `python -m loadtest.sim` (one process = one core: it is single-threaded). For each concurrency
+Starts `python -m vllm_sim` (one process = one core: it is single-threaded). For each concurrency
 level it opens that many streaming completions (spread over a ramp so token phases interleave), measures
 during a window the chunks/s received, the simulator's CPU use and the ITL error (actual gap between the
 chunks of a stream minus the configured ITL, as the client sees it), then disconnects them all. The
@@ -128,7 +128,7 @@ def percentile(values: list[float], share: float) -> float:
 
 
 def start_sim(itl_ms: float, pin: bool) -> tuple[subprocess.Popen[bytes], str, int]:
-    args = [sys.executable, "-m", "loadtest.sim", "--port", "0", "--itl-ms", str(itl_ms), "--ttft-ms", "20"]
+    args = [sys.executable, "-m", "vllm_sim", "--port", "0", "--itl-ms", str(itl_ms), "--ttft-ms", "20"]
     args += ["--max-num-seqs", "100000", "--log-level", "WARNING", "--request-log-size", "1000"]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE)
     if pin and len(os.sched_getaffinity(0)) > 1:

@@ -62,7 +62,7 @@ class StackOptions:
 
 
 def sim_argv(ports: Sequence[int], extra: Sequence[str] = ()) -> list[str]:
-    argv = [sys.executable, "-m", "loadtest.sim"]
+    argv = [sys.executable, "-m", "vllm_sim"]
     for port in ports:
         argv += ["--port", str(port)]
     return argv + list(extra)

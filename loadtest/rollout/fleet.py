@@ -166,7 +166,7 @@ class Fleet:
 
     def launch(self, address: str) -> Proc:
         port = address.rsplit(":", 1)[1]
-        argv = [sys.executable, "-m", "loadtest.sim", "--port", port, *self.sim_args]
+        argv = [sys.executable, "-m", "vllm_sim", "--port", port, *self.sim_args]
         proc = Proc(f"sim-{port}", argv, self.workdir / f"sim-{port}.log")
         self.procs[address] = proc
         self.mark(address, "starting")

@@ -132,7 +132,7 @@ async def run_arm(ranked: bool, options: Options, arrivals: list[Arrival], workd
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     fake = await FakeApiServer().start()
     ports = [free_port() for _ in range(options.ports_needed)]
-    sim_argv = [sys.executable, "-m", "loadtest.sim", *(a for p in ports for a in ("--port", str(p)))]
+    sim_argv = [sys.executable, "-m", "vllm_sim", *(a for p in ports for a in ("--port", str(p)))]
     sim_argv += ["--ttft-ms", "50", "--itl-ms", str(options.itl_ms), "--itl-jitter-ms", "5"]
     sim_argv += ["--eos-rate", str(options.eos_rate), "--seed", str(options.seed)]
     sim_argv += ["--shutdown-timeout", str(options.grace_s), "--on-drain-timeout", "abort"]

@@ -1,7 +1,7 @@
-"""`python -m loadtest.sim --port P [--port P2 ...] [options]` (see --help)."""
+"""`python -m loadtest.sim`: the simulator's former name (`python -m vllm_sim`)."""
 
 import sys
 
-from loadtest.sim.cli import main
+from vllm_sim.cli import main
 
 sys.exit(main())

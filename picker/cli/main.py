@@ -339,7 +339,14 @@ def main(argv: list[str] | None = None) -> None:
         case "demo":
             import uvloop
 
-            from picker.cli.demo import run_demo
+            try:
+                from picker.cli.demo import run_demo
+            except ImportError as exc:  # an installed picker: the demo's harness is a checkout's
+                raise SystemExit(
+                    f"picker demo needs the simulator and the test harness ({exc.name}), which run from "
+                    "a checkout of the repository, not from the installed package: clone it and run "
+                    "`make demo`"
+                ) from None
             from picker.observability.metrics import configure_logging
 
             configure_logging("WARNING")

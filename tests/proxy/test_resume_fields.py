@@ -18,9 +18,9 @@ from typing import Any
 
 import aiohttp
 import pytest
+from vllm_sim.prefix import chat_tokens, text_tokens, token_text
 
 from loadtest.proxy_stack import ProxyStack
-from loadtest.sim.prefix import chat_tokens, text_tokens, token_text
 from loadtest.stack import StackOptions
 from picker.streams.resume_fields import FIELDS, Handling
 from tests.sim.simkit import greedy_tokens

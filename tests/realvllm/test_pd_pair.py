@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_sim import SimConfig, run_sim
+from vllm_sim.config import DisaggConfig, Role
 
 from loadtest import http_client
 from loadtest.realvllm import launcher
-from loadtest.sim import SimConfig, run_sim
-from loadtest.sim.config import DisaggConfig, Role
 from tests.sim import pd_checks as pd
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.timeout(300)]

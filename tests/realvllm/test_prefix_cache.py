@@ -5,7 +5,7 @@ vLLM runs with `--kv-events-config` (ZMQ PUB, bound on a port of its own), a sma
 The picker's KV-event reader (picker/sources/kv_events.py) follows it; for each prompt the blocks
 the picker believes the replica holds must be what vLLM reports as cached on the next request
 (`usage.prompt_tokens_details.cached_tokens`), through storing and eviction. The raw events'
-shape is checked against what the simulator sends (its KV events, loadtest/sim/kv_events.py).
+shape is checked against what the simulator sends (its KV events, sim/vllm_sim/kv_events.py).
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 from simkit import SimProcess, fast_config
+from vllm_sim import Replica, run_sim
 
 from loadtest import http_client
-from loadtest.sim import Replica, run_sim
 
 
 @pytest.fixture

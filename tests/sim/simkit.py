@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_sim import LatencyConfig, SimConfig
+from vllm_sim.prefix import next_token, token_text
+
 from loadtest import http_client
-from loadtest.sim import LatencyConfig, SimConfig
-from loadtest.sim.prefix import next_token, token_text
 
 # Fast timing so streams of tens of tokens take tens of milliseconds.
 FAST_LATENCY = LatencyConfig(ttft_ms=5.0, itl_ms=5.0)
@@ -53,13 +54,13 @@ async def sim_requests(base_url: str, request_id: str | None = None) -> list[dic
 
 
 class SimProcess:
-    """`python -m loadtest.sim` as a child process, stopped by its PID (SIGTERM, then SIGKILL)."""
+    """`python -m vllm_sim` as a child process, stopped by its PID (SIGTERM, then SIGKILL)."""
 
     def __init__(self, args: list[str], log_dir: Path) -> None:
         self.stderr_path = log_dir / f"sim-{time.monotonic_ns()}.err"
         self._stderr = self.stderr_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "loadtest.sim", *args],
+            [sys.executable, "-m", "vllm_sim", *args],
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             cwd=Path(__file__).resolve().parents[2],

@@ -8,9 +8,9 @@ import httpx
 import parity_checks as pc
 import pytest
 from simkit import fast_config, sim_requests
+from vllm_sim import LatencyConfig, Replica, run_sim
 
 from loadtest import http_client
-from loadtest.sim import LatencyConfig, Replica, run_sim
 from loadtest.sse_client import stream_request
 
 

@@ -7,11 +7,11 @@ import asyncio
 import httpx
 import parity_checks as pc
 from simkit import fast_config, sim_requests
+from vllm_sim import CapacityConfig, run_sim
+from vllm_sim.engine import Admission, Engine, InFlight
+from vllm_sim.requestlog import RequestRecord
 
 from loadtest import http_client
-from loadtest.sim import CapacityConfig, run_sim
-from loadtest.sim.engine import Admission, Engine, InFlight
-from loadtest.sim.requestlog import RequestRecord
 from loadtest.sse_client import stream_request
 
 BUSY_BODY = {

@@ -1,4 +1,4 @@
-"""The simulator's prefill/decode disaggregation (loadtest/sim/disagg.py): the hand-off between two
+"""The simulator's prefill/decode disaggregation (sim/vllm_sim/disagg.py): the hand-off between two
 simulator processes, vLLM's kv_transfer_params fields, the transfer time in the decode's TTFT, a pull
 that fails once the prefill is gone or its lease has ended."""
 
@@ -23,19 +23,19 @@ from pd_checks import (
     prefill_body,
 )
 from simkit import fast_config, sim_requests, sse_frames
+from vllm_sim import parse_fault_header, run_sim
+from vllm_sim.config import DisaggConfig, KvLoadFailurePolicy, LatencyConfig, Role
+from vllm_sim.prefix import completion_tokens
 
 from loadtest import http_client
 from loadtest.procs import free_port
-from loadtest.sim import parse_fault_header, run_sim
-from loadtest.sim.config import DisaggConfig, KvLoadFailurePolicy, LatencyConfig, Role
-from loadtest.sim.prefix import completion_tokens
 
 MODEL = "tiny-llama"
 BLOCK = 16  # the simulator's default block size
 PROMPT_TOKENS = len(completion_tokens(PROMPT))
 PROMPT_BLOCKS = -(-PROMPT_TOKENS // BLOCK)
 # A real vLLM NixlConnector pair on the CPU build, recorded (the pair takes minutes to start and its
-# pull took most of a minute here: too slow for a test run; how to rerun it: loadtest/sim/README.md).
+# pull took most of a minute here: too slow for a test run; how to rerun it: sim/README.md).
 RECORDED = json.loads((Path(__file__).parent / "data" / "nixl_pair_recorded.json").read_text())
 
 

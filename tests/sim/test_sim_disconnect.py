@@ -15,9 +15,9 @@ from typing import Any
 
 import parity_checks as pc
 from simkit import fast_config, sim_requests
+from vllm_sim import CapacityConfig, Replica, run_sim
 
 from loadtest import http_client
-from loadtest.sim import CapacityConfig, Replica, run_sim
 from loadtest.sse_client import stream_request
 
 LONG = {"prompt": "x", "max_tokens": 5000, "ignore_eos": True}  # 25 s at the fast config's 5 ms ITL

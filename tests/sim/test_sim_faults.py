@@ -10,10 +10,10 @@ import httpx
 import parity_checks as pc
 import pytest
 from simkit import fast_config, sim_requests
+from vllm_sim import Replica, parse_fault_header, run_sim
+from vllm_sim.faults import FaultBoard, MidStreamFault
 
 from loadtest import http_client
-from loadtest.sim import Replica, parse_fault_header, run_sim
-from loadtest.sim.faults import FaultBoard, MidStreamFault
 from loadtest.sse_client import stream_request
 
 STREAM = {"prompt": "x", "max_tokens": 20, "ignore_eos": True, "stream": True}

@@ -1,6 +1,6 @@
 """logprobs, continuous usage stats and the sampling fields' 400s on the simulator's streams (vLLM 0.32).
 
-Logprob values are a deterministic function of the context (loadtest.sim.sampling.ranked): each
+Logprob values are a deterministic function of the context (vllm_sim.sampling.ranked): each
 generated token gets one entry, in each endpoint's shape, whatever the chunk's size.
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 from simkit import FAST_LATENCY, fast_config, greedy_tokens, sse_frames, texts
+from vllm_sim import run_sim
+from vllm_sim.config import CacheConfig
+from vllm_sim.prefix import chat_tokens, completion_tokens, token_text
 
 from loadtest import http_client
-from loadtest.sim import run_sim
-from loadtest.sim.config import CacheConfig
-from loadtest.sim.prefix import chat_tokens, completion_tokens, token_text
 
 PROMPT = "Once upon a time"
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]

@@ -6,9 +6,9 @@ import httpx
 import parity_checks as pc
 from prometheus_client.parser import text_string_to_metric_families
 from simkit import fast_config
+from vllm_sim import Replica, run_sim
 
 from loadtest import http_client
-from loadtest.sim import Replica, run_sim
 from loadtest.sse_client import stream_request
 
 

@@ -10,12 +10,12 @@ import pytest
 import zmq
 import zmq.asyncio
 from simkit import fast_config
+from vllm_sim import run_sim
+from vllm_sim.config import CacheConfig, LatencyConfig
+from vllm_sim.prefix import PrefixCache, block_hashes, text_tokens
 
 from loadtest import http_client
 from loadtest.procs import free_port
-from loadtest.sim import run_sim
-from loadtest.sim.config import CacheConfig, LatencyConfig
-from loadtest.sim.prefix import PrefixCache, block_hashes, text_tokens
 from loadtest.stack import parse_metrics
 
 SYSTEM = "You are a careful assistant. " * 80  # ~2,240 characters: 560 tokens

@@ -1,4 +1,4 @@
-"""`python -m loadtest.sim` as a process (uvloop): CLI, SIGTERM shutdown in both modes, several replicas.
+"""`python -m vllm_sim` as a process (uvloop): CLI, SIGTERM shutdown in both modes, several replicas.
 
 The parity checks here are the same functions tests/realvllm runs against a real vLLM.
 """
@@ -12,9 +12,9 @@ from typing import Any
 
 import parity_checks as pc
 import pytest
+from vllm_sim.cli import build_parser
 
 from loadtest import http_client
-from loadtest.sim.cli import build_parser
 from loadtest.sse_client import stream_request
 
 FAST = ("--ttft-ms", "5", "--itl-ms", "10")
@@ -29,7 +29,7 @@ def test_help_documents_every_option() -> None:
             assert option in text, option
         assert action.help, action.option_strings
     completed = subprocess.run(
-        [sys.executable, "-m", "loadtest.sim", "--help"],
+        [sys.executable, "-m", "vllm_sim", "--help"],
         capture_output=True,
         text=True,
         timeout=30,
@@ -48,7 +48,7 @@ def test_help_documents_every_option() -> None:
 )
 def test_bad_options_exit_2_naming_the_field(args: list[str], named: str) -> None:
     completed = subprocess.run(
-        [sys.executable, "-m", "loadtest.sim", "--port", "0", *args],
+        [sys.executable, "-m", "vllm_sim", "--port", "0", *args],
         capture_output=True,
         text=True,
         timeout=30,

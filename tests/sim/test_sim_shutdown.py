@@ -12,9 +12,9 @@ import httpx
 import parity_checks as pc
 import pytest
 from simkit import fast_config, sim_requests
+from vllm_sim import AbortStyle, CapacityConfig, Replica, ShutdownConfig, run_sim
 
 from loadtest import http_client
-from loadtest.sim import AbortStyle, CapacityConfig, Replica, ShutdownConfig, run_sim
 from loadtest.sse_client import StreamResult, stream_request
 
 STOP_WITHIN_S = 5.0

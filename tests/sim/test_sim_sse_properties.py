@@ -10,9 +10,9 @@ import parity_checks as pc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from simkit import fast_config
+from vllm_sim import LatencyConfig, run_sim
 
 from loadtest import http_client
-from loadtest.sim import LatencyConfig, run_sim
 from loadtest.sse_client import SseParser, StreamResult, stream_request
 
 ENDPOINTS = {"/v1/completions": "text_completion", "/v1/chat/completions": "chat.completion.chunk"}

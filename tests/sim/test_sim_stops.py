@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 from simkit import FAST_LATENCY, fast_config, greedy_tokens, sse_frames, texts
+from vllm_sim import run_sim
+from vllm_sim.prefix import chat_tokens, completion_tokens, token_text
+from vllm_sim.sampling import ranked
 
 from loadtest import http_client
-from loadtest.sim import run_sim
-from loadtest.sim.prefix import chat_tokens, completion_tokens, token_text
-from loadtest.sim.sampling import ranked
 
 PROMPT = "Once upon a time"
 MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]

@@ -10,10 +10,10 @@ import asyncio
 import parity_checks as pc
 import pytest
 from simkit import fast_config
+from vllm_sim import LatencyConfig, run_sim
+from vllm_sim.timing import Overrides, parse_overrides, plan_tokens
 
 from loadtest import http_client
-from loadtest.sim import LatencyConfig, run_sim
-from loadtest.sim.timing import Overrides, parse_overrides, plan_tokens
 from loadtest.sse_client import stream_request
 
 EARLY_TOLERANCE_S = 0.002  # timer granularity

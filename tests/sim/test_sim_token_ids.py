@@ -12,9 +12,9 @@ import json
 from typing import Any
 
 from simkit import fast_config
+from vllm_sim import run_sim
 
 from loadtest import http_client
-from loadtest.sim import run_sim
 
 BASE = {
     "model": "tiny-llama", "stream": True, "ignore_eos": True, "return_token_ids": True,

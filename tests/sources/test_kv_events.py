@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import msgpack
+from vllm_sim import run_sim
+from vllm_sim.config import CacheConfig
+from vllm_sim.prefix import completion_tokens
 
 from loadtest import http_client
 from loadtest.procs import async_wait_until, free_port
-from loadtest.sim import run_sim
-from loadtest.sim.config import CacheConfig
-from loadtest.sim.prefix import completion_tokens
 from picker.config.model import AffinityConfig
 from picker.pool import Pool
 from picker.pool.cache import KvBlocks

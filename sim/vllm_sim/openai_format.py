@@ -8,7 +8,7 @@ cached `bytes` object and never calls `json.dumps`. A stream that asks `return_t
 field that changes its chunks (stop, stop_token_ids, logprobs, continuous usage stats: sampling.py) is
 encoded chunk by chunk instead (sampled_stream.py).
 
-Prompt tokens come from the simulator's tokenizer (loadtest/sim/prefix.py): a string is ceil(chars / 4)
+Prompt tokens come from the simulator's tokenizer (sim/vllm_sim/prefix.py): a string is ceil(chars / 4)
 tokens (at least 1), a token-id list is itself, a chat request is its text parts that way plus 4 tokens
 per message and 2 for the assistant turn (ChatML-like overhead), after the JSON of its `tools`.
 """
@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from loadtest.sim.config import CapacityConfig
-from loadtest.sim.prefix import chat_tokens, completion_tokens
-from loadtest.sim.sampling import SamplingError, SamplingParams, check_sampling, parse_sampling
+from vllm_sim.config import CapacityConfig
+from vllm_sim.prefix import chat_tokens, completion_tokens
+from vllm_sim.sampling import SamplingError, SamplingParams, check_sampling, parse_sampling
 
 TOKEN_TEXT = " tok"  # the synthetic text of one generated token
 DONE_FRAME = b"data: [DONE]\n\n"
@@ -90,11 +90,11 @@ class ParsedRequest:
     lora: str | None = None  # the LoRA adapter the request names as its model
     return_token_ids: bool = False  # vLLM >= 0.10.2: prompt and generated token ids in the response
     sampling: SamplingParams | None = None  # stop, stop_token_ids, min_tokens, logprobs... (None: defaults)
-    kv_transfer_params: dict[str, Any] | None = None  # disaggregated serving (loadtest/sim/disagg.py)
+    kv_transfer_params: dict[str, Any] | None = None  # disaggregated serving (sim/vllm_sim/disagg.py)
 
     @property
     def sampled_stream(self) -> bool:
-        """Its chunks depend on its tokens (loadtest/sim/sampled_stream.py), not cached frames."""
+        """Its chunks depend on its tokens (sim/vllm_sim/sampled_stream.py), not cached frames."""
         return self.return_token_ids or (self.sampling is not None and self.sampling.shapes_stream)
 
 

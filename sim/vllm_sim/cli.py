@@ -1,4 +1,4 @@
-"""`python -m loadtest.sim`: run one or more simulated vLLM replicas in one process (uvloop).
+"""`python -m vllm_sim`: run one or more simulated vLLM replicas in one process (uvloop).
 
 Prints `sim listening HOST:PORT` once per replica when it accepts connections. The first SIGTERM (or
 SIGINT) shuts every replica down like vLLM 0.32 (see --shutdown-timeout); the process exits 0 once all
@@ -16,7 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from loadtest.sim.config import (
+from vllm_sim.config import (
     AbortStyle,
     CacheConfig,
     CapacityConfig,
@@ -28,8 +28,8 @@ from loadtest.sim.config import (
     ShutdownConfig,
     SimConfig,
 )
-from loadtest.sim.faults import FaultSpec, parse_fault_header
-from loadtest.sim.replica import Replica, nth
+from vllm_sim.faults import FaultSpec, parse_fault_header
+from vllm_sim.replica import Replica, nth
 
 EPILOG = """\
 per-request headers: x-sim-ttft-ms, x-sim-itl-ms (floats), x-sim-max-tokens (exactly N tokens),
@@ -47,7 +47,7 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m loadtest.sim",
+        prog="python -m vllm_sim",
         description="vLLM-compatible model-server simulator (OpenAI completions/chat, SSE, /metrics, "
         "vLLM 0.32 shutdown behaviour, fault injection). One process can serve several replicas.",
         formatter_class=_Formatter,
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--default-max-tokens", type=int, default=16, help="max_tokens of a request that sets none"
     )
 
-    cache = parser.add_argument_group("prefix cache, prefill, KV events and LoRA (loadtest/sim/prefix.py)")
+    cache = parser.add_argument_group("prefix cache, prefill, KV events and LoRA (sim/vllm_sim/prefix.py)")
     cache.add_argument(
         "--no-enable-prefix-caching",
         dest="prefix_caching",
@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     disagg = parser.add_argument_group(
-        "prefill/decode disaggregation, as vLLM's NixlConnector (loadtest/sim/disagg.py)"
+        "prefill/decode disaggregation, as vLLM's NixlConnector (sim/vllm_sim/disagg.py)"
     )
     disagg.add_argument(
         "--role",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from loadtest.sim.faults import FaultSpec
+from vllm_sim.faults import FaultSpec
 
 
 class AbortStyle(enum.Enum):
@@ -99,7 +99,7 @@ class CapacityConfig:
 
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
-    """Prefix caching, prefill compute, KV events and LoRA adapters (see loadtest/sim/prefix.py)."""
+    """Prefix caching, prefill compute, KV events and LoRA adapters (see sim/vllm_sim/prefix.py)."""
 
     prefix_caching: bool = True  # vLLM's automatic prefix caching (on by default, as in vLLM)
     block_size: int = 16  # tokens per KV block (vLLM's GPU default; its CPU build uses 128)
@@ -140,7 +140,7 @@ class ShutdownConfig:
 
 @dataclass(frozen=True, slots=True)
 class DisaggConfig:
-    """Prefill/decode disaggregation as vLLM's NixlConnector (pull mode) does it (loadtest/sim/disagg.py)."""
+    """Prefill/decode disaggregation as vLLM's NixlConnector (pull mode) does it (sim/vllm_sim/disagg.py)."""
 
     role: Role = Role.BOTH  # the default role of every replica of the process (per replica: Replica(role=))
     engine_id: str | None = None  # kv_transfer_config.engine_id; None = a fresh uuid4 per replica, as vLLM

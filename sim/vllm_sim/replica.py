@@ -22,13 +22,13 @@ from typing import TypeVar
 
 from aiohttp import web
 
-from loadtest.sim.admin import CONTROLS_KEY, add_routes
-from loadtest.sim.config import AbortStyle, DrainTimeoutAction, Role, SimConfig
-from loadtest.sim.engine import Interrupt
-from loadtest.sim.handlers import STATE_KEY
-from loadtest.sim.state import ReplicaState
+from vllm_sim.admin import CONTROLS_KEY, add_routes
+from vllm_sim.config import AbortStyle, DrainTimeoutAction, Role, SimConfig
+from vllm_sim.engine import Interrupt
+from vllm_sim.handlers import STATE_KEY
+from vllm_sim.state import ReplicaState
 
-log = logging.getLogger("loadtest.sim")
+log = logging.getLogger("vllm_sim")
 
 CLIENT_MAX_SIZE = 64 * 1024 * 1024  # request bodies up to 64 MiB (long prompts)
 STOP_GRACE_S = 2.0

@@ -14,11 +14,11 @@ from typing import Any, assert_never
 
 from aiohttp import web
 
-from loadtest.sim.config import AbortStyle
-from loadtest.sim.disagg import KvIntent, RemotePrefill
-from loadtest.sim.engine import InFlight, Interrupt
-from loadtest.sim.faults import FaultSpec, MidStreamFault
-from loadtest.sim.openai_format import (
+from vllm_sim.config import AbortStyle
+from vllm_sim.disagg import KvIntent, RemotePrefill
+from vllm_sim.engine import InFlight, Interrupt
+from vllm_sim.faults import FaultSpec, MidStreamFault
+from vllm_sim.openai_format import (
     DONE_FRAME,
     ENGINE_ERROR_MESSAGE,
     KV_LOAD_FAILED_MESSAGE,
@@ -29,9 +29,9 @@ from loadtest.sim.openai_format import (
     completion_body,
     stream_error_frame,
 )
-from loadtest.sim.requestlog import Outcome, RequestRecord
-from loadtest.sim.state import ReplicaState
-from loadtest.sim.timing import TokenPlan
+from vllm_sim.requestlog import Outcome, RequestRecord
+from vllm_sim.state import ReplicaState
+from vllm_sim.timing import TokenPlan
 
 
 @dataclass(slots=True)

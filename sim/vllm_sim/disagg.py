@@ -33,8 +33,8 @@ from typing import Any
 
 import aiohttp
 
-from loadtest.sim.config import DisaggConfig, Role
-from loadtest.sim.engine import Engine
+from vllm_sim.config import DisaggConfig, Role
+from vllm_sim.engine import Engine
 
 PULL_PATH = "/sim/kv/pull"
 PULL_CONNECT_TIMEOUT_S = 5.0

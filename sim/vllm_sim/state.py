@@ -8,15 +8,15 @@ import logging
 
 from prometheus_client.core import CollectorRegistry
 
-from loadtest.sim.config import AbortStyle, Role, SimConfig
-from loadtest.sim.disagg import KvHolds
-from loadtest.sim.engine import Engine, InFlight, Interrupt
-from loadtest.sim.faults import FaultBoard
-from loadtest.sim.kv_events import KvEventPublisher
-from loadtest.sim.metrics import SimCollector, SimStats, make_registry
-from loadtest.sim.requestlog import Outcome, RequestLog, RequestRecord
+from vllm_sim.config import AbortStyle, Role, SimConfig
+from vllm_sim.disagg import KvHolds
+from vllm_sim.engine import Engine, InFlight, Interrupt
+from vllm_sim.faults import FaultBoard
+from vllm_sim.kv_events import KvEventPublisher
+from vllm_sim.metrics import SimCollector, SimStats, make_registry
+from vllm_sim.requestlog import Outcome, RequestLog, RequestRecord
 
-log = logging.getLogger("loadtest.sim")
+log = logging.getLogger("vllm_sim")
 
 
 class ReplicaState:

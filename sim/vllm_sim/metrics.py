@@ -22,8 +22,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from loadtest.sim.config import CacheConfig
-from loadtest.sim.engine import Engine
+from vllm_sim.config import CacheConfig
+from vllm_sim.engine import Engine
 
 # vLLM's bucket boundaries (seconds).
 TTFT_BUCKETS = (

@@ -20,12 +20,12 @@ from http import HTTPStatus
 
 from aiohttp import web
 
-from loadtest.sim.config import KvLoadFailurePolicy
-from loadtest.sim.disagg import KvIntent, RemotePrefill, parse_kv_params, pull, transfer_s
-from loadtest.sim.endings import Call, complete, interrupted, json_response, kv_load_failed, strike, unsent
-from loadtest.sim.engine import Admission, InFlight
-from loadtest.sim.faults import parse_fault_header
-from loadtest.sim.openai_format import (
+from vllm_sim.config import KvLoadFailurePolicy
+from vllm_sim.disagg import KvIntent, RemotePrefill, parse_kv_params, pull, transfer_s
+from vllm_sim.endings import Call, complete, interrupted, json_response, kv_load_failed, strike, unsent
+from vllm_sim.engine import Admission, InFlight
+from vllm_sim.faults import parse_fault_header
+from vllm_sim.openai_format import (
     BUSY_MESSAGE,
     DRAIN_MESSAGE,
     ENGINE_ERROR_MESSAGE,
@@ -36,11 +36,11 @@ from loadtest.sim.openai_format import (
     check_length,
     parse_request,
 )
-from loadtest.sim.requestlog import Outcome, RequestRecord
-from loadtest.sim.sampled_stream import SampledEncoder
-from loadtest.sim.sidecar import sidecar_step
-from loadtest.sim.state import ReplicaState, log
-from loadtest.sim.timing import TokenPlan, parse_overrides, plan_tokens
+from vllm_sim.requestlog import Outcome, RequestRecord
+from vllm_sim.sampled_stream import SampledEncoder
+from vllm_sim.sidecar import sidecar_step
+from vllm_sim.state import ReplicaState, log
+from vllm_sim.timing import TokenPlan, parse_overrides, plan_tokens
 
 STATE_KEY = web.AppKey("sim_state", ReplicaState)
 REQUEST_ID_HEADER = "x-request-id"

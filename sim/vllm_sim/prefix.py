@@ -45,7 +45,7 @@ def next_token(context: Sequence[int]) -> int:
 
 
 def token_text(token: int) -> str:
-    """The text of one generated token on the sampled path (loadtest/sim/sampled_stream.py: requests
+    """The text of one generated token on the sampled path (sim/vllm_sim/sampled_stream.py: requests
     with `return_token_ids`, stop strings, logprobs...); plain streams send " tok" per token."""
     return f" t{token}"
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loadtest.sim.prefix import VOCAB_SIZE, context_key, next_token, token_text
+from vllm_sim.prefix import VOCAB_SIZE, context_key, next_token, token_text
 
 MAX_LOGPROBS = 20  # vLLM's --max-logprobs default
 MAX_STOP_STRINGS = 4  # VLLM_MAX_STOP_STRINGS default

@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from loadtest.sim.prefix import Stored
+from vllm_sim.prefix import Stored
 
 
 class KvEventPublisher:

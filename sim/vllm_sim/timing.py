@@ -13,7 +13,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from loadtest.sim.config import LatencyConfig
+from vllm_sim.config import LatencyConfig
 
 # Per-request override headers (simulator only).
 TTFT_HEADER = "x-sim-ttft-ms"  # float >= 0: fixed TTFT for this request (prompt-size term dropped)

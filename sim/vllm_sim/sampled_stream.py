@@ -2,7 +2,7 @@
 
 A streaming request takes this path when it asks `return_token_ids` or one of the sampling fields that
 change its chunks (stop, stop_token_ids, logprobs, stream_options.continuous_usage_stats); its tokens
-are the simulator's greedy ids and their text " t<id>" (loadtest/sim/sampling.py says how stops and
+are the simulator's greedy ids and their text " t<id>" (sim/vllm_sim/sampling.py says how stops and
 logprobs act). The chunks keep the plain path's shape (openai_format.StreamEncoder) and fill in what
 vLLM 0.32 puts there:
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from loadtest.sim.openai_format import Endpoint, ParsedRequest, StreamEncoder
-from loadtest.sim.prefix import token_text
-from loadtest.sim.sampling import Sampler, Step
+from vllm_sim.openai_format import Endpoint, ParsedRequest, StreamEncoder
+from vllm_sim.prefix import token_text
+from vllm_sim.sampling import Sampler, Step
 
 
 def _json(value: Any) -> str:

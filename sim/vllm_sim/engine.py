@@ -8,7 +8,7 @@ tokens held = prompt + generated tokens of running requests. No preemption: usag
 LoRA: a request for an adapter runs only while at most `max_loras` adapters are active (adapters of
 running requests); one whose adapter cannot be activated waits, and the requests behind it may pass
 (vLLM's scheduler skips it). Prefill (`prefill`): the prompt's cached blocks are looked up and its
-blocks stored (loadtest/sim/prefix.py); with a prefill rate, uncached tokens are computed one request
+blocks stored (sim/vllm_sim/prefix.py); with a prefill rate, uncached tokens are computed one request
 after another, so prefill is a shared resource and cache hits free it.
 """
 
@@ -18,10 +18,10 @@ import asyncio
 import enum
 from collections import deque
 
-from loadtest.sim.config import CacheConfig, CapacityConfig
-from loadtest.sim.kv_events import KvEventPublisher
-from loadtest.sim.prefix import PrefixCache
-from loadtest.sim.requestlog import RequestRecord
+from vllm_sim.config import CacheConfig, CapacityConfig
+from vllm_sim.kv_events import KvEventPublisher
+from vllm_sim.prefix import PrefixCache
+from vllm_sim.requestlog import RequestRecord
 
 
 class Interrupt(enum.IntEnum):

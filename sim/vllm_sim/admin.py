@@ -8,7 +8,7 @@ Admin API (simulator only):
 - GET|DELETE /sim/requests     the request log (GET ?request_id=X filters)
 - GET /sim/state               running / waiting / kv usage / in flight / draining, as JSON
 - POST /sim/health     {"status": 503} makes GET /health answer that status (200 restores)
-- POST /sim/kv/pull    a decode replica's pull of a prefill's KV blocks (loadtest/sim/disagg.py):
+- POST /sim/kv/pull    a decode replica's pull of a prefill's KV blocks (sim/vllm_sim/disagg.py):
                        {"remote_engine_id", "remote_request_id", "transfer_ms"} -> 200 after the transfer
                        time, then the blocks are freed; 404 when they are not held here (any more)
 """
@@ -22,12 +22,12 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from loadtest.sim.config import DrainTimeoutAction
-from loadtest.sim.disagg import MAX_TRANSFER_S, PULL_PATH
-from loadtest.sim.faults import parse_fault_mapping
-from loadtest.sim.handlers import STATE_KEY, chat_completions, completions
-from loadtest.sim.openai_format import ApiError, bad_request, invalid_body, models_body
-from loadtest.sim.prefix import chat_tokens, completion_tokens
+from vllm_sim.config import DrainTimeoutAction
+from vllm_sim.disagg import MAX_TRANSFER_S, PULL_PATH
+from vllm_sim.faults import parse_fault_mapping
+from vllm_sim.handlers import STATE_KEY, chat_completions, completions
+from vllm_sim.openai_format import ApiError, bad_request, invalid_body, models_body
+from vllm_sim.prefix import chat_tokens, completion_tokens
 
 REPLICA_HEADER = "x-sim-replica"
 
