@@ -18,6 +18,10 @@ per configuration, each with its own Envoy + `picker serve` (or `picker proxy`) 
   resume       `picker proxy`, streams.resume greedy (every request greedy, so every one resumable)
   python-gc    the shipped configuration with Python's own garbage collector (server.gc_gen0_threshold
                0): what settling the collector saves
+  fair-share-off  tenants.fair_share off, requests without the fairness header as in every other
+               row: beside `shipped` (fair share on), what fair share costs a request that has none
+  tenant-header  the shipped configuration, every request with the fairness header (one of four
+               tenants, in turn): a tenant's accounting (reserved at admission, settled at the end)
 
 Per row, in interleaved rounds (this machine drifts 10-20 % over minutes): a closed loop of one-token
 streams at `--concurrency` (picker CPU per request), then of `--tokens`-token streams; the per-chunk
@@ -53,7 +57,11 @@ LABEL = "app.kubernetes.io/version"
 SIM_ARGS = ("--ttft-ms", "2", "--itl-ms", "2", "--max-model-len", "1000000")
 
 
-def request(tokens: int, port: int) -> bytes:
+FAIRNESS = "x-gateway-inference-fairness-id"
+TENANTS = ("acme", "globex", "initech", "umbrella")
+
+
+def request(tokens: int, port: int, tenant: str | None = None) -> bytes:
     body = json.dumps(
         {
             "model": "tiny-llama",
@@ -66,7 +74,9 @@ def request(tokens: int, port: int) -> bytes:
     ).encode()
     head = (
         f"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\ncontent-type: application/json\r\n"
-        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+        f"connection: close\r\ncontent-length: {len(body)}\r\n"
+        + (f"{FAIRNESS}: {tenant}\r\n" if tenant else "")
+        + "\r\n"
     )
     return head.encode() + body
 
@@ -141,6 +151,8 @@ def _start(name: str, folder: Path, replicas: list[str], collector: Collector | 
             env["PICKER_STREAMS__RESUME"] = "greedy"
         case "python-gc":
             env["PICKER_SERVER__GC_GEN0_THRESHOLD"] = "0"
+        case "fair-share-off":
+            env["PICKER_TENANTS__FAIR_SHARE"] = "off"
     options = StackOptions(**base, picker_args=args, picker_env=env or None)
     kind = ProxyStack if name in ("proxy", "resume") else Stack
     return kind(folder, options).start()
@@ -150,7 +162,14 @@ async def measure(row: Row, tokens: int, concurrency: int, count: int, seconds: 
     """Picker CPU seconds (less idle) and chunks for `count` streams of `tokens` tokens."""
     meter = Meter({"picker": row.pids}, idle={"picker": row.idle})
     with meter.window():
-        results, _ = await closed_loop(row.port, request(tokens, row.port), concurrency, count, seconds)
+        if row.name == "tenant-header":  # a quarter of the loop per tenant, in turn
+            results = []
+            for tenant in TENANTS:
+                part = request(tokens, row.port, tenant)
+                some, _ = await closed_loop(row.port, part, concurrency, count // 4, seconds / 4)
+                results += some
+        else:
+            results, _ = await closed_loop(row.port, request(tokens, row.port), concurrency, count, seconds)
     failed = sum(1 for r in results if not r.done)
     if failed:
         print(f"  {row.name}: {failed} of {len(results)} streams did not complete")
@@ -226,7 +245,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     all_rows = (
-        "shipped,prefix-off,precise,latency,latency-off,rollout,tracing,plain,peers,proxy,resume,python-gc"
+        "shipped,prefix-off,precise,latency,latency-off,rollout,tracing,plain,peers,proxy,resume,python-gc,"
+        "fair-share-off,tenant-header"
     )
     parser.add_argument("--rows", default=all_rows)
     parser.add_argument("--rounds", type=int, default=3)

@@ -9,10 +9,17 @@ Rows (`--rows`), each on a fresh stack:
   alone      the light tenant alone: the TTFT it gets from this pool when nobody competes
   off        both tenants, `flow.fair_share: off` (the queue takes turns between flows by request)
   on         both tenants, the default fair share (by tokens, equal weights)
+  backlog    both tenants backlogged: the light one at `--backlog-x` times its rate (alone it would
+             ask for more than half the pool), so each tenant's share of the tokens can be held
+             against its weight (equal weights: half each)
+  backlog-alone  the light tenant alone at that rate (its TTFT baseline for the backlog row)
 Printed per row and tenant: requests sent / served / refused, TTFT p50 / p90 / p99, and each
-tenant's share of the tokens dispatched while both were queued (from the picker's own counters).
+tenant's share of the tokens dispatched (from the picker's own counters, none with fair share off)
+between a quarter of the arrival window and its end, while both tenants are queued (not the
+tail after arrivals stop, when the heavy tenant's backlog drains alone).
 
-Run: `python -m loadtest.bench_tenants` (about 3 minutes; `--seconds` sets each row's window).
+Run: `python -m loadtest.bench_tenants` (about 3 minutes; `--seconds` sets each row's window,
+`--rows` which rows, `--backlog-x` the backlog row's light rate).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import random
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,9 +89,16 @@ async def _one(
         seen.errors += 1
 
 
-async def drive(url: str, tenants: Sequence[Tenant], seconds: float, seed: int) -> dict[str, Seen]:
+async def drive(
+    url: str,
+    tenants: Sequence[Tenant],
+    seconds: float,
+    seed: int,
+    marks: Sequence[Callable[[], Awaitable[None]]] = (),
+) -> dict[str, Seen]:
     """Open-loop arrivals for each tenant for `seconds` (at most rate x seconds x 1.5 requests each),
-    then wait (bounded) for every stream to end."""
+    then wait (bounded) for every stream to end. `marks`: awaited at a quarter of the window and at
+    its end (the token counters read while arrivals go on)."""
     seen = {t.name: Seen() for t in tenants}
     tasks: set[asyncio.Task[None]] = set()
     timeout = aiohttp.ClientTimeout(total=seconds + 60)
@@ -106,7 +120,13 @@ async def drive(url: str, tenants: Sequence[Tenant], seconds: float, seed: int) 
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
 
-        await asyncio.gather(*(arrivals(i, t) for i, t in enumerate(tenants)))
+        async def marking() -> None:
+            start = time.monotonic()
+            for mark, at in zip(marks, (seconds / 4, seconds), strict=False):
+                await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+                await mark()
+
+        await asyncio.gather(marking(), *(arrivals(i, t) for i, t in enumerate(tenants)))
         if tasks:
             await asyncio.wait(set(tasks), timeout=seconds + 60)
     return seen
@@ -136,12 +156,17 @@ async def row(
         options = StackOptions(replicas=4, sim_args=SIM, picker_args=("--config", str(path)))
         stack = Stack(Path(tmp), options)
         stack.start()
+        reads: list[dict[str, float]] = []
+
+        async def mark() -> None:
+            reads.append(dispatched_tokens(parse_metrics(await asyncio.to_thread(_metrics_text, stack))))
+
         try:
-            seen = await drive(stack.url, tenants, seconds, seed)
-            text = await asyncio.to_thread(_metrics_text, stack)
-            tokens = dispatched_tokens(parse_metrics(text))
+            seen = await drive(stack.url, tenants, seconds, seed, (mark, mark))
         finally:
             stack.stop()
+    first, last = reads if len(reads) == 2 else ({}, {})
+    tokens = {k: v - first.get(k, 0.0) for k, v in last.items()}
     total = sum(tokens.values())
     for tenant in tenants:
         s = seen[tenant.name]
@@ -164,6 +189,8 @@ ROWS = {
     "alone": ("light", {}),
     "off": ("both", {"tenants": {"fair_share": "off"}}),
     "on": ("both", {}),
+    "backlog": ("both-backlogged", {}),
+    "backlog-alone": ("light-backlogged", {}),
 }
 
 
@@ -173,8 +200,10 @@ async def main() -> None:
     parser.add_argument("--light-rate", type=float, default=6.0)
     parser.add_argument("--rows", default="alone,off,on")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--backlog-x", type=float, default=10.0, help="the light rate's factor (backlog)")
     args = parser.parse_args()
     light = Tenant("light", 40, 20, args.light_rate)
+    busy = Tenant("light", 40, 20, args.backlog_x * args.light_rate)
     heavy = Tenant("heavy", 320, 160, 4 * args.light_rate)
     print(
         f"4 replicas x 4 slots (simulated: TTFT 20 ms, 10 ms a token); light {light.rate:g}/s of ~10+20 "
@@ -186,7 +215,8 @@ async def main() -> None:
     )
     for name in args.rows.split(","):
         who, config = ROWS[name]
-        tenants = (light,) if who == "light" else (light, heavy)
+        own = busy if who.endswith("backlogged") else light
+        tenants = (own,) if who.startswith("light") else (own, heavy)
         await row(name, tenants, config, args.seconds, args.seed)
 
 
