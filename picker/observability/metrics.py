@@ -384,8 +384,7 @@ _REJECTED_DOCS = {
     "peer_drain_answers": "Peers' answers to the drains query (/admin/drains?scope=pool) refused whole, "
     "by reason",
     "drain_record": "Items of the shared drain record not applied (malformed address, pod, cause or "
-    "rollout), each counted once, by reason; `unreadable`: a read of the endpoints file that failed "
-    "(the last good answer kept), each distinct failure once",
+    "rollout), each counted once, by reason",
 }
 
 

@@ -43,8 +43,6 @@ from picker.sources.drain_causes import OPERATOR, Cause, CauseKind, MalformedCau
 from picker.sources.static_file import (
     EndpointsFile,
     EndpointsFileError,
-    decoded,
-    listed_entries,
     parse_endpoints,
 )
 
@@ -182,35 +180,27 @@ class EndpointsFileDrains:
         self._file = file
         self._pool = pool
         self._rejections = Rejections()
-        self._shown: dict[str, list[Cause]] = {}  # the last answer read from a good version
-        self._unreadable: str | None = None  # the last bad read, logged once
+        self._shown: dict[str, list[Cause]] = {}  # the answer for the version in force ...
+        self._read_from: list[Any] | None = None  # ... read from these entries
 
     @property
     def rejected(self) -> Mapping[str, int]:
         return self._rejections.counts
 
     def drained_by(self) -> dict[str, list[Cause]]:
-        """Read from the file as the source reads it; a version the source would reject (a partial
-        write) or that cannot be read keeps the last good answer, the bad read counted
-        (`unreadable`) and logged once: an admin read never fails on the file."""
-        path = self._file.path
-        try:
-            entries = listed_entries(decoded(path.read_bytes()))
-        except (OSError, EndpointsFileError) as exc:
-            problem = str(exc)
-            self._rejections.count("unreadable", problem)
-            if problem != self._unreadable:
-                log.warning("endpoints file %s: drains not read (%s); showing the last good", path, problem)
-            self._unreadable = problem
+        """Who holds each drain, from the version of the file the source has in force (never a
+        fresh read: a version the source rejects, a partial write or garbage, is not shown and
+        cannot make a read fail); this store's own writes are loaded at once (`_rewrite`)."""
+        entries = self._file.entries
+        if entries is self._read_from:
             return dict(self._shown)
-        self._unreadable = None
         shown: dict[str, list[Cause]] = {}
         for entry in entries:
             address = _address_of(entry)
             causes = self._causes_of(entry)
             if address is not None and causes:
                 shown[address] = sorted(causes, key=str)
-        self._shown = shown
+        self._shown, self._read_from = shown, entries
         return dict(shown)
 
     async def drain(

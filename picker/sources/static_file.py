@@ -65,6 +65,12 @@ def read_endpoints(text: str) -> tuple[dict[str, EndpointState], Labels]:
     return _states(_listed(text))
 
 
+def _read_whole(text: str) -> tuple[tuple[dict[str, EndpointState], Labels], list[Any]]:
+    """`read_endpoints` and the entries as written, from one parse."""
+    entries = _listed(text)
+    return _states(entries), entries
+
+
 def listed_entries(text: str) -> list[Any]:
     """The file's entries as written, once the whole file is one the source accepts (one parse:
     the drain store reads its `drained_by` items from them)."""
@@ -172,15 +178,18 @@ class EndpointsFile:
         self._seen: _Signature | None = None  # the last version looked at (applied or not)
         self._complained: object = None  # what was last logged as rejected (a version, or an error)
         self.loads = 0
+        # the entries of the version in force, as written: what the admin API reads (drained_by),
+        # never the disk, so that a bad version on disk never makes a read fail or show it
+        self.entries: list[Any] = []
 
     def load(self) -> None:
         """The first read, at startup: any problem is an error (there is no last good view yet)."""
         signature, text = self._read()
         try:
-            desired = read_endpoints(text)
+            desired, entries = _read_whole(text)
         except EndpointsFileError as exc:
             raise EndpointsFileError(f"endpoints file {self.path}: {exc}") from None
-        self._apply(signature, desired)
+        self._apply(signature, desired, entries)
 
     def check(self) -> bool:
         """One look at the file; True when a new version was published to the pool."""
@@ -207,14 +216,14 @@ class EndpointsFile:
             self._seen = read_signature
             return False
         try:
-            desired = read_endpoints(text)
+            desired, entries = _read_whole(text)
         except EndpointsFileError as exc:
             self._complain(signature, str(exc))
             return False
         except Exception as exc:  # a parser bug or surprise: this version is bad, not the watch
             self._complain(signature, f"could not be read ({type(exc).__name__}: {exc})")
             return False
-        self._apply(signature, desired)
+        self._apply(signature, desired, entries)
         return True
 
     async def run(self) -> None:
@@ -232,12 +241,15 @@ class EndpointsFile:
             signature = _Signature.of(os.fstat(handle.fileno()))
         return signature, decoded(data)
 
-    def _apply(self, signature: _Signature, listed: tuple[dict[str, EndpointState], Labels]) -> None:
+    def _apply(
+        self, signature: _Signature, listed: tuple[dict[str, EndpointState], Labels], entries: list[Any]
+    ) -> None:
         desired, labels = listed
         # the file is the admin drains' record (picker/sources/drain_store.py): a `draining: true`
         # is the operator's, a preStop hook's or a rollback's, on every replica that reads it
         self._pool.reconcile(desired, source=SOURCE, labels=labels, listed_drain=DrainCause.ADMIN)
         self._applied = self._seen = signature
+        self.entries = entries
         self._complained = None
         self.loads += 1
         self._on_event("loaded")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -198,14 +199,14 @@ async def test_no_version_of_the_file_ends_the_watch(
     from picker.sources import static_file
 
     pool = Pool()
-    real_read = static_file.read_endpoints
+    real_read = static_file._read_whole  # what the source parses a version with
 
-    def surprising_read(text: str) -> tuple[dict[str, EndpointState], static_file.Labels]:
+    def surprising_read(text: str) -> tuple[tuple[dict[str, EndpointState], static_file.Labels], list[Any]]:
         if "10.0.0.6" in text:
             raise KeyError("surprise")
         return real_read(text)
 
-    monkeypatch.setattr(static_file, "read_endpoints", surprising_read)
+    monkeypatch.setattr(static_file, "_read_whole", surprising_read)
     versions = ["[" * 3000 + "]" * 3000, "- 10.0.0.6:8000\n", "- 10.0.0.8:8000\n"]
     delays: list[float] = []
 
