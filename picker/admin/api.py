@@ -40,6 +40,7 @@ from picker.admin import status_page
 from picker.admin.browser import refusal as browser_refusal
 from picker.admin.capacity_guard import CapacityGuard
 from picker.admin.read_auth import ReadGuard, loopback_may_change
+from picker.admin.read_auth import error as _error
 from picker.admin.status_page import Overview
 from picker.config.model import canonical_address
 from picker.observability.metrics import Metrics
@@ -54,10 +55,6 @@ from picker.streams.ends import DataPlanes
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status, headers=headers)
 
 
 def describe(pool: Pool, endpoint: Endpoint, drained_by: list[Cause] | None = None) -> dict[str, Any]:

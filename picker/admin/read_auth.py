@@ -68,11 +68,11 @@ class ReadGuard:
             case Access.ALLOWED:
                 return None
             case Access.UNAUTHENTICATED:
-                return _error(401, f"{request.path} needs a bearer token", {"WWW-Authenticate": "Bearer"})
+                return error(401, f"{request.path} needs a bearer token", {"WWW-Authenticate": "Bearer"})
             case Access.FORBIDDEN:
-                return _error(403, f"this identity may not read {request.path} (RBAC: get on /metrics)")
+                return error(403, f"this identity may not read {request.path} (RBAC: get on /metrics)")
             case Access.UNREVIEWED:
-                return _error(503, "the bearer token cannot be reviewed now", {"Retry-After": "1"})
+                return error(503, "the bearer token cannot be reviewed now", {"Retry-After": "1"})
             case _:
                 assert_never(access)
 
@@ -95,7 +95,8 @@ def _same(presented: str, token: str | None) -> bool:
     return token is not None and bool(presented) and hmac.compare_digest(presented.encode(), token.encode())
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    """The admin API's error answer: one body for every refusal, read or write."""
     return web.json_response({"error": {"message": message, "code": status}}, status=status, headers=headers)
 
 
