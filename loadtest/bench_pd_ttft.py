@@ -11,7 +11,7 @@ the same seeded arrivals; then the prefill hop's worth by uncached prompt size.
 2. The hop's worth (`pd.prefill_min_tokens`): for each prompt size, the oracle with the hop and
    without it (the decode replica computes the prompt), idle (1 request/s) and under load.
 
-Run: `python -m loadtest.bench_pd_ttft` (~3 min).
+Run: `python -m loadtest.bench_pd_ttft [--part 1|2]` (~2 min each part).
 """
 
 from __future__ import annotations
@@ -37,13 +37,29 @@ SIZES = (64, 256, 1024, 4096)
 SHORT = 64  # below the default pd.prefill_min_tokens: no hop
 
 
-class Oracle:
-    """The hand-wired pairing: least-loaded decode and prefill replicas from its own counts."""
+# PD_SIM_ARGS's figures, for the oracle's own estimate of when a prompt would be ready
+PREFILL_TOKENS_PER_S = 20000.0
+STEP_S, PULL_S, PULL_PER_BLOCK_S, BLOCK = 0.020, 0.005, 0.0002, 16
+HOPS = ("never", "always", "sooner")
 
-    def __init__(self, prefills: list[str], decodes: list[str], hop: bool = True) -> None:
+
+def hop_cost_s(tokens: int) -> float:
+    """What the hop adds to a prompt's TTFT by itself: the prefill step's own first-token step and
+    the pull of its blocks."""
+    return STEP_S + PULL_S + PULL_PER_BLOCK_S * -(-tokens // BLOCK)
+
+
+class Oracle:
+    """The hand-wired pairing: least-loaded decode and prefill replicas from its own counts. `hop`:
+    never, always, or "sooner": only when the prompt would be ready sooner on the prefill replica
+    (its backlog plus the hop's cost) than computed on the decode replica (its own backlog), for
+    prompts of `tokens` tokens."""
+
+    def __init__(self, prefills: list[str], decodes: list[str], hop: str = "always", tokens: int = 0) -> None:
         self.open = dict.fromkeys(decodes, 0)
-        self.prefilling = dict.fromkeys(prefills, 0)
-        self.hop = hop
+        self.prefilling = dict.fromkeys(prefills, 0)  # hops sent, no first token yet
+        self.computing = dict.fromkeys(decodes, 0)  # prompts computed in place, no first token yet
+        self.hop, self.tokens = hop, tokens
         self._turns = {"decode": itertools.count(), "prefill": itertools.count()}
         self._chosen: dict[int, tuple[str, str]] = {}
 
@@ -52,21 +68,31 @@ class Oracle:
         keys = list(counts)
         return min(keys, key=lambda a: (counts[a], (keys.index(a) - turn) % len(keys)))
 
+    def _hops(self, decode: str, prefill: str) -> bool:
+        if self.hop != "sooner":
+            return self.hop == "always"
+        per_prompt_s = self.tokens / PREFILL_TOKENS_PER_S
+        in_place = (self.computing[decode] + 1) * per_prompt_s
+        return (self.prefilling[prefill] + 1) * per_prompt_s + hop_cost_s(self.tokens) < in_place
+
     def target(self, index: int) -> tuple[str, dict[str, str]]:
         decode = self._least(self.open, "decode")
         self.open[decode] += 1
-        if not self.hop:
+        prefill = self._least(self.prefilling, "prefill")
+        if not self._hops(decode, prefill):
+            self.computing[decode] += 1
             self._chosen[index] = (decode, "")
             return f"http://{decode}", {}
-        prefill = self._least(self.prefilling, "prefill")
         self.prefilling[prefill] += 1
         self._chosen[index] = (decode, prefill)
         return f"http://{decode}", {PREFILLER: prefill}
 
     def first(self, index: int) -> None:
-        prefill = self._chosen[index][1]
+        decode, prefill = self._chosen[index]
         if prefill:
             self.prefilling[prefill] -= 1
+        else:
+            self.computing[decode] -= 1
 
     def done(self, index: int) -> None:
         self.open[self._chosen[index][0]] -= 1
@@ -153,7 +179,7 @@ async def compare(stack: Stack, args: argparse.Namespace) -> None:
         for name in ("oracle", "picker"):
             salt = f"{name} {round_}"
             if name == "oracle":
-                oracle = Oracle(prefills, decodes, hop)
+                oracle = Oracle(prefills, decodes, "always" if hop else "never")
                 load = await through(oracle.target, arrivals, tokens, salt, oracle)
             else:
                 load = await through(lambda _i: (stack.url, {}), arrivals, tokens, salt)
@@ -176,18 +202,22 @@ async def compare(stack: Stack, args: argparse.Namespace) -> None:
 
 async def sweep(stack: Stack, args: argparse.Namespace) -> None:
     prefills, decodes = stack.replicas[:2], stack.replicas[2:]
-    print("\n2. the prefill hop's worth by uncached prompt size, the oracle with and without the hop:")
-    print(f"   {'prompt':>6}  {'load':<6} {'decode computes it':<34} {'prefill hop':<34}")
+    print(
+        "\n2. the prefill hop's worth by uncached prompt size: the oracle never taking it (the decode "
+        "replica computes the prompt), always, and only when the prompt would be ready sooner"
+    )
+    print(f"   {'prompt':>6}  {'load':<6} " + "".join(f"{h:<36}" for h in HOPS))
     for tokens in SIZES:
-        for label, rate in (("1/s", 1.0), (f"{args.rate:g}/s", args.rate)):
+        for label, rate in (("2/s", 2.0), (f"{args.rate:g}/s", args.rate)):
             arrivals = poisson_arrivals(rate, args.sweep_duration, (20, 80), args.seed)
             cells = []
-            for hop in (False, True):
-                oracle = Oracle(prefills, decodes, hop)
-                load = await through(oracle.target, arrivals, tokens, f"sweep {tokens} {label} {hop}", oracle)
-                cells.append(figures(load))
-            print(f"   {tokens:>6}  {label:<6} {cells[0]:<34} {cells[1]:<34}", flush=True)
-        prefill_steps(prefills)
+            for hop in HOPS:
+                oracle = Oracle(prefills, decodes, hop, tokens)
+                salt = f"sweep {tokens} {label} {hop}"
+                load = await through(oracle.target, arrivals, tokens, salt, oracle)
+                hops = sum(prefill_steps(prefills).values())
+                cells.append(f"{figures(load)} ({hops} hops)" if hop == "sooner" else figures(load))
+            print(f"   {tokens:>6}  {label:<6} " + "".join(f"{c:<36}" for c in cells), flush=True)
 
 
 async def main_async(args: argparse.Namespace, workdir: Path) -> None:
@@ -206,14 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m loadtest.bench_pd_ttft", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--rate", type=float, default=8.0, help="requests per second (Poisson)")
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals, part 1")
+    parser.add_argument("--duration", type=float, default=12.0, help="seconds of arrivals, part 1")
     parser.add_argument(
-        "--sweep-duration", type=float, default=6.0, help="seconds of arrivals, each sweep run"
+        "--sweep-duration", type=float, default=5.0, help="seconds of arrivals, each sweep run"
     )
     parser.add_argument("--prompt-tokens", type=int, default=1024, help="uncached prompt tokens, part 1")
     parser.add_argument("--min-tokens", type=int, default=256, help="the picker's pd.prefill_min_tokens")
     parser.add_argument("--seed", type=int, default=7, help="seed of the arrivals")
-    parser.add_argument("--rounds", type=int, default=2, help="oracle / picker rounds, part 1")
+    parser.add_argument("--rounds", type=int, default=3, help="oracle / picker rounds, part 1")
     parser.add_argument("--part", choices=("1", "2", "both"), default="both", help="which part to run")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="pd-ttft-") as tmp:

@@ -32,6 +32,7 @@ from loadtest.rollout.pd import (
     PdPickerSetup,
     PdRoundRobinSetup,
     cut_after_first_token,
+    drain_lines,
     read_rest,
     replay_to,
 )
@@ -64,6 +65,7 @@ class Column:
     counts: dict[str, int]
     rollout_s: float
     panel: Panel
+    drains: list[str]
 
 
 async def run_kind(
@@ -95,7 +97,8 @@ async def run_kind(
         counts = setup.books.counts(fleet.roles, fleet.revisions)
         events = [*fleet.events, *report.timeline_events()]
         panel = Panel(setup.title, events, "", fleet.lane_names())
-        return Column(setup.title, report, counts, rollout_s, panel)
+        drains = await asyncio.to_thread(drain_lines, setup) if isinstance(setup, PdPickerSetup) else []
+        return Column(setup.title, report, counts, rollout_s, panel, drains)
     finally:
         await asyncio.to_thread(setup.stop)
         await asyncio.to_thread(fleet.stop_all)
@@ -131,6 +134,12 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> list[Column]:
         columns.append(await run_kind(kind, arrivals, args.prompt_tokens, args.rollout_at, workdir / kind))
     print()
     print(side_by_side([c.title for c in columns], [column_view(c) for c in columns], ROWS, 12))
+    for index, column in enumerate(columns):
+        if column.drains:
+            print(
+                f"\n({chr(ord('a') + index)}) the old replicas' drains, from the picker's GET /admin/drains:"
+            )
+            print("\n".join(column.drains))
     if args.png is not None:
         title = (
             f"Rollout of a prefill / decode pool (P x2 + D x2) under {args.rate:g} streaming requests/s: "

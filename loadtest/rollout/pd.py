@@ -35,6 +35,7 @@ from loadtest.rollout.fleet import Fleet
 from loadtest.rollout.load import Arrival, LoadReport, Outcome
 from loadtest.rollout.setups import PickerSetup, RoundRobinSetup, _replace
 from loadtest.sse_client import stream_request
+from picker.drain import scorecard
 
 VERSION_LABEL = "app.kubernetes.io/version"
 PREFILLER = "x-prefiller-host-port"
@@ -287,6 +288,23 @@ class PdPickerSetup(PickerSetup):
         await self.fleet.wait_exit(address, self.grace_s)
         del self.entries[address]
         self._write_file()
+
+
+def drain_lines(setup: PdPickerSetup) -> list[str]:
+    """One line per old replica's drain, from the picker's records (GET /admin/drains)."""
+    names = setup.pd_fleet.lane_names()
+    lines = []
+    for drain in sorted(scorecard.fetch(setup.admin_url), key=lambda d: d.get("started_wall") or 0):
+        address = drain.get("address")
+        if address not in setup.pd_fleet.first:
+            continue
+        ended = {k: v for k, v in (drain.get("ended") or {}).items() if v}
+        lines.append(
+            f"    {names[address].split()[0]:<3} in flight at start {drain.get('in_flight_at_start')}, "
+            f"KV pulls pending at start {drain.get('pulls_at_start')}, ended {ended or '{}'}, "
+            f"picks after start {drain.get('picks_after_start')}, to zero {drain.get('time_to_zero_s')} s"
+        )
+    return lines
 
 
 async def read_rest(books: Books, addresses: Sequence[str]) -> None:

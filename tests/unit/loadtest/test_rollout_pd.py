@@ -57,4 +57,12 @@ def test_the_oracle_sends_to_the_least_loaded_pair_and_takes_turns_on_ties() -> 
     oracle.done(0)
     oracle.done(1)
     assert oracle.open == {"d1": 0, "d2": 1} or oracle.open == {"d1": 1, "d2": 0}
-    assert Oracle(["p1"], ["d1"], hop=False).target(0) == ("http://d1", {})
+    assert Oracle(["p1"], ["d1"], hop="never").target(0) == ("http://d1", {})
+
+
+def test_the_sooner_oracle_hops_only_when_the_decode_replicas_own_backlog_is_longer() -> None:
+    oracle = Oracle(["p1"], ["d1"], hop="sooner", tokens=4096)  # 205 ms a prompt, a hop costs 76 ms
+    assert oracle.target(0) == ("http://d1", {})  # idle: computed in place
+    assert oracle.target(1)[1] == {PREFILLER: "p1"}  # one prompt ahead on d1: the hop is sooner
+    assert oracle.target(2) == ("http://d1", {})  # one on each side again
+    assert Oracle(["p1"], ["d1"], hop="sooner", tokens=64).target(0) == ("http://d1", {})
