@@ -8,17 +8,18 @@ STAMP  := $(VENV)/.installed
 
 # xds-protos ships an old copy of the OpenTelemetry protos in the same files as opentelemetry-proto;
 # whichever pip installs last wins. The OTLP exporter (--tracing) needs opentelemetry-proto's, so it goes last.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml sim/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e ./sim -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --no-deps --force-reinstall \
 	  "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	@touch $(STAMP)
 
+# The demo runs the harness (loadtest/) from this checkout: it is never installed.
 demo: $(STAMP)
-	$(BIN)/picker demo
-	$(BIN)/picker demo --proxy
+	PYTHONPATH=$(CURDIR) $(BIN)/picker demo
+	PYTHONPATH=$(CURDIR) $(BIN)/picker demo --proxy
 
 # The whole suite, the real-vLLM tier included (it installs vLLM's CPU build on first use), then
 # that tier alone. The rest runs on two workers (pytest-xdist, a file each; `WORKERS=1` for one):
@@ -69,34 +70,11 @@ docs-build: $(STAMP)
 real-vllm: $(STAMP)
 	bash loadtest/realvllm/install.sh
 
+# Every benchmark in order, or the ones named: `make bench ONLY=bench_prefix,bench_flow`
+# (`python -m loadtest.run --list` says what exists; loadtest/run.py holds the list).
 bench: $(STAMP)
-	$(BIN)/python -m loadtest.bench_sim
-	$(BIN)/python -m loadtest.bench_picker
-	$(BIN)/python -m loadtest.bench_flow
-	$(BIN)/python -m loadtest.bench_streams
-	$(BIN)/python -m loadtest.bench_cost
-	$(BIN)/python -m loadtest.bench_ledger
-	$(BIN)/python -m loadtest.bench_hot_path --against ff1d99e  # the previous release (stop 52)
-	$(BIN)/python -m loadtest.bench_grpc_servers
-	$(BIN)/python -m loadtest.bench_grpc_reset
-	$(BIN)/python -m loadtest.bench_ngf
-	$(BIN)/python -m loadtest.bench_prefix
-	$(BIN)/python -m loadtest.bench_affinity
-	$(BIN)/python -m loadtest.bench_ha
-	$(BIN)/python -m loadtest.bench_peers
-	$(BIN)/python -m loadtest.bench_peer_flood
-	$(BIN)/python -m loadtest.bench_workers
-	$(BIN)/python -m loadtest.bench_workers_envoy
-	$(BIN)/python -m loadtest.bench_rollout --instructions
-	$(BIN)/python -m loadtest.bench_rollout_pd  # a P/D pool's rollout: pairs, Envoy alone, a flat pool (~2 min)
-	$(BIN)/python -m loadtest.bench_pd_ttft --part 1  # a P/D pool's TTFT against a hand-wired oracle pairing (~2 min)
-	$(BIN)/python -m loadtest.bench_pd_ttft --part 2  # the prefill hop's worth by prompt size (~2.5 min)
-	$(BIN)/python -m loadtest.bench_shapes
-	$(BIN)/python -m loadtest.bench_routing  # pool shapes x workloads, the defaults beside Envoy (issue 63; ~12 min)
-	$(BIN)/python -m loadtest.bench_slo
-	$(BIN)/python -m loadtest.bench_resume_cost --token-ids
-	@test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
-	VLLM_ROUTER=$(CURDIR)/.venv-router/bin/vllm-router $(BIN)/python -m loadtest.bench_proxy
+	@test -n "$(ONLY)" || test -x .venv-router/bin/vllm-router || ($(PYTHON) -m venv .venv-router && .venv-router/bin/pip install --quiet vllm-router) || echo 'vllm-router did not install: its column is left out'
+	$(BIN)/python -m loadtest.run $(if $(ONLY),--only $(ONLY),)
 
 # The picker's memory with 10,000 live streams and over a 10-minute soak of 100k requests, through
 # Envoy + picker + simulators (issue 15; ~11 min). Not part of `make bench`.
