@@ -11,6 +11,9 @@ by a v2 replica one at a time), run three times on the same seeded arrivals:
 Counts per column: requests lost, streams cut after their first token, pairs across revisions (each
 decode replica's request log: the prefill replica it was told of vs its own revision), failed KV pulls
 (the decode replicas' `kv_transfer.pulls_failed`), and TTFT. Writes the timeline picture.
+`--kinds` picks columns, among them `pairs-engine-prestop` ((a) with the old replica stopped by
+`picker drain-wait` on its engine's /metrics alone, no --pulls-url); `--pull-ms` and `--slots` make
+pulls slower and decodes wait for a slot before they pull.
 The simulator's P/D timing is `loadtest.rollout.pd.PD_SIM_ARGS`.
 
 Run: `python -m loadtest.bench_rollout_pd [--rate 8 --duration 30 --prompt-tokens 1024]` (~2 min).
@@ -41,6 +44,7 @@ from loadtest.rollout.rolling import roll
 from loadtest.rollout.timeline import Panel, draw
 
 KINDS = ("pairs", "round-robin", "flat")
+MORE_KINDS = ("pairs-engine-prestop",)  # --kinds only: pairs stopped by drain-wait on the engine alone
 PROPAGATION_S = 1.0
 SHUTDOWN_TIMEOUT_S = 20.0
 ROWS = (
@@ -68,27 +72,35 @@ class Column:
     drains: list[str]
 
 
-async def run_kind(
-    kind: str, arrivals: list[Arrival], prompt_tokens: int, rollout_at_s: float, workdir: Path
-) -> Column:
+async def run_kind(kind: str, arrivals: list[Arrival], args: argparse.Namespace, workdir: Path) -> Column:
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
-    fleet = PdFleet(workdir, [*PD_SIM_ARGS, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)])
+    sim_args = [*PD_SIM_ARGS, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+    if args.pull_ms is not None:  # a slower link: every pull takes this long, whatever its size
+        sim_args += ["--kv-transfer-ms", str(args.pull_ms), "--kv-transfer-per-block-ms", "0"]
+    if args.slots is not None:  # fewer running slots: a decode may wait for one before its pull
+        sim_args += ["--max-num-seqs", str(args.slots)]
+    fleet = PdFleet(workdir, sim_args)
     grace_s = SHUTDOWN_TIMEOUT_S + 5
     setup: PdPickerSetup | PdRoundRobinSetup
     if kind == "round-robin":
         setup = PdRoundRobinSetup(workdir, fleet, propagation_s=PROPAGATION_S, grace_s=grace_s)
     else:
         setup = PdPickerSetup(
-            workdir, fleet, roles=kind == "pairs", propagation_s=PROPAGATION_S, grace_s=grace_s
+            workdir,
+            fleet,
+            roles=kind != "flat",
+            propagation_s=PROPAGATION_S,
+            grace_s=grace_s,
+            engine_only=kind == "pairs-engine-prestop",
         )
     try:
         await asyncio.gather(*(fleet.start(a) for a in fleet.first))
         await setup.start()
         fleet.restart_clock()
         load = asyncio.create_task(
-            replay_to(lambda _i: (setup.url, {}), arrivals, prompt_tokens, origin=fleet.origin)
+            replay_to(lambda _i: (setup.url, {}), arrivals, args.prompt_tokens, origin=fleet.origin)
         )
-        await asyncio.sleep(rollout_at_s)  # the rollout starts into steady load
+        await asyncio.sleep(args.rollout_at)  # the rollout starts into steady load
         began = time.monotonic()
         await asyncio.wait_for(roll(fleet, setup, 1, 0), 60 + len(fleet.first) * (grace_s + 10))
         rollout_s = time.monotonic() - began
@@ -129,9 +141,10 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> list[Column]:
         flush=True,
     )
     columns = []
-    for index, kind in enumerate(KINDS):
+    kinds = args.kinds.split(",") if args.kinds else list(KINDS)
+    for index, kind in enumerate(kinds):
         print(f"({chr(ord('a') + index)}) {kind} ...", flush=True)
-        columns.append(await run_kind(kind, arrivals, args.prompt_tokens, args.rollout_at, workdir / kind))
+        columns.append(await run_kind(kind, arrivals, args, workdir / kind))
     print()
     print(side_by_side([c.title for c in columns], [column_view(c) for c in columns], ROWS, 12))
     for index, column in enumerate(columns):
@@ -146,6 +159,8 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> list[Column]:
             "the same arrivals\nthrough the picker's pairs (top), Envoy alone (middle), "
             "the picker on a flat pool (bottom)"
         )
+        if len(columns) != len(KINDS) or args.kinds:
+            title = title.split("\n")[0] + "\nthrough the setups named above each panel"
         caption = (
             "Each row is one replica (P prefill, D decode; v1 old, v2 new): its background colour is its "
             "state, the blue line the streams it is serving,\nmarkers are requests that failed at the "
@@ -170,7 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7, help="seed of the arrivals")
     parser.add_argument("--png", type=Path, default=Path("rollout-pd-timeline.png"), help="the picture")
     parser.add_argument("--workdir", type=Path, help="keep logs and configs here, not in a temp dir")
+    parser.add_argument(
+        "--kinds",
+        help=f"comma-separated columns, of {', '.join(KINDS + MORE_KINDS)} (default: {','.join(KINDS)})",
+    )
+    parser.add_argument("--pull-ms", type=float, help="every KV pull takes this long (a slower link)")
+    parser.add_argument("--slots", type=int, help="each replica's running slots (--max-num-seqs)")
     args = parser.parse_args(argv)
+    unknown = set(args.kinds.split(",") if args.kinds else ()) - set(KINDS + MORE_KINDS)
+    if unknown:
+        parser.error(f"--kinds: no such column {', '.join(sorted(unknown))}")
     if args.rate <= 0 or args.duration <= 0 or not 1 <= args.min_tokens <= args.max_tokens:
         parser.error("--rate and --duration must be > 0, 1 <= --min-tokens <= --max-tokens")
     if args.workdir is not None:
@@ -178,8 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with tempfile.TemporaryDirectory(prefix="rollout-pd-") as tmp:
             columns = asyncio.run(main_async(args, Path(tmp)))
-    pairs = columns[0]
-    clean = failed(pairs.load) == 0 and pairs.counts["cross"] == 0 and pairs.counts["pulls_failed"] == 0
+    kinds = args.kinds.split(",") if args.kinds else list(KINDS)
+    pairs = [c for kind, c in zip(kinds, columns, strict=True) if kind == "pairs"]
+    clean = all(
+        failed(c.load) == 0 and c.counts["cross"] == 0 and c.counts["pulls_failed"] == 0 for c in pairs
+    )
     return 0 if clean else 1
 
 

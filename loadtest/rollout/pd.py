@@ -230,15 +230,21 @@ class PdPickerSetup(PickerSetup):
         propagation_s: float,
         grace_s: float,
         pd: dict[str, Any] | None = None,
+        engine_only: bool = False,
     ) -> None:
+        """`engine_only`: the old replica is stopped when `picker drain-wait` against its own /metrics
+        exits (no --pulls-url: the engine's running and waiting counts alone, which do not count the
+        KV it holds for decode replicas), not by the picker's view."""
         super().__init__(workdir, fleet, propagation_s=propagation_s, grace_s=grace_s, source="file")
-        self.pd_fleet, self.roles = fleet, roles
+        self.pd_fleet, self.roles, self.engine_only = fleet, roles, engine_only
         self.books = Books()
         self.title = (
             "Envoy + picker, P/D pairs (roles and revisions in the endpoints file)"
             if roles
             else "Envoy + picker, a flat pool (no roles in the file: no pairs)"
         )
+        if engine_only:
+            self.title = "Envoy + picker, P/D pairs, stopped by drain-wait on the engine's /metrics alone"
         config: dict[str, Any] = {
             "pool": {"endpoints_file": str(self.endpoints_path), "endpoints_file_poll_s": 0.1}
         }
@@ -270,24 +276,41 @@ class PdPickerSetup(PickerSetup):
         """Draining in the file (after the propagation delay every setup gets), stopped once the
         picker counts nothing in flight and no pull pending on it (or at the bound), then removed."""
         self.fleet.mark(address, "draining")
+        hook = self._engine_hook(address) if self.engine_only else None
         await asyncio.sleep(self.propagation_s)  # models the endpoint controller -> picker delay
         self.entries[address] = True
         self._write_file()
         self.fleet.moment(address, "router told")
         await self._until_state(address, "draining")
-        try:
-            await asyncio.to_thread(wait_until, lambda: self._busy(address) == 0, self.grace_s, 0.05)
-        except TimeoutError:
-            print(
-                f"    {address}: still busy at the bound ({self.grace_s:g} s): stopped anyway",
-                file=sys.stderr,
-            )
+        if hook is not None:
+            await asyncio.to_thread(hook.wait_exit, self.grace_s + 5)
+            hook.stop()
+        else:
+            try:
+                await asyncio.to_thread(wait_until, lambda: self._busy(address) == 0, self.grace_s, 0.05)
+            except TimeoutError:
+                print(
+                    f"    {address}: still busy at the bound ({self.grace_s:g} s): stopped anyway",
+                    file=sys.stderr,
+                )
         await asyncio.to_thread(self.books.read, address)
         self.fleet.moment(address, "SIGTERM")
         self.fleet.procs[address].signal(signal.SIGTERM)
         await self.fleet.wait_exit(address, self.grace_s)
         del self.entries[address]
         self._write_file()
+
+    def _engine_hook(self, address: str) -> Proc:
+        """The preStop hook most setups have: `picker drain-wait` on the replica's own /metrics."""
+        argv = [
+            sys.executable, "-m", "picker", "drain-wait", "--metrics-url", f"http://{address}/metrics",
+            "--quiet-interval", "0.5", "--poll-interval", "0.1", "--deadline", str(self.grace_s),
+        ]  # fmt: skip
+        hook = Proc(
+            f"drain-wait-{address}", argv, self.workdir / f"drain-wait-{address.replace(':', '-')}.log"
+        )
+        self.hooks.append(hook)
+        return hook
 
 
 def drain_lines(setup: PdPickerSetup) -> list[str]:
