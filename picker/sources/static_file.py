@@ -111,7 +111,7 @@ def _states(data: list[Any]) -> tuple[dict[str, EndpointState], Labels]:
             # drained_by: who holds its drain, the drain store's to read (picker/sources/drain_store.py)
             unknown = set(entry) - {"address", "draining", "labels", "drained_by", "role"}
             if unknown:
-                raise EndpointsFileError(f"{where}: unknown keys {sorted(unknown)}")
+                raise EndpointsFileError(f"{where}: unknown keys {sorted(map(str, unknown))}")
             address, draining = entry.get("address"), entry.get("draining", False)
             if not isinstance(address, str):
                 raise EndpointsFileError(f"{where}: 'address' must be a host:port string")

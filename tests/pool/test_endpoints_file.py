@@ -238,6 +238,14 @@ def test_labels_are_read_and_checked() -> None:
         read_endpoints("- {address: 10.0.0.1:8000, labels: {v: 2}}")
 
 
+def test_keys_that_are_not_strings_are_named_not_a_crash() -> None:
+    """YAML keys may be null or numbers: the unknown keys are named, whatever their type."""
+    from picker.sources.static_file import read_endpoints
+
+    with pytest.raises(EndpointsFileError, match=r"unknown keys \['1', 'None', 'extra'\]"):
+        read_endpoints("- {address: 10.0.0.1:8000, null: 1, 1: x, extra: y}")
+
+
 def test_the_pool_carries_each_endpoints_labels() -> None:
     pool = Pool()
     pool.reconcile({"10.0.0.1:8000": READY}, "file", labels={"10.0.0.1:8000": {"v": "2"}})
