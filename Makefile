@@ -50,11 +50,13 @@ chromium:
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PARALLEL) -m 'not realvllm'
 
-# Style, formatting, and the import contracts in pyproject.toml (core planes: no network, no frontend).
+# Style, formatting, the import contracts in pyproject.toml (core planes: no network, no frontend), and
+# the house rules (module sizes, parts; comments without figures, dates or issue numbers).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/docs/test_house.py tests/docs/test_comments.py
 
 # The documentation site (docs/, mkdocs.yml): served with live reload; the reference pages are
 # generated from the code first (`python -m picker.cli.reference_pages`).
