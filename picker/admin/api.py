@@ -65,10 +65,10 @@ def describe(pool: Pool, endpoint: Endpoint, drained_by: list[Cause] | None = No
         "address": endpoint.address,
         "state": endpoint.state.value,
         "in_flight": endpoint.in_flight,
-        # prefill / decode pools: its role (None: its role label names none), and of `in_flight` the
-        # prefill hand-offs whose KV no decode replica has pulled yet
+        # prefill / decode pools: its role (None: its role label names none), and the prefill
+        # hand-offs whose KV no decode replica has pulled yet, every picker's
         "role": endpoint.role.value if endpoint.role is not None else None,
-        "kv_pulls_pending": endpoint.pulls,
+        "kv_pulls_pending": endpoint.pulls + pool.peer_pulls(endpoint.address),
         # what admission and the pick judge from: the engine's running + waiting at its last scrape,
         # moved by what this picker sent and saw end since (its own count where it has no scrape)
         "occupancy": round(estimated_load(endpoint), 2),

@@ -83,7 +83,7 @@ def lane(pool: Pool, endpoint: Endpoint, now: float, rollout: RolloutRunner | No
         "in_flight": endpoint.in_flight,
         "peer_in_flight": endpoint.peer_in_flight,
         "role": endpoint.role.value if endpoint.role is not None else "invalid",
-        "kv_pulls_pending": endpoint.pulls,
+        "kv_pulls_pending": endpoint.pulls + pool.peer_pulls(endpoint.address),
         "occupancy": round(estimated_load(endpoint), 1),
         "picks": endpoint.picks,
         "cut": endpoint.cut,

@@ -18,7 +18,7 @@ from picker.drain.workloads import (
     selector_matches,
     workloads,
 )
-from picker.pool.roles import LLM_D_ROLE, Role
+from picker.pool.roles import Role, role_of
 
 SHUTDOWN_TIMEOUT = ("--shutdown-timeout", "--shutdown_timeout")
 # "inference-extension": the name the reference charts probe (for liveness too: flagged below).
@@ -202,7 +202,7 @@ def check_model_servers(inputs: Inputs, report: Report, budget: Budget) -> list[
             hook = prestop_of(container)
             _check_prestop(container, hook, report)
             settings = hook.wait_settings
-            prefill = workload.pod_labels.get(LLM_D_ROLE) == Role.PREFILL.value
+            prefill = role_of(workload.pod_labels) is Role.PREFILL
             if prefill and settings is not None and not settings.pulls_url:
                 report.add("PRESTOP-005", doc, hook.path, "a prefill replica's drain-wait has no --pulls-url")
             _check_probes(container, report, budget)

@@ -32,6 +32,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from picker.contract import Outcome, Reply, headers, reply_for
 from picker.extproc import translate
 from picker.flow import Ticket
+from picker.pool import DrainEnd
 from picker.request.hints import HintRules, Hints, read_hints
 from picker.request.inference import InferenceRequest, parse_request
 from picker.request.pipeline import RequestPath
@@ -288,6 +289,10 @@ class RoutingSession:
         if self.modes.sees_response_bodies:
             record.observed = True  # this stream reports the end, not an observer
         held = self._holds_headers and phase != "request_headers"
+        if record.prefill_on is not None and not held and phase == "request_trailers":
+            # a trailers answer cannot set a header: no prefill replica can be named, the
+            # destination computes the prompt (its hand-off given up before it began)
+            self._path.recomputed(record, None, DrainEnd.UNKNOWN)
         route = translate.route_response(
             "request_headers" if held else phase,
             decision.destinations,

@@ -23,6 +23,9 @@ T = TypeVar("T")
 _MAX_PASSED = 64
 
 
+MAX_REQUEST_TOKENS = 10_000_000  # more tokens than any context window: a reported count is bounded by it
+
+
 @dataclass(frozen=True, slots=True)
 class FlowLimits:
     max_queued: int = 1000
@@ -166,7 +169,11 @@ class FlowController(Generic[T]):
         become what the engine reported (None: it reported no usage, the reservation stands)."""
         if self.tenants is None and self.budgets is None:
             return
-        used = (reserved[0] if prompt is None else prompt) + (reserved[1] if output is None else output)
+        # the engine's (or a peer's) word, bounded: a count no request can have would move a
+        # tenant's share and a budget shared by every picker past any repair
+        prompt = reserved[0] if prompt is None else min(max(0, int(prompt)), MAX_REQUEST_TOKENS)
+        output = reserved[1] if output is None else min(max(0, int(output)), MAX_REQUEST_TOKENS)
+        used = prompt + output
         if self.tenants is not None:
             self.tenants.ended(flow, sum(reserved), used)
         if self.budgets is not None and flow in self.budgets:

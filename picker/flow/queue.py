@@ -195,12 +195,25 @@ class AdmissionQueue:
                 heapq.heappop(self._heap)
                 continue
             item = band.pop(self.choose)
-            if item is None:  # every flow of the first band is held back for now
-                return None
+            if item is None:  # every flow of the first band is held back for now: a lower band may go
+                return self._pop_below(priority)
             if not band.flows:
                 self._drop_band(priority)
             self._forget(item)
             return item
+        return None
+
+    def _pop_below(self, priority: int) -> QueuedItem | None:
+        """The first item of a band below `priority` whose flow is not held back: the slots a held
+        tenant leaves are kept for the others, whatever their requests' priority."""
+        for lower in sorted((p for p in self._bands if p < priority), reverse=True):
+            band = self._bands[lower]
+            item = band.pop(self.choose)
+            if item is not None:
+                if not band.flows:
+                    self._drop_band(lower)
+                self._forget(item)
+                return item
         return None
 
     def remove(self, item: QueuedItem) -> bool:

@@ -1,32 +1,30 @@
 """Several pickers, one set of books: each request's end reaches the picker that routed it, and every
 picker counts the others' requests on each endpoint.
 
-Envoy picks a `picker` host for each ext_proc stream on its own (no ext_proc option pins a request's
-streams to one host: `GrpcService.EnvoyGrpc` has no hash policy, its `initial_metadata` is static),
-so a request's observer stream, and its access-log entry, often reach a picker other than the one
-that routed it. The routing picker's request id names it (`<name>~<id>`, `name` the address its
-peers reach it at). What a peer tells it, over the channel between pickers (picker/peers/channel.py,
-picker/peers/inbox.py):
-- to the request's owner, from the picker its observer stream came to: `claim` (an observer
-  joined), `started` (status, who served, streaming), `first` (the first byte), `alive` (a stream
-  still flowing, at most every few seconds, so the owner's stall sweep holds), `ended` (the body's
-  summary: how it ended, tokens, usage), and from the picker its access-log entry came to: `log`;
-- to every peer, from the owner: `pick` / `move` (the endpoint a request is on) and `end`; from
-  the picker that saw the stream end (its observer's), `end` to every picker but the owner, at
-  once; the owner's own `end` then skips that picker (with two pickers: nothing more to send).
-  `first` and `ended` carry when they happened as an age (seconds before the message left), so
-  the owner dates the first token and the end as the observer saw them, not a flush and a hop
-  later, on clocks that need not agree (pickers on different nodes): TTFT, drain records.
-  Each picker adds the others' requests to each endpoint's load (`Endpoint.peer_in_flight`), and
-  picks staggered (`scheduling.Stagger`), so load spreads as with one picker. A peer whose
-  channel breaks leaves its requests behind as *orphans*: they still count on their endpoints
-  (their streams run on, whatever happened to the picker) until their end is seen here, the peer
-  resends its books, or the endpoint's engine gauges show it no longer runs them
-  (`settle_orphans`, after each scrape): never counted for ever, never dropped early.
-The observer side keeps a *shadow* record per foreign request (its tracker parses the stream as for
-a request of its own) and reports the events; the owner applies them to its own record, so drain
-records, truncation counts and end reasons stay exact. Plain synchronous code on the picker's loop:
-the transport calls `book` and the path's `peer_event` with what it reads, and drains `Outbox`.
+Envoy picks a `picker` host for each ext_proc stream on its own (no ext_proc option pins a request's streams
+to one host: `GrpcService.EnvoyGrpc` has no hash policy, its `initial_metadata` is static), so a request's
+observer stream, and its access-log entry, often reach a picker other than the one that routed it. The
+routing picker's request id names it (`<name>~<id>`, `name` the address its peers reach it at). What a peer
+tells it, over the channel between pickers (picker/peers/channel.py, picker/peers/inbox.py):
+- to the request's owner, from the picker its observer stream came to: `claim` (an observer joined),
+  `started` (status, who served, streaming), `first` (the first byte), `alive` (a stream still flowing, at
+  most every few seconds, so the owner's stall sweep holds), `ended` (the body's summary: how it ended,
+  tokens, usage), and from the picker its access-log entry came to: `log`;
+- to every peer, from the owner: `pick` / `move` (the endpoint a request is on) and `end`; from the picker
+  that saw the stream end (its observer's), `end` to every picker but the owner, at once; the owner's own
+  `end` then skips that picker (with two pickers: nothing more to send). `first` and `ended` carry when they
+  happened as an age (seconds before the message left), so the owner dates the first token and the end as
+  the observer saw them, not a flush and a hop later, on clocks that need not agree (pickers on different
+  nodes): TTFT, drain records. Each picker adds the others' requests to each endpoint's load
+  (`Endpoint.peer_in_flight`), and picks staggered (`scheduling.Stagger`), so load spreads as with one
+  picker. A peer whose channel breaks leaves its requests behind as *orphans*: they still count on their
+  endpoints (their streams run on, whatever happened to the picker) until their end is seen here, the peer
+  resends its books, or the endpoint's engine gauges show it no longer runs them (`settle_orphans`, after
+  each scrape): never counted for ever, never dropped early.
+The observer side keeps a *shadow* record per foreign request (its tracker parses the stream as for a
+request of its own) and reports the events; the owner applies them to its own record, so drain records,
+truncation counts and end reasons stay exact. Plain synchronous code on the picker's loop: the transport
+calls `book` and the path's `peer_event` with what it reads, and drains `Outbox`.
 """
 
 from __future__ import annotations
@@ -79,8 +77,8 @@ class Peering:
         self._books: dict[str, dict[str, str]] = {peer: {} for peer in self.peers}
         self._orphans: dict[str, str] = {}  # request -> endpoint: a broken-off peer's, still counted
         self._ended: OrderedDict[str, None] = OrderedDict()  # see _TOMBSTONES
-        # each request's client connection (HTTP/1.x): a newer request on it shows it ended
-        self.connections = ClientConnections(pool)
+        self.connections = ClientConnections(pool)  # HTTP/1.x: a newer request on one shows the last ended
+        pool.peer_pulls = self.pulls_on  # what a drain of a prefill replica waits for, as this one's
         self._stagger: Stagger | None = None
         self.connected: set[str] = set()  # peers the transport's links reach now
         self.heard: set[str] = set()  # peers whose own link to this picker is open (their books here)
@@ -93,6 +91,11 @@ class Peering:
     @property
     def dropped(self) -> int:
         return self.outbox.dropped
+
+    def pulls_on(self, address: str) -> int:
+        """The other pickers' prefill hand-offs waiting on `address` (an admin read's, not the pick's)."""
+        entries = [*self._orphans.items(), *(e for book in self._books.values() for e in book.items())]
+        return sum(a == address and i.endswith(PULL) for i, a in entries)
 
     @property
     def superseded_total(self) -> int:
@@ -148,8 +151,7 @@ class Peering:
 
     def ended(self, record: RequestRecord) -> None:
         self.connections.ended(record.request_id)
-        # the picker its observer stream went to told the others already; told again, they ignore
-        # it, and one that could not hear that picker (its channel down) still hears the owner
+        # its observer's picker told the others; this tells them again (one may not have heard), not it
         told = record.observed_by if record.peers_told else None
         for peer in self.peers:
             if peer != told:

@@ -61,6 +61,8 @@ class Pool:
         self.failed_window_s = 10.0  # a drain record counts failures this long before it opened
         self.scale_down: ScaleDownRanks | None = None  # kube.deletion_cost (pool/deletion_rank.py)
         self.role_labels: tuple[str, ...] = (LLM_D_ROLE,)  # pd.role_labels: where roles are read
+        # several pickers (picker/peers/books.py): the other pickers' hand-offs on an address
+        self.peer_pulls: Callable[[str], int] = lambda _: 0
 
     def __len__(self) -> int:
         return len(self._endpoints)

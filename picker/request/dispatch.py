@@ -61,7 +61,7 @@ class Dispatch:
             need = record.need
             candidates = [endpoint for endpoint in candidates if fits(endpoint.served, need)]
         if self.pairing.active:  # a prefill / decode pool: decode replicas of complete pairs
-            candidates = self.pairing.destinations(record, candidates)
+            candidates = self.pairing.destinations(record, candidates, self._serves(record))
         if self.canary is not None:
             bound = self.placement.bound_endpoint(record) if record.group is None else None
             home = self._pool.get(bound) if bound is not None else None
@@ -148,18 +148,37 @@ class Dispatch:
             return size * (1.0 - keys.cached_fraction(endpoint)) if keys is not None else size
 
         ratio = self.placement.tokens.value  # the engines' tokens per index token
-        self.pairing.pair(record, destination, uncached, ratio, now, policy, self._rng, suspects, group)
+        serves = self._serves(record)
+        self.pairing.pair(
+            record, destination, uncached, ratio, now, policy, self._rng, suspects, group, serves
+        )
+
+    @staticmethod
+    def _serves(record: RequestRecord) -> Callable[[Endpoint], bool]:
+        """Whether an endpoint may compute `record`'s prompt: its model, with scheduling.by_model
+        (the data plane's subset hint names destinations only: a prefill replica is the sidecar's
+        or the proxy's to reach, not Envoy's)."""
+        need = record.need
+        return (lambda e: True) if need is None else (lambda e: fits(e.served, need))
 
     def recomputed(self, record: RequestRecord, why: str | None, end: DrainEnd) -> None:
         """A frontend that runs a pair's steps itself (picker proxy) gave its hand-off up before any
         byte reached the client: the destination computes the prompt. The prefill replica's lease
-        ends with `end` (its books too); counted by `why` (None: not counted)."""
+        ends with `end` (its books too), and so does its prompt's place in that replica's prefill
+        backlog: a fallback that serves it computes the prompt itself; counted by `why` (None: not
+        counted)."""
         self.pairing.release_pull(record, end)
+        if record.prefill_on is not None and record.prefill_at == record.prefill_on:
+            self.placement.prefilled(record)
+        record.prefill_on = None
         if why is not None:
             self._metrics.count_pd_recompute(why)
 
     def sweep_pulls(self, timeout_s: float) -> int:
         """`drain.kv_pull_timeout_s`: abandon hand-offs a draining prefill replica still holds."""
+        if not self.pairing.active:  # no prefill-only replica READY: a hand-off may still be held
+            if not any(e.pulls for e in self._pool.endpoints()):
+                return 0
         return self.pairing.sweep(list(self._live.values()), self._clock(), timeout_s)
 
     def resume(self, record: RequestRecord, failed: str) -> str | None:

@@ -37,6 +37,7 @@ from picker.streams.classify import drain_end
 from picker.streams.record import EndReason
 
 Group = Callable[[Endpoint], str]  # an endpoint's canary group, while a canary runs
+Serves = Callable[[Endpoint], bool]  # whether an endpoint may compute this request's prompt (its model)
 
 
 class Books(Protocol):
@@ -67,15 +68,18 @@ class Pairing:
         labels = endpoint.labels
         return labels.get(self._revision_label) if labels is not None else None
 
-    def destinations(self, record: RequestRecord, candidates: list[Endpoint]) -> list[Endpoint]:
-        """The candidates that may be the destination (all of them in a pool without roles)."""
+    def destinations(
+        self, record: RequestRecord, candidates: list[Endpoint], serves: Serves
+    ) -> list[Endpoint]:
+        """The candidates that may be the destination (all of them in a pool without roles). Pairs
+        are judged for this request: `serves` says whether a READY endpoint may compute its prompt
+        (its model), so a revision whose prefill replicas serve other models is no pair for it."""
         ready = self._pool.ready()
         if not disaggregated(ready):  # only an endpoint whose role label names no role to leave out
             return [e for e in candidates if e.role is not None]
-        allowed, paired = destinations(ready, self.revision)
+        allowed, paired = destinations(candidates, [e for e in ready if serves(e)], self.revision)
         record.unpaired = not paired
-        keep = {e.address for e in allowed}
-        return [e for e in candidates if e.address in keep]
+        return allowed
 
     def pair(
         self,
@@ -88,6 +92,7 @@ class Pairing:
         rng: random.Random,
         suspects: frozenset[str],
         group: Group | None,
+        serves: Serves,
     ) -> None:
         """Name a prefill replica for `record`, whose destination is `destination`, when the pool is
         disaggregated and the decider takes the hop; counted either way. `uncached_tokens`: the
@@ -103,7 +108,7 @@ class Pairing:
         if not wants_prefill(uncached_tokens(home) * ratio, self._config.prefill_min_tokens):
             self._metrics.count_pd_pick("short")
             return
-        found: Sequence[Endpoint] = prefill_candidates(ready, home, self.revision)
+        found: Sequence[Endpoint] = prefill_candidates([e for e in ready if serves(e)], home, self.revision)
         if group is not None:
             side = group(home)
             found = [e for e in found if group(e) == side]
@@ -130,16 +135,22 @@ class Pairing:
         return ((headers.PREFILLER, record.prefill_on),) if record.prefill_on else ()
 
     def pulled(self, record: RequestRecord) -> None:
-        """The destination sent its first token: the prompt's KV is in place, the hand-off is done."""
-        self.release_pull(record, DrainEnd.PULLED)
+        """The destination sent its first byte: a token, so the prompt's KV is in place and the
+        hand-off is done; or an error (a status of 400 or more, an error event), which is how a
+        decode whose pull failed answers: the hand-off ended with the request's failure."""
+        self.release_pull(record, DrainEnd.UPSTREAM_ERROR if _failed(record) else DrainEnd.PULLED)
 
     def ended(self, record: RequestRecord) -> None:
         """The request ended: a hand-off still held ends with it, as the request did."""
         if record.pull is None or not record.pull.held:
             return
-        reason = record.end_reason
-        if reason is EndReason.COMPLETED or (record.tracker and record.tracker.first_byte_at is not None):
+        reason, tracker = record.end_reason, record.tracker
+        answered = reason is EndReason.COMPLETED
+        answered = answered or (tracker is not None and tracker.first_byte_at is not None)
+        if answered and not _failed(record):
             self.release_pull(record, DrainEnd.PULLED)
+        elif answered:
+            self.release_pull(record, DrainEnd.UPSTREAM_ERROR)
         else:
             self.release_pull(record, drain_end(reason) if reason is not None else DrainEnd.UNKNOWN)
 
@@ -171,3 +182,9 @@ def _active(ready: Sequence[Endpoint]) -> bool:
     """Whether the request path asks the pairing at all: a pool with a prefill-only endpoint, or with
     one whose role label names no role (it takes no work)."""
     return any(e.role is Role.PREFILL or e.role is None for e in ready)
+
+
+def _failed(record: RequestRecord) -> bool:
+    """The destination answered with an error (a status of 400 or more, or an error event)."""
+    tracker = record.tracker
+    return (record.status or 0) >= 400 or (tracker is not None and tracker.error_event)

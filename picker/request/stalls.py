@@ -59,9 +59,10 @@ class PullSweeps(Protocol):
 
 
 async def sweep_pulls(path: PullSweeps, timeout_s: float) -> None:
-    """Forever: apply `drain.kv_pull_timeout_s` (checked four times per bound). Supervised as the
-    stall sweep is: one that raises is logged and the next one runs."""
-    interval = max(0.05, timeout_s / 4)
+    """Forever: apply `drain.kv_pull_timeout_s` (checked every second, or ten times per bound when
+    shorter: a hand-off is given up within a second of it). Supervised as the stall sweep is: one
+    that raises is logged and the next one runs."""
+    interval = max(0.05, min(1.0, timeout_s / 10))
     while True:
         await asyncio.sleep(interval)
         try:

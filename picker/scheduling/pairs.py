@@ -45,11 +45,14 @@ def disaggregated(ready: Sequence[PairView]) -> bool:
     return any(e.role is Role.PREFILL for e in ready)
 
 
-def destinations(ready: Sequence[E], revision: Callable[[E], str | None]) -> tuple[list[E], bool]:
-    """The endpoints that may be a request's destination in a disaggregated pool, and whether they
-    form complete pairs (False: no revision has both roles READY; the decode replicas serve alone)."""
-    decoders = [e for e in ready if e.role is not None and e.role.decodes]
-    prefilled = {revision(e) for e in ready if e.role is not None and e.role.prefills}
+def destinations(
+    candidates: Sequence[E], prefillers: Sequence[E], revision: Callable[[E], str | None]
+) -> tuple[list[E], bool]:
+    """Of a request's candidates, those that may be its destination in a disaggregated pool, and
+    whether they form complete pairs with the READY `prefillers` that may prefill it (False: no
+    revision has both; the decode replicas serve alone)."""
+    decoders = [e for e in candidates if e.role is not None and e.role.decodes]
+    prefilled = {revision(e) for e in prefillers if e.role is not None and e.role.prefills}
     paired = [e for e in decoders if revision(e) in prefilled]
     return (paired, True) if paired else (decoders, False)
 

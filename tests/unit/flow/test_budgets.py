@@ -68,3 +68,15 @@ def test_settled_to_what_the_engine_reported() -> None:
     assert flow.budgets is not None and flow.budgets.level("t") == 200
     flow.settle("t", (100, 200), 90, 10)
     assert flow.budgets.level("t") == 400
+
+
+def test_a_usage_no_request_can_have_is_bounded_not_taken() -> None:
+    """An engine's (or a peer's) usage figure is outside input: a negative or absurd count would
+    refill a budget shared by every picker, or sink it, past any repair."""
+    flow, _clock = controller([10])
+    assert flow.submit("a", flow="t", cost=300).outcome is Outcome.DISPATCHED
+    flow.settle("t", (100, 200), -(2**62), 10)  # read as 0 prompt tokens: 290 back, no more
+    assert flow.budgets is not None and flow.budgets.level("t") == 490
+    assert flow.submit("b", flow="t", cost=300).outcome is Outcome.DISPATCHED
+    flow.settle("t", (100, 200), 2**62, 0)  # read as the most a request can have
+    assert flow.budgets.level("t") < 0 and flow.budgets.level("t") > -(2**40)

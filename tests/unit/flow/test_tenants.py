@@ -139,3 +139,16 @@ async def test_no_fairness_id_is_not_counted() -> None:
     finish(flow, pool)
     await asyncio.sleep(0)
     assert queued.outcome is Outcome.DISPATCHED
+
+
+async def test_a_held_tenant_leaves_its_slots_to_the_others_whatever_their_priority() -> None:
+    """The heavy tenant's critical requests are held back for the reserve: the light tenant's
+    sheddable request, in a lower band, takes the slot the reserve kept (the queue does not stop
+    at the first band whose flows are all held)."""
+    flow, pool, _tenants, _ = controller(8)
+    flow.submit(("light", 10), flow="light", cost=10)
+    heavy = [flow.submit(("heavy", 80), flow="heavy", cost=80, priority=1) for _ in range(20)]
+    assert any(t.outcome is None for t in heavy) and len(pool.busy) < 8  # held, slots free
+    light = flow.submit(("light", 10), flow="light", cost=10, priority=-1)
+    flow.pump()
+    assert light.outcome is Outcome.DISPATCHED

@@ -358,12 +358,18 @@ def test_another_picker_counts_a_hand_off_on_its_prefill_replica_until_the_pull(
     prefill, decode = b.pool.get(P1), b.pool.get(D1)
     assert prefill is not None and decode is not None
     assert (prefill.peer_in_flight, decode.peer_in_flight) == (1, 1)
+    # a drain-wait asking the other picker hears of the pull too (GET /admin/endpoints/<address>)
+    from picker.admin.api import describe
+
+    assert describe(b.pool, prefill)["kv_pulls_pending"] == 1
+    assert describe(b.pool, decode)["kv_pulls_pending"] == 0
     a.peering.sync([record])  # books resent whole keep the hand-off while it waits
     deliver(a, b)  # type: ignore[arg-type]
     assert prefill.peer_in_flight == 1
     first_token(a.path, record)
     deliver(a, b)  # type: ignore[arg-type]
     assert (prefill.peer_in_flight, decode.peer_in_flight) == (0, 1)
+    assert describe(b.pool, prefill)["kv_pulls_pending"] == 0
     a.peering.sync([record])
     deliver(a, b)  # type: ignore[arg-type]
     assert prefill.peer_in_flight == 0
@@ -377,3 +383,56 @@ def test_in_a_pool_without_prefill_replicas_an_invalid_role_still_takes_no_work(
         record, routed = send(path, str(i) + LONG)
         assert routed.destinations == (D1,) and prefiller(routed) is None
         path.finish(record, EndReason.COMPLETED)
+
+
+def test_pairs_are_judged_for_the_requests_model() -> None:
+    """With scheduling.by_model, a prefill replica that does not serve the request's model is no
+    pair for it: a model whose revision has no prefill replica of its own is decoded alone, never
+    handed to a replica that would answer 404 (or left waiting for a pair that cannot come)."""
+    from picker.pool.served import Served
+
+    clock = Clock()
+    pool = pool_of({P1: labels("prefill"), D1: labels("decode"), D2: labels("decode")}, clock)
+    for address, model in ((P1, "a"), (D1, "a"), (D2, "b")):
+        pool.get(address).served = Served(frozenset({model}), None)  # type: ignore[union-attr]
+    path = RequestPath(
+        pool,
+        Metrics(pool="default"),
+        fallback_count=1,
+        clock=clock,
+        schedule=lambda d, f: lambda: None,
+        affinity=AffinityConfig(prefix="approximate"),
+        rng=random.Random(3),
+        by_model=True,
+    )
+
+    def send_model(model: str, i: int) -> Routed:
+        request = InferenceRequest(
+            "POST", "/v1/completions", model=model, stream=True, prompt=f"{i} {LONG}".encode()
+        )
+        decision = path.settle(path.admit(request))
+        assert isinstance(decision, Routed), decision
+        return decision
+
+    for i in range(4):
+        b, a = send_model("b", i), send_model("a", i)
+        assert b.destinations == (D2,) and prefiller(b) is None and b.record.unpaired
+        assert a.destinations == (D1,) and prefiller(a) == P1
+
+
+def test_a_decode_that_answers_an_error_ends_its_hand_off_as_failed_not_pulled() -> None:
+    """A decode whose pull failed answers 500 (vLLM's kv_load_failure_policy: fail), or an error
+    event in a stream it started: the prefill replica's drain record says so, not `kv-pulled`."""
+    clock = Clock()
+    pool = pool_of({P1: labels("prefill"), D1: labels("decode")}, clock)
+    path = path_of(pool, clock)
+    failed, _ = send(path, "1 " + LONG)
+    errored, _ = send(path, "2 " + LONG)
+    pool.drain(P1)
+    path.response_started(failed, 500, D1, streaming=False)
+    path.body_chunk(failed, b'{"error":{"message":"KV transfer failed","code":500}}')
+    path.response_started(errored, 200, D1, streaming=True)
+    path.body_chunk(errored, b'data: {"error":{"message":"KV load failed","code":500}}\n\n')
+    drain = pool.get(P1).drain  # type: ignore[union-attr]
+    assert drain is not None and drain.ends[DrainEnd.PULLED] == 0
+    assert drain.ends[DrainEnd.UPSTREAM_ERROR] == 2 and pool.get(P1).pulls == 0  # type: ignore[union-attr]
