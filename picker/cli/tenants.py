@@ -10,10 +10,10 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from picker.cli.admin_call import admin_call
 
 _COLUMNS = (
     "tenant", "weight", "share", "queued", "in_flight", "tokens", "token_share", "held_back",
@@ -31,18 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def fetch(url: str, token: str | None, timeout_s: float = 10.0) -> tuple[int, dict[str, Any]]:
     """The admin API's answer (status code, JSON body)."""
-    request = urllib.request.Request(
-        f"{url.rstrip('/')}/admin/tenants", headers={"Authorization": f"Bearer {token}"} if token else {}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            return answer.status, json.loads(answer.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-        try:
-            return exc.code, json.loads(body or b"{}")
-        except ValueError:
-            return exc.code, {"error": {"message": body.decode("utf-8", "replace")[:200]}}
+    return admin_call(url, "/admin/tenants", token, timeout_s=timeout_s)
 
 
 def _cell(row: Mapping[str, Any], column: str) -> str:

@@ -89,35 +89,25 @@ def reply_for(outcome: Outcome, message: str = "", retry_after_s: float | None =
     return reply
 
 
+# the 429s that say "not now": their default messages
+_TOO_MANY = {
+    Outcome.REJECTED_SATURATED: "all model servers are saturated and the admission queue is full",
+    Outcome.REJECTED_SLO_UNATTAINABLE: "no model server is predicted to meet this sheddable request's "
+    "latency objective now",
+    Outcome.REJECTED_OVER_BUDGET: "this tenant's token budget is spent for now; retry after the time given",
+}
+
+
 def _reply(outcome: Outcome, message: str) -> Reply:
     match outcome:
-        case Outcome.REJECTED_SATURATED:
+        case Outcome.REJECTED_SATURATED | Outcome.REJECTED_SLO_UNATTAINABLE | Outcome.REJECTED_OVER_BUDGET:
             return Reply(
                 outcome,
                 429,
                 True,
                 _RETRY_AFTER_SATURATED_S,
                 "rate_limit_error",
-                message or "all model servers are saturated and the admission queue is full",
-            )
-        case Outcome.REJECTED_SLO_UNATTAINABLE:
-            return Reply(
-                outcome,
-                429,
-                True,
-                _RETRY_AFTER_SATURATED_S,
-                "rate_limit_error",
-                message
-                or "no model server is predicted to meet this sheddable request's latency objective now",
-            )
-        case Outcome.REJECTED_OVER_BUDGET:
-            return Reply(
-                outcome,
-                429,
-                True,
-                _RETRY_AFTER_SATURATED_S,
-                "rate_limit_error",
-                message or "this tenant's token budget is spent for now; retry after the time given",
+                message or _TOO_MANY[outcome],
             )
         case Outcome.REJECTED_TTL_EXPIRED:
             return Reply(

@@ -23,7 +23,7 @@ from picker.config.model import PdConfig
 from picker.contract import headers
 from picker.observability.metrics import Metrics
 from picker.pool import DrainEnd, Endpoint, Pool
-from picker.pool.roles import LLM_D_ROLE, Role, role_of
+from picker.pool.roles import LLM_D_ROLE, role_of
 from picker.scheduling import LoadPolicy
 from picker.scheduling.pairs import (
     destinations,
@@ -56,13 +56,18 @@ class Pairing:
         pool.role_labels = tuple(dict.fromkeys((config.role_label, LLM_D_ROLE)))
         for endpoint in pool.endpoints():  # labels read before the role label was configured
             endpoint.role = role_of(endpoint.labels, pool.role_labels)
-        # whether some READY endpoint serves prefill alone, kept current on every pool change: a pool
-        # without roles pays one attribute read per request
-        self.active = _active(pool.ready())
+        # kept current on every pool change (roles change only with labels, which are one): whether
+        # some READY endpoint serves prefill alone (pairs), and whether the request path asks this
+        # at all (pairs, or an endpoint whose role label names no role): a pool without roles pays
+        # one attribute read per request
+        self.disaggregated = self.active = False
+        self._changed()
         pool.on_change(self._changed)
 
     def _changed(self) -> None:
-        self.active = _active(self._pool.ready())
+        ready = self._pool.ready()
+        self.disaggregated = disaggregated(ready)
+        self.active = self.disaggregated or any(e.role is None for e in ready)
 
     def revision(self, endpoint: Endpoint) -> str | None:
         labels = endpoint.labels
@@ -74,9 +79,9 @@ class Pairing:
         """The candidates that may be the destination (all of them in a pool without roles). Pairs
         are judged for this request: `serves` says whether a READY endpoint may compute its prompt
         (its model), so a revision whose prefill replicas serve other models is no pair for it."""
-        ready = self._pool.ready()
-        if not disaggregated(ready):  # only an endpoint whose role label names no role to leave out
+        if not self.disaggregated:  # only an endpoint whose role label names no role to leave out
             return [e for e in candidates if e.role is not None]
+        ready = self._pool.ready()
         allowed, paired = destinations(candidates, [e for e in ready if serves(e)], self.revision)
         record.unpaired = not paired
         return allowed
@@ -98,9 +103,8 @@ class Pairing:
         disaggregated and the decider takes the hop; counted either way. `uncached_tokens`: the
         prompt's part an endpoint does not hold, in the index's tokens (the prefill backlogs' unit);
         `ratio`: the engines' tokens per index token (the decider's threshold is in engine tokens)."""
-        ready = self._pool.ready()
         home = self._pool.get(destination)
-        if home is None or not disaggregated(ready):
+        if home is None or not self.disaggregated:
             return
         if record.unpaired:
             self._metrics.count_pd_pick("unpaired")
@@ -108,7 +112,8 @@ class Pairing:
         if not wants_prefill(uncached_tokens(home) * ratio, self._config.prefill_min_tokens):
             self._metrics.count_pd_pick("short")
             return
-        found: Sequence[Endpoint] = prefill_candidates([e for e in ready if serves(e)], home, self.revision)
+        ready = [e for e in self._pool.ready() if serves(e)]
+        found: Sequence[Endpoint] = prefill_candidates(ready, home, self.revision)
         if group is not None:
             side = group(home)
             found = [e for e in found if group(e) == side]
@@ -138,6 +143,8 @@ class Pairing:
         """The destination sent its first byte: a token, so the prompt's KV is in place and the
         hand-off is done; or an error (a status of 400 or more, an error event), which is how a
         decode whose pull failed answers: the hand-off ended with the request's failure."""
+        if record.pull is None:  # no hand-off: every request's first token asks
+            return
         self.release_pull(record, DrainEnd.UPSTREAM_ERROR if _failed(record) else DrainEnd.PULLED)
 
     def ended(self, record: RequestRecord) -> None:
@@ -176,12 +183,6 @@ class Pairing:
             record.pull.release(end)
             if self.peering is not None and record.prefill_on:
                 self.peering.pulling(record, record.prefill_on, held=False)
-
-
-def _active(ready: Sequence[Endpoint]) -> bool:
-    """Whether the request path asks the pairing at all: a pool with a prefill-only endpoint, or with
-    one whose role label names no role (it takes no work)."""
-    return any(e.role is Role.PREFILL or e.role is None for e in ready)
 
 
 def _failed(record: RequestRecord) -> bool:

@@ -222,7 +222,7 @@ class Placement:
             record.prefill_at = computes.address
         # keys cut before the block size changed (tune) stay out of the indexes cut at the new one
         fresh = keys.blocks and keys.block_tokens == self.block_tokens
-        holders = (self._pool.get(address), computes if record.prefill_on else None)
+        holders = (computes, self._pool.get(address)) if record.prefill_on else (computes, None)
         for endpoint in holders if fresh else ():
             if endpoint is None:
                 continue

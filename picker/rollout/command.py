@@ -7,9 +7,9 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from typing import Any
+
+from picker.cli.admin_call import admin_call
 
 VERBS = ("status", "promote", "abort", "resume", "pause")
 
@@ -22,23 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def call(url: str, verb: str, token: str | None, timeout_s: float = 10.0) -> tuple[int, dict[str, Any]]:
-    """The admin API's answer (status code, JSON body)."""
+    """The admin API's answer (status code, JSON body): the rollout's status, or a command's."""
     post = verb != "status"
-    request = urllib.request.Request(
-        f"{url.rstrip('/')}/admin/rollout" + (f"/{verb}" if post else ""),
-        data=b"" if post else None,
-        method="POST" if post else "GET",
-        headers={"Authorization": f"Bearer {token}"} if token else {},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            return answer.status, json.loads(answer.read() or b"{}")
-    except urllib.error.HTTPError as exc:
-        body = exc.read()
-        try:
-            return exc.code, json.loads(body or b"{}")
-        except ValueError:
-            return exc.code, {"error": {"message": body.decode("utf-8", "replace")[:200]}}
+    return admin_call(url, "/admin/rollout" + (f"/{verb}" if post else ""), token, post, timeout_s)
 
 
 def describe(status: dict[str, Any]) -> str:
