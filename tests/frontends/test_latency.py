@@ -88,7 +88,10 @@ async def test_the_slow_replica_is_learned_and_slo_requests_are_routed_or_refuse
     # a 3x slower replica, at equal load, gets a third of the work by load alone; learned, far less
     assert later[slow] <= 0.15 * sum(later.values()), figures
     learned = {dict(labels)["endpoint"] for (name, labels) in page if name == "picker_latency_model"}
-    assert learned == {fast, slow}, learned
+    # each replica a request was picked for is learned; on a loaded machine the slow one can be
+    # judged slow (or busy) before the first burst reaches it, and it then has nothing to show
+    assert fast in learned and learned <= {fast, slow}, (learned, figures)
+    assert slow in learned or slow not in served, (learned, figures)
     assert shed.status == 429 and shed.reason_header == "rejected-slo-unattainable" and shed.retry_after
     assert critical.ok and critical.replica == fast, critical
     assert gives_way.status == 429 and gives_way.reason_header == "rejected-saturated", gives_way
