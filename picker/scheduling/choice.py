@@ -18,9 +18,11 @@ with room (not saturated, not suspect), filtered (picker/scheduling/filters.py):
 With predictions (the latency model, picker/scheduling/latency.py), the replicas within the latency
 gap of the quickest on both figures (or, when none is, on the first token), and meeting the
 request's SLO when some can, replace the load range in every step above, and the latency scorer
-counts. When a busy replica (every slot taken) is predicted to finish the request sooner, its wait
-for a slot counted, than every one with room by more than the gap, the request waits in the picker
-for a slot ("wait"). Fallbacks follow in `pick`'s order. No I/O; weights come from configuration.
+counts; but a prefix's holder needs only its first token within the gap (the prediction counts
+what it holds), for a prefix moved to a quicker decoder is computed again there and evicts another.
+When a busy replica (every slot taken) is predicted to finish the request sooner, its wait for a
+slot counted, than every one with room by more than the gap, the request waits in the picker for a
+slot ("wait"). Fallbacks follow in `pick`'s order. No I/O; weights come from configuration.
 """
 
 from __future__ import annotations
@@ -122,8 +124,17 @@ def _primary(rows: list[Row], policy: AffinityPolicy, slo: Slo | None, predicted
         if row.session:
             return row, "session"
     within = filters.lora_tier(within)  # an adapter request: where it runs, else a free slot, ...
-    lora = within[0].lora > 0
-    holders = filters.holders(within, policy.sticky_threshold)
+    tier = within[0].lora
+    lora = tier > 0
+    near = within
+    if predicted:
+        # a holder is judged by its first token alone, where the prediction counts what it holds:
+        # one slower to decode keeps its prefix while its first token comes within the gap, for
+        # moving the prefix to a quicker decoder computes it again there and evicts another one:
+        # what all the pool's caches hold, not its quickest replicas' alone, decides the hit rate
+        soon = filters.first_token_soon(filters.meeting(rows, slo), policy)
+        near = [row for row in soon if row.lora == tier]
+    holders = filters.holders(near, policy.sticky_threshold)
     if holders:
         # the endpoint holding the prefix keeps it until the prefill the request would wait for there
         # (its backlog of uncached tokens not started, plus what it lacks) exceeds the quickest

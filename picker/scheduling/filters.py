@@ -67,19 +67,30 @@ def meets(row: Row, slo: Slo) -> bool:
 def quick(rows: Sequence[Row], gaps: Gaps, slo: Slo | None) -> list[Row]:
     """The replicas predicted to meet the request's SLO (all of them when none is), then those
     within the latency gap of the quickest: a replica twice as slow is not a choice while a quick
-    one has room, whatever it holds. Within the gap both to the first token and to the last: a
+    one has room (unless it holds the prompt: picker/scheduling/choice.py). Within the gap both to
+    the first token and to the last: a
     replica that would make the request wait for a batch slot is out as much as one that decodes
     slowly; when no replica is quick on both, the first token decides (a slower decoder then takes
     the overflow)."""
-    within = list(rows)
-    if slo is not None:
-        within = [row for row in within if meets(row, slo)] or within
-    best_ttft = min(row.ttft_s or 0.0 for row in within)
-    ttft_bound = max(best_ttft * (1.0 + gaps.latency_gap_ratio), best_ttft + gaps.latency_gap_s)
+    within = meeting(rows, slo)
+    soon = first_token_soon(within, gaps)
     best = min(row.latency_s or 0.0 for row in within)
     bound = max(best * (1.0 + gaps.latency_gap_ratio), best + gaps.latency_gap_s)
-    soon = [row for row in within if (row.ttft_s or 0.0) <= ttft_bound]
     return [row for row in soon if (row.latency_s or 0.0) <= bound] or soon
+
+
+def meeting(rows: Sequence[Row], slo: Slo | None) -> list[Row]:
+    """The replicas predicted to meet the request's SLO; all of them when none is (or it sets none)."""
+    if slo is None:
+        return list(rows)
+    return [row for row in rows if meets(row, slo)] or list(rows)
+
+
+def first_token_soon(rows: Sequence[Row], gaps: Gaps) -> list[Row]:
+    """The replicas within the latency gap of the quickest predicted first token."""
+    best = min(row.ttft_s or 0.0 for row in rows)
+    bound = max(best * (1.0 + gaps.latency_gap_ratio), best + gaps.latency_gap_s)
+    return [row for row in rows if (row.ttft_s or 0.0) <= bound]
 
 
 def lora_tier(rows: Sequence[Row]) -> list[Row]:

@@ -36,13 +36,20 @@ def pick(affinities: list[Affinity], slo: tuple[float | None, float | None] | No
     return choice.destinations[0]
 
 
-def test_the_replica_predicted_to_finish_first_wins_even_holding_less() -> None:
+def test_the_replica_predicted_to_finish_first_wins_unless_another_holds_the_prompt() -> None:
     quick = Affinity(ttft_s=0.05, tpot_s=0.01, latency_s=0.37)
-    slow_but_cached = Affinity(cached=1.0, ttft_s=0.03, tpot_s=0.03, latency_s=0.99)
-    assert pick([quick, slow_but_cached]) == FAST
+    slow = Affinity(cached=0.1, ttft_s=0.06, tpot_s=0.03, latency_s=0.99)
+    assert pick([quick, slow]) == FAST
     # within the latency gap, what is cached decides as before (sticky prefix)
     near = Affinity(cached=1.0, ttft_s=0.03, tpot_s=0.011, latency_s=0.38)
     assert pick([quick, near]) == SLOW
+    # a holder slower to decode keeps its prefix while its first token comes within the gap:
+    # moving the prefix would compute it again on the quick replica and evict another one there
+    slow_but_cached = Affinity(cached=1.0, ttft_s=0.03, tpot_s=0.03, latency_s=0.99)
+    assert pick([quick, slow_but_cached]) == SLOW
+    # ... and loses it once its first token falls behind (its queue, its backlog of prefills)
+    behind = Affinity(cached=1.0, ttft_s=0.3, tpot_s=0.03, latency_s=1.26)
+    assert pick([quick, behind]) == FAST
 
 
 def test_an_slo_prefers_a_replica_predicted_to_meet_it() -> None:
