@@ -50,7 +50,11 @@ A row's simulators live through its columns (each column: engines idle, prefix c
 set again); every column starts its own gateway, and its own picker (cold, at its default log level).
 Bounded: each cell sends rate x `--seconds` requests and stops at `--seconds` + `--grace`; every
 process is stopped by its PID. The default run (10 rows x 5 columns, 10 s each) takes ~12 minutes on
-two cores. Not here: an oracle column (bench_affinity has one for shared prefixes).
+two cores. Not here: an oracle column (bench_affinity has one for shared prefixes). In its place,
+per row, the **floor**: the TTFT p90 the same requests would have if each ran alone on an idle base
+replica holding every shared prefix already (its own uncached prompt tokens only; no queue, no slow
+replica, no cold cache). No policy goes below it; where the best simple policy is already within
+1.4x of it, no policy can reach 0.7x of that policy on the row.
 
     python -m loadtest.bench_routing [--rows uniform/plain,eight/bursts] [--columns picker,lr]
         [--seconds 10] [--load 0.7] [--seed 63]
@@ -195,7 +199,7 @@ class Workload:
                        range(self.groups(pool))]  # fmt: skip
 
             def shared() -> tuple[str, int]:
-                prompt = rng.choice(systems) + " Question: " + _words(rng, rng.randint(20, 60))
+                prompt = rng.choice(systems) + SHARED_MARK + _words(rng, rng.randint(20, 60))
                 return prompt, rng.randint(20, 100)
 
             return shared
@@ -296,6 +300,22 @@ class Plan:
     rate: float
     capacity: float
     requests: list[tuple[float, str, int]]  # (offset s, prompt, max_tokens)
+
+    @property
+    def floor_ms(self) -> float:
+        """The TTFT p90 of these requests each alone on an idle base replica that holds every
+        shared prefix (see the module's docstring)."""
+        return percentile([alone_ttft_ms(prompt) for _, prompt, _ in self.requests], 90)
+
+
+SHARED_MARK = " Question: "  # where a `shared` prompt's system prompt ends
+
+
+def alone_ttft_ms(prompt: str) -> float:
+    """A request's TTFT alone on an idle base replica holding its system prompt (whole blocks)."""
+    shared = prompt.find(SHARED_MARK)
+    held = (prompt_tokens(prompt[:shared]) // BLOCK_TOKENS) * BLOCK_TOKENS if shared > 0 else 0
+    return TTFT_MS + PREFILL_MS_PER_TOKEN * (prompt_tokens(prompt) - held)
 
 
 def make_plan(row: Row, load: float, seconds: float, seed: int) -> Plan:
@@ -595,9 +615,12 @@ def summary_line(row: Row, plan: Plan, load: float, cells: dict[str, Cell], name
         for n in names
     ]
     picks = [ratio(cells, n) for n in ("picker", "picker-fd") if n in names]
+    simple = [cells[c].ttft_ms(90) for c in SIMPLE if c in cells and not cells[c].error and cells[c].ok()]
+    floor = plan.floor_ms
+    reach = f"{floor / min(simple):.2f}x" if simple else "-"
     return (
         f"| {row.name} | {plan.rate:.1f} ({load:.2f} of {plan.capacity:.1f}) | "
-        + " | ".join([*p90, *picks])
+        + " | ".join([*p90, *picks, f"{floor:.0f}", reach])
         + " |"
     )
 
@@ -646,8 +669,9 @@ async def run(args: argparse.Namespace, rows: Sequence[Row], names: Sequence[str
             summary.append(summary_line(row, plan, args.load, cells, names))
     picks = [f"{n} / best of rr, lr, prefix" for n in ("picker", "picker-fd") if n in names]
     print("\nTTFT p90 ms per column, and the picker's over the best simple policy:")
-    print("| row | rate req/s (load of capacity) | " + " | ".join([*names, *picks]) + " |")
-    print("|---|---|" + "---|" * (len(names) + len(picks)))
+    floor = ["floor", "floor / best simple"]
+    print("| row | rate req/s (load of capacity) | " + " | ".join([*names, *picks, *floor]) + " |")
+    print("|---|---|" + "---|" * (len(names) + len(picks) + len(floor)))
     print("\n".join(summary))
     print(
         f"\n{len(rows)} rows x {len(names)} columns in {time.monotonic() - began:.0f} s; "

@@ -11,6 +11,7 @@ from loadtest.bench_routing import (
     DEFAULT_ROWS,
     POOLS,
     WORKLOADS,
+    alone_ttft_ms,
     arrivals,
     capacity,
     make_plan,
@@ -71,3 +72,14 @@ def test_a_plan_is_the_same_for_the_same_seed_and_sized_by_the_load() -> None:
     # shared: every prompt opens with one of 2 x 4 = 8 system prompts
     assert len({p.split(" Question: ")[0] for _, p, _ in first.requests}) == 8
     assert make_plan(row, 0.35, 5.0, 63).rate < first.rate
+
+
+def test_the_floor_counts_only_what_a_warm_idle_replica_computes() -> None:
+    plan = make_plan(parse_rows("uniform/shared")[0], 0.7, 5.0, 63)
+    prompt = plan.requests[0][1]
+    system, _, question = prompt.partition(" Question: ")
+    held = prompt_tokens(system) // 16 * 16
+    assert alone_ttft_ms(prompt) == pytest.approx(20.0 + 0.03 * (prompt_tokens(prompt) - held))
+    assert alone_ttft_ms(prompt) < 20.0 + 0.03 * 200  # the question and a block's remainder
+    assert alone_ttft_ms("x" * 400) == pytest.approx(20.0 + 0.03 * 100)  # nothing shared
+    assert 20.0 < plan.floor_ms < 30.0
