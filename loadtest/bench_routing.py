@@ -50,8 +50,10 @@ A row's simulators live through its columns (each column: engines idle, prefix c
 set again); every column starts its own gateway, and its own picker (cold, at its default log level).
 Bounded: each cell sends rate x `--seconds` requests and stops at `--seconds` + `--grace`; every
 process is stopped by its PID. The default run (10 rows x 5 columns, 10 s each) takes ~12 minutes on
-two cores. Not here: an oracle column (bench_affinity has one for shared prefixes). In its place,
-per row, the **floor**: the TTFT p90 the same requests would have if each ran alone on an idle base
+two cores. On `shared` rows an `oracle` column (not in the default run: `--columns ...,oracle`)
+sends each request straight to the replica its group is pinned to, the groups dealt out in
+proportion to each replica's capacity (slots / slowdown) and never more to one replica than its
+cache holds: perfect affinity with a capacity-aware placement, no gateway. Per row, the **floor**: the TTFT p90 the same requests would have if each ran alone on an idle base
 replica holding every shared prefix already (its own uncached prompt tokens only; no queue, no slow
 replica, no cold cache). No policy goes below it; where the best simple policy is already within
 1.4x of it, no policy can reach 0.7x of that policy on the row.
@@ -67,6 +69,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import math
 import os
 import random
@@ -339,6 +342,7 @@ class Column:
     shape: str = "shipped"
     lb_policy: str = ""
     env: tuple[tuple[str, str], ...] = ()
+    oracle: bool = False  # straight to the replica each prompt group is pinned to (`shared` rows)
 
 
 COLUMNS: dict[str, Column] = {
@@ -353,6 +357,7 @@ COLUMNS: dict[str, Column] = {
         # waiting on the engines (one each) rather than in the picker while auto is engaged
         Column("picker-on", env=(("PICKER_AFFINITY__LATENCY", "on"),)),
         Column("picker-q1", env=(("PICKER_AFFINITY__LATENCY_ENGINE_QUEUE", "1"),)),
+        Column("oracle", picker=False, oracle=True),
     )
 }
 DEFAULT_COLUMNS = ("picker", "picker-fd", "rr", "lr", "prefix")
@@ -476,16 +481,15 @@ async def watch_engaged(client: httpx.AsyncClient, metrics_port: int, stop: asyn
 
 
 async def send_all(
-    port: int, requests: Sequence[tuple[float, str, int]], deadline_s: float
+    route: Callable[[str], int], requests: Sequence[tuple[float, str, int]], deadline_s: float
 ) -> list[StreamStats]:
-    """Every request at its offset through the gateway on `port`; those still open at `deadline_s`
-    are cut and count as failed."""
-    send = envoy_sender(port)
+    """Every request at its offset to the port `route` names for its prompt (a gateway's, or a
+    replica's); those still open at `deadline_s` are cut and count as failed."""
     started = time.perf_counter()
 
     async def one(at: float, prompt: str, tokens: int) -> StreamStats:
         await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
-        return await send(prompt, tokens)
+        return await envoy_sender(route(prompt))(prompt, tokens)
 
     tasks = [asyncio.create_task(one(*r)) for r in requests]
     _, pending = await asyncio.wait(tasks, timeout=deadline_s)
@@ -517,12 +521,16 @@ async def run_cell(
         stop_watch = asyncio.Event()
         watcher: asyncio.Task[list[bool]] | None = None
         try:
-            if column.picker:
+            route: Callable[[str], int]
+            if column.oracle:
+                route = oracle_route(pool, list(replicas.ports))
+            elif column.picker:
                 stack.start_picker()
                 stack.start_envoy()
-                port = stack.listen_port
+                route = functools.partial(_same, stack.listen_port)
             else:
                 gateway, port = baseline_envoy(stack, workdir, column.lb_policy)
+                route = functools.partial(_same, port)
             before = await replicas.counters(client)
             pid = stack.picker.pid if stack.picker is not None else None
             cpu_before = cpu_seconds(pid) if pid is not None else 0.0
@@ -536,7 +544,7 @@ async def run_cell(
                     await replicas.set_speed(client, index, pool.slowdown[index])
 
                 warm = asyncio.create_task(recover())
-            cell.stats = await send_all(port, plan.requests, seconds + grace)
+            cell.stats = await send_all(route, plan.requests, seconds + grace)
             if warm is not None:
                 await warm
             after = await replicas.counters(client)
@@ -565,6 +573,35 @@ async def run_cell(
                     "affinity.latency auto: released"
                 )
     return cell
+
+
+def _same(port: int, _prompt: str) -> int:
+    return port
+
+
+def pin_groups(pool: Pool, groups: int) -> list[int]:
+    """The oracle's placement: group -> replica index, each group to the replica with the least
+    groups per unit of capacity (slots / slowdown) that still has room in its cache for one more."""
+    weight = [n / f for n, f in zip(pool.slots, pool.slowdown, strict=True)]
+    held = [0] * pool.size
+    out = []
+    for _ in range(groups):
+        room = [i for i in range(pool.size) if held[i] < CACHED_PROMPTS] or list(range(pool.size))
+        best = min(room, key=lambda i: ((held[i] + 1) / weight[i], i))
+        held[best] += 1
+        out.append(best)
+    return out
+
+
+def oracle_route(pool: Pool, ports: Sequence[int]) -> Callable[[str], int]:
+    """Each `shared` prompt straight to the replica its group is pinned to (`pin_groups`)."""
+    pinned = pin_groups(pool, WORKLOADS["shared"].groups(pool))
+
+    def route(prompt: str) -> int:
+        group = int(prompt[len("System prompt ") :].split(".", 1)[0])
+        return ports[pinned[group]]
+
+    return route
 
 
 # --- the report -----------------------------------------------------------------------------------
@@ -655,6 +692,8 @@ async def run(args: argparse.Namespace, rows: Sequence[Row], names: Sequence[str
             cells: dict[str, Cell] = {}
             try:
                 for name in names:
+                    if COLUMNS[name].oracle and row.workload.name != "shared":
+                        continue  # no oracle without prompt groups
                     workdir = folder / name
                     workdir.mkdir(parents=True)
                     try:

@@ -12,6 +12,7 @@ from loadtest.bench_routing import (
     POOLS,
     WORKLOADS,
     alone_ttft_ms,
+    pin_groups,
     arrivals,
     capacity,
     make_plan,
@@ -83,3 +84,14 @@ def test_the_floor_counts_only_what_a_warm_idle_replica_computes() -> None:
     assert alone_ttft_ms(prompt) < 20.0 + 0.03 * 200  # the question and a block's remainder
     assert alone_ttft_ms("x" * 400) == pytest.approx(20.0 + 0.03 * 100)  # nothing shared
     assert 20.0 < plan.floor_ms < 30.0
+
+
+def test_the_oracle_pins_groups_by_capacity_within_what_a_cache_holds() -> None:
+    def counts(pool: str) -> list[int]:
+        pinned = pin_groups(POOLS[pool], WORKLOADS["shared"].groups(POOLS[pool]))
+        return [pinned.count(i) for i in range(POOLS[pool].size)]
+
+    assert counts("uniform") == [2, 2, 2, 2]
+    assert counts("half-slow") == [3, 3, 1, 1]  # twice the capacity, up to the three a cache holds
+    assert max(counts("most-slow")) == 3 and sum(counts("most-slow")) == 8
+    assert counts("sixteen") == [2] * 16
