@@ -50,13 +50,13 @@ A row's simulators live through its columns (each column: engines idle, prefix c
 set again); every column starts its own gateway, and its own picker (cold, at its default log level).
 Bounded: each cell sends rate x `--seconds` requests and stops at `--seconds` + `--grace`; every
 process is stopped by its PID. The default run (10 rows x 5 columns, 10 s each) takes ~12 minutes on
-two cores. On `shared` rows an `oracle` column (not in the default run: `--columns ...,oracle`)
-sends each request straight to the replica its group is pinned to, the groups dealt out in
-proportion to each replica's capacity (slots / slowdown) and never more to one replica than its
-cache holds: perfect affinity with a capacity-aware placement, no gateway. Per row, the **floor**: the TTFT p90 the same requests would have if each ran alone on an idle base
-replica holding every shared prefix already (its own uncached prompt tokens only; no queue, no slow
-replica, no cold cache). No policy goes below it; where the best simple policy is already within
-1.4x of it, no policy can reach 0.7x of that policy on the row.
+two cores. On `shared` rows an `oracle` column sends each request straight to the replica its
+group is pinned to, the groups dealt out in proportion to each replica's capacity (slots /
+slowdown) and never more to one replica than its cache holds: perfect affinity with a
+capacity-aware placement, no gateway. Per row, the **floor**: the TTFT p90 the same requests would
+have if each ran alone on an idle base replica holding every shared prefix already (its own uncached
+prompt tokens only; no queue, no slow replica, no cold cache). No policy goes below it; where the
+best simple policy is already within 1.4x of it, no policy can reach 0.7x of that policy on the row.
 
     python -m loadtest.bench_routing [--rows uniform/plain,eight/bursts] [--columns picker,lr]
         [--seconds 10] [--load 0.7] [--seed 63]
@@ -360,7 +360,7 @@ COLUMNS: dict[str, Column] = {
         Column("oracle", picker=False, oracle=True),
     )
 }
-DEFAULT_COLUMNS = ("picker", "picker-fd", "rr", "lr", "prefix")
+DEFAULT_COLUMNS = ("picker", "picker-fd", "rr", "lr", "prefix", "oracle")  # oracle: shared rows
 SIMPLE = ("rr", "lr", "prefix")  # the picker's defaults are compared with the best of these
 
 
