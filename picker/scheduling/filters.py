@@ -68,10 +68,9 @@ def quick(rows: Sequence[Row], gaps: Gaps, slo: Slo | None) -> list[Row]:
     """The replicas predicted to meet the request's SLO (all of them when none is), then those
     within the latency gap of the quickest: a replica twice as slow is not a choice while a quick
     one has room (unless it holds the prompt: picker/scheduling/choice.py). Within the gap both to
-    the first token and to the last: a
-    replica that would make the request wait for a batch slot is out as much as one that decodes
-    slowly; when no replica is quick on both, the first token decides (a slower decoder then takes
-    the overflow)."""
+    the first token and to the last: a replica that would make the request wait for a batch slot
+    is out as much as one that decodes slowly; when no replica is quick on both, the first token
+    decides (a slower decoder then takes the overflow)."""
     within = meeting(rows, slo)
     soon = first_token_soon(within, gaps)
     best = min(row.latency_s or 0.0 for row in within)

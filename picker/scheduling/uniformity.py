@@ -8,13 +8,13 @@ pick. So under `auto` the pick uses the predictions only while the pool measurab
 Each replica's **speed** is what its fits predict for the pool's typical request where the pool
 runs: its first token (the prefill tokens the pool was measured at lately), its time per output
 token (beside as many running requests as the pool ran lately), and, where every replica's batch
-slots are known, the wait for one at the pool's typical load (a replica with half the slots of the rest is
-slower there, though no token of it is). A replica whose slots are not known, but which was seen
-running more than the typical load with nothing waiting, has room at that load: its wait is known
-to be none (an engine's slots are learned only when it queues, so the replicas with enough of them
-are the ones never learned). A replica counts once it has observations of its own on
-both figures; one the pick stopped feeding keeps the speed it was last measured at (it is not
-uniform by going unmeasured) until it is measured again, drains or leaves the pool.
+slots are known, the wait for one at the pool's typical load (a replica with half the slots of the
+rest is slower there, though no token of it is). A replica whose slots are not known, but which was
+seen running more than the typical load with nothing waiting, has room at that load: its wait is
+known to be none (an engine's slots are learned only when it queues, so the replicas with enough of
+them are the ones never learned). A replica counts once it has observations of its own on both
+figures; one the pick stopped feeding keeps the speed it was last measured at (it is not uniform by
+going unmeasured) until it is measured again, drains or leaves the pool.
 
 The **spread** is the largest gap between two groups: the replicas sorted by their time for the
 typical request, split at every place, the slower group's median over the quicker group's. One slow
