@@ -36,6 +36,7 @@ async def test_a_bad_candidate_is_rolled_back_without_cutting_a_stream(tmp_path:
         status = await canary.until_phase("rolled-back", traffic, 25)
         report = await traffic
         candidate_log = canary.stack.sim_requests(canary.candidate)
+        routed = canary.stack.picker_value("picker_rollout_routed_total", group="candidate")
         endpoint = next(
             e for e in canary.admin("/admin/endpoints")["endpoints"] if e["address"] == canary.candidate
         )
@@ -50,12 +51,16 @@ async def test_a_bad_candidate_is_rolled_back_without_cutting_a_stream(tmp_path:
     assert ttft["candidate"] > ttft["limit"] >= 1.5 * ttft["stable"] - 0.001, ttft
     rolled_back_at = rollback["at_s"] + status["clock_to_wall_s"]
     first_answer = min(r["end"] for r in candidate_log if r["end"] is not None)
-    assert rolled_back_at - first_answer <= 2 * window_s  # the fault was visible from its first answers
+    took = rolled_back_at - first_answer
+    assert took <= 2 * window_s, took  # the fault was visible from its first answers
     assert report.failures() == [], report.failures()[:3]  # no stream cut, no error
     assert endpoint["state"] == "draining"  # drained through the endpoints file, as an admin drain is
     assert endpoint["drain"] is None or endpoint["drain"]["picks_after_start"] == 0
-    late = [r for r in candidate_log if r["arrival"] > rolled_back_at + 0.2]
-    assert late == []  # nothing new reached the candidate after the rollback
+    # nothing new reached the candidate after the rollback, counted rather than timed: a request
+    # picked just before it can reach the candidate's engine well after it on a loaded machine
+    before = sum(e["routed"]["candidate"] for e in status["history"] if e["event"] == "step-ended")
+    assert routed == before, (routed, status["history"])  # the picker sent it none since
+    assert len(candidate_log) == before, (len(candidate_log), before)  # and it saw no other
     assert status["weight"] == 0 and len(report.results) == 1500
 
 
