@@ -32,7 +32,6 @@ class Endpoint:
     load: LoadSample | None = None  # last good scrape; None until the first one
     scrape_failures: int = 0  # consecutive; reset by a good scrape
     learned_slots: int = 0  # running count seen while the engine had a queue: its slot count
-    room_seen: int = 0  # most requests seen running with none waiting: its slots are at least this
     arrivals: int = 0  # requests ever attributed here (picked, or moved here by Envoy's choice)
     departures: int = 0  # requests ever ended here or moved away
     drain: DrainRecord | None = None  # the open drain record, while there is one

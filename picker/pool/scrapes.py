@@ -24,8 +24,6 @@ def record_sample(
     endpoint.scrape_failures = 0
     if waiting > 0 and running > endpoint.learned_slots:
         endpoint.learned_slots = int(running)
-    elif waiting <= 0 and running > endpoint.room_seen:
-        endpoint.room_seen = int(running)
 
 
 def record_engine_info(

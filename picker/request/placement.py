@@ -374,8 +374,7 @@ class Placement:
         ready = self._pool.ready()
         configured = self._engine_slots
         slots = {e.address: float(configured or e.learned_slots) for e in ready}
-        room = {e.address: float(e.room_seen) for e in ready}
-        switched = self.uniformity.judge(self.latency, now, slots, {e.address for e in ready}, room)
+        switched = self.uniformity.judge(self.latency, now, slots, {e.address for e in ready})
         measured = self.uniformity.last_spread
         if switched:
             self.engaged = self.latency.eager = self.uniformity.engaged

@@ -9,12 +9,9 @@ Each replica's **speed** is what its fits predict for the pool's typical request
 runs: its first token (the prefill tokens the pool was measured at lately), its time per output
 token (beside as many running requests as the pool ran lately), and, where every replica's batch
 slots are known, the wait for one at the pool's typical load (a replica with half the slots of the
-rest is slower there, though no token of it is). A replica whose slots are not known, but which was
-seen running more than the typical load with nothing waiting, has room at that load: its wait is
-known to be none (an engine's slots are learned only when it queues, so the replicas with enough of
-them are the ones never learned). A replica counts once it has observations of its own on both
-figures; one the pick stopped feeding keeps the speed it was last measured at (it is not uniform by
-going unmeasured) until it is measured again, drains or leaves the pool.
+rest is slower there, though no token of it is). A replica counts once it has observations of its
+own on both figures; one the pick stopped feeding keeps the speed it was last measured at (it is
+not uniform by going unmeasured) until it is measured again, drains or leaves the pool.
 
 The **spread** is the largest gap between two groups: the replicas sorted by their time for the
 typical request, split at every place, the slower group's median over the quicker group's. One slow
@@ -52,14 +49,9 @@ class Speed:
     wait_s: float = 0.0  # for a batch slot, at the pool's typical load
 
 
-def speeds(
-    model: LatencyModel,
-    slots: Mapping[str, float] | None = None,
-    room: Mapping[str, float] | None = None,
-) -> dict[str, Speed]:
-    """The speed of every replica measured lately. `slots`: each replica's batch slots; `room`: the
-    most requests each was seen running with none waiting (its slots are at least that). Slot waits
-    count only when every measured replica's slots are known or its room covers the typical load."""
+def speeds(model: LatencyModel, slots: Mapping[str, float] | None = None) -> dict[str, Speed]:
+    """The speed of every replica measured lately. `slots`: each replica's batch slots (counted only
+    when every measured replica's are known)."""
     pool = model.pool
     running = pool.tpot.mean(1, _PROBE_RUNNING)
     ttft_x = ttft_features(pool.ttft.mean(1, _PROBE_PREFILL / 1000.0) * 1000.0, 0.0)
@@ -71,17 +63,9 @@ def speeds(
         for address, replica in model.replicas.items()
         if replica.ttft.weight >= MEASURED and replica.tpot.weight >= MEASURED
     ]
-    # a slot wait only where every measured replica's slots are known, or it was seen with room
-    # above the typical load: slots learned on some replicas (from a scrape that showed a queue)
-    # and unknown on others that may queue as soon are no difference
-    seen = room or {}
-    known = (
-        slots
-        if slots
-        and any(slots.values())
-        and all(slots.get(address) or seen.get(address, 0.0) >= running + 1.0 for address in measured)
-        else {}
-    )
+    # a slot wait only where every measured replica's slots are known: slots learned on some
+    # replicas (from a scrape that showed a queue) and not yet on others are no difference
+    known = slots if slots and all(slots.get(address) for address in measured) else {}
     for address in measured:
         token_s = model.tpot(address, tpot_x)
         held = known.get(address, 0.0)
@@ -112,11 +96,9 @@ def spread_of(known: Mapping[str, Speed], tokens: float) -> float | None:
     return widest
 
 
-def spread(
-    model: LatencyModel, slots: Mapping[str, float] | None = None, room: Mapping[str, float] | None = None
-) -> float | None:
+def spread(model: LatencyModel, slots: Mapping[str, float] | None = None) -> float | None:
     """The spread of the replicas measured lately (none held)."""
-    return spread_of(speeds(model, slots, room), model.output_tokens)
+    return spread_of(speeds(model, slots), model.output_tokens)
 
 
 def _median(values: Sequence[float] | object) -> float:
@@ -143,15 +125,13 @@ class Uniformity:
         now: float,
         slots: Mapping[str, float] | None = None,
         ready: Collection[str] | None = None,
-        room: Mapping[str, float] | None = None,
     ) -> bool:
         """Measure the replicas, keep what each was last measured at, take one reading; True when
         the state switched. `ready`: the replicas that may take work (None: all); one that drains or
-        is not ready is not judged, and its held speed goes (it could never be measured again).
-        `slots`, `room`: as `speeds` reads them."""
+        is not ready is not judged, and its held speed goes (it could never be measured again)."""
         known = {
             address: speed
-            for address, speed in (*self.held.items(), *speeds(model, slots, room).items())
+            for address, speed in (*self.held.items(), *speeds(model, slots).items())
             if address in model.replicas and (ready is None or address in ready)
         }
         self.held = known

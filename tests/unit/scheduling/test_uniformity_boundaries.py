@@ -56,7 +56,6 @@ def run(
     per_second: int = 4,
     fed: Mapping[str, bool] | None = None,
     slots: Mapping[str, float] | None = None,
-    room: Mapping[str, float] | None = None,
     first_token_only: Mapping[str, float] | None = None,
     seed: int = 1,
 ) -> tuple[Uniformity, list[float]]:
@@ -74,7 +73,7 @@ def run(
                 extra = (first_token_only or {}).get(address, 1.0) if rng.random() < 0.3 else 1.0
                 serve_one(model, address, speed, now + k / per_second, rng, extra)
         model.refresh(now + 1.0)
-        if judge.judge(model, now + 1.0, slots, room=room):
+        if judge.judge(model, now + 1.0, slots):
             flips.append(now + 1.0)
             model.eager = judge.engaged
     return judge, flips
@@ -144,19 +143,6 @@ def test_fewer_batch_slots_at_the_pools_load_engage() -> None:
     assert flips == []  # the others' slots unknown: no difference known
     judge, flips = run(speeds, slots={address: 16.0 for address in speeds})
     assert flips == []  # slots known, none short
-
-
-def test_fewer_slots_engage_when_the_others_are_seen_running_more_without_a_queue() -> None:
-    """Only the small replica's slots are learned (it alone ever queues); the others were seen
-    running 8 requests with nothing waiting, above the pool's typical 4.5: they have room there,
-    which is all the wait needs to know. Seen running only 3 without a queue, they might not."""
-    speeds = pool(4, 0, 1.0)
-    small = next(iter(speeds))
-    room = {address: 8.0 for address in speeds if address != small}
-    judge, flips = run(speeds, slots={small: 2.0}, room=room)
-    assert judge.engaged and len(flips) == 1, judge.last_spread
-    judge, flips = run(speeds, slots={small: 2.0}, room={address: 3.0 for address in room})
-    assert flips == [], judge.last_spread
 
 
 def test_a_slow_replica_that_drains_no_longer_holds_the_switch() -> None:
