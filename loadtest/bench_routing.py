@@ -56,7 +56,7 @@ slowdown) and never more to one replica than its cache holds: perfect affinity w
 capacity-aware placement, no gateway. Per row, the **floor**: the TTFT p90 the same requests would
 have if each ran alone on an idle base replica holding every shared prefix already (its own uncached
 prompt tokens only; no queue, no slow replica, no cold cache). No policy goes below it; where the
-best simple policy is already within 1.4x of it, no policy can reach 0.7x of that policy on the row.
+best simple policy is already near it, no policy can do much better than that policy on the row.
 
     python -m loadtest.bench_routing [--rows uniform/plain,eight/bursts] [--columns picker,lr]
         [--seconds 10] [--load 0.7] [--seed 63]
@@ -176,6 +176,7 @@ def _text(rng: random.Random, tokens: int) -> str:
 
 
 SYSTEM_TOKENS = 3000
+SYSTEM_MARK = "System prompt "  # a `shared` prompt starts with it and its group's number
 CACHED_PROMPTS = 3  # system prompts each replica's prefix cache holds in `shared`
 
 
@@ -198,7 +199,7 @@ class Workload:
         """Draws (prompt, max_tokens), seeded."""
         rng = random.Random(seed)
         if self.name == "shared":
-            systems = [f"System prompt {g}. " + _text(random.Random(seed * 1000 + g), SYSTEM_TOKENS) for g in
+            systems = [f"{SYSTEM_MARK}{g}. " + _text(random.Random(seed * 1000 + g), SYSTEM_TOKENS) for g in
                        range(self.groups(pool))]  # fmt: skip
 
             def shared() -> tuple[str, int]:
@@ -598,7 +599,7 @@ def oracle_route(pool: Pool, ports: Sequence[int]) -> Callable[[str], int]:
     pinned = pin_groups(pool, WORKLOADS["shared"].groups(pool))
 
     def route(prompt: str) -> int:
-        group = int(prompt[len("System prompt ") :].split(".", 1)[0])
+        group = int(prompt[len(SYSTEM_MARK) :].split(".", 1)[0])
         return ports[pinned[group]]
 
     return route
