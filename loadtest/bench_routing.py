@@ -84,6 +84,7 @@ from pathlib import Path
 
 import httpx
 
+from loadtest import clairvoyant
 from loadtest.bench_shapes import WORDS, baseline_envoy, envoy_sender
 from loadtest.procs import Proc
 from loadtest.rawclient import StreamStats, cpu_seconds
@@ -315,11 +316,41 @@ class Plan:
 SHARED_MARK = " Question: "  # where a `shared` prompt's system prompt ends
 
 
+def held_tokens(prompt: str) -> int:
+    """The prompt tokens a replica holding its system prompt has cached (whole blocks); 0 unshared."""
+    shared = prompt.find(SHARED_MARK)
+    return (prompt_tokens(prompt[:shared]) // BLOCK_TOKENS) * BLOCK_TOKENS if shared > 0 else 0
+
+
+def group_of(prompt: str) -> int | None:
+    """A `shared` prompt's group (the number after SYSTEM_MARK); None for any other prompt."""
+    if not prompt.startswith(SYSTEM_MARK):
+        return None
+    return int(prompt[len(SYSTEM_MARK) :].split(".", 1)[0])
+
+
 def alone_ttft_ms(prompt: str) -> float:
     """A request's TTFT alone on an idle base replica holding its system prompt (whole blocks)."""
-    shared = prompt.find(SHARED_MARK)
-    held = (prompt_tokens(prompt[:shared]) // BLOCK_TOKENS) * BLOCK_TOKENS if shared > 0 else 0
-    return TTFT_MS + PREFILL_MS_PER_TOKEN * (prompt_tokens(prompt) - held)
+    return TTFT_MS + PREFILL_MS_PER_TOKEN * (prompt_tokens(prompt) - held_tokens(prompt))
+
+
+def clairvoyant_ms(row: Row, plan: Plan, seconds: float) -> float:
+    """The TTFT p90 of the row's requests sent by a dispatcher that knows every request, slot and
+    cache (loadtest/clairvoyant.py), on the simulators' own model of the pool."""
+    pool = row.pool
+    replicas = [
+        clairvoyant.Replica(slots, factor)
+        if index != pool.warming
+        else clairvoyant.Replica(slots, factor, WARM_FACTOR, WARM_SHARE * seconds)
+        for index, (slots, factor) in enumerate(zip(pool.slots, pool.slowdown, strict=True))
+    ]
+    requests = [
+        clairvoyant.Request(at, prompt_tokens(prompt), tokens, group_of(prompt), held_tokens(prompt))
+        for at, prompt, tokens in plan.requests
+    ]
+    cached = CACHED_PROMPTS if row.workload.groups(pool) else 0
+    model = clairvoyant.Model(TTFT_MS, PREFILL_MS_PER_TOKEN, ITL_MS, cached)
+    return percentile(sorted(clairvoyant.dispatch(replicas, requests, model)), 90)
 
 
 def make_plan(row: Row, load: float, seconds: float, seed: int) -> Plan:
@@ -599,7 +630,9 @@ def oracle_route(pool: Pool, ports: Sequence[int]) -> Callable[[str], int]:
     pinned = pin_groups(pool, WORKLOADS["shared"].groups(pool))
 
     def route(prompt: str) -> int:
-        group = int(prompt[len(SYSTEM_MARK) :].split(".", 1)[0])
+        group = group_of(prompt)
+        if group is None:
+            raise ValueError("the oracle routes `shared` prompts only")
         return ports[pinned[group]]
 
     return route
@@ -647,18 +680,21 @@ def ratio(cells: dict[str, Cell], name: str) -> str:
     return f"{cells[name].ttft_ms(90) / min(simple):.2f}x"
 
 
-def summary_line(row: Row, plan: Plan, load: float, cells: dict[str, Cell], names: Sequence[str]) -> str:
+def summary_line(
+    row: Row, plan: Plan, load: float, cells: dict[str, Cell], names: Sequence[str], seconds: float
+) -> str:
     p90 = [
         "-" if n not in cells or cells[n].error or not cells[n].ok() else f"{cells[n].ttft_ms(90):.0f}"
         for n in names
     ]
     picks = [ratio(cells, n) for n in ("picker", "picker-fd") if n in names]
     simple = [cells[c].ttft_ms(90) for c in SIMPLE if c in cells and not cells[c].error and cells[c].ok()]
-    floor = plan.floor_ms
-    reach = f"{floor / min(simple):.2f}x" if simple else "-"
+    refs = []
+    for reference in (plan.floor_ms, clairvoyant_ms(row, plan, seconds)):
+        refs += [f"{reference:.0f}", f"{reference / min(simple):.2f}x" if simple else "-"]
     return (
         f"| {row.name} | {plan.rate:.1f} ({load:.2f} of {plan.capacity:.1f}) | "
-        + " | ".join([*p90, *picks, f"{floor:.0f}", reach])
+        + " | ".join([*p90, *picks, *refs])
         + " |"
     )
 
@@ -706,10 +742,10 @@ async def run(args: argparse.Namespace, rows: Sequence[Row], names: Sequence[str
                     print(cell_line(row, name, cells[name]), flush=True)
             finally:
                 replicas.stop()
-            summary.append(summary_line(row, plan, args.load, cells, names))
+            summary.append(summary_line(row, plan, args.load, cells, names, args.seconds))
     picks = [f"{n} / best of rr, lr, prefix" for n in ("picker", "picker-fd") if n in names]
     print("\nTTFT p90 ms per column, and the picker's over the best simple policy:")
-    floor = ["floor", "floor / best simple"]
+    floor = ["floor", "floor / best simple", "clairvoyant", "clairvoyant / best simple"]
     print("| row | rate req/s (load of capacity) | " + " | ".join([*names, *picks, *floor]) + " |")
     print("|---|---|" + "---|" * (len(names) + len(picks) + len(floor)))
     print("\n".join(summary))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import random
 import sys
 import tempfile
@@ -49,11 +50,16 @@ from loadtest.stack import Stack, StackOptions, health_ok, parse_metrics
 from loadtest.traffic import percentile
 from picker.cli.envoyconf import envoy_binary, render, shape_template
 
+FAST_TTFT_MS = 20.0  # a fast replica's first token: this, plus its prefill of each prompt token
+FAST_PREFILL_MS = 0.02
+
 
 def pool(itl_ms: float = 12.0) -> tuple[tuple[str, ...], ...]:
     """The mixed pool's simulator arguments: fast replicas `itl_ms` a token, the slow one twice that."""
-    fast = ("--ttft-ms", "20", "--itl-ms", f"{itl_ms:g}", "--ttft-per-prompt-token-ms", "0.02")
-    slow = ("--ttft-ms", "40", "--itl-ms", f"{2 * itl_ms:g}", "--ttft-per-prompt-token-ms", "0.04")
+    fast = ("--ttft-ms", f"{FAST_TTFT_MS:g}", "--itl-ms", f"{itl_ms:g}")
+    fast += ("--ttft-per-prompt-token-ms", f"{FAST_PREFILL_MS:g}")
+    slow = ("--ttft-ms", f"{2 * FAST_TTFT_MS:g}", "--itl-ms", f"{2 * itl_ms:g}")
+    slow += ("--ttft-per-prompt-token-ms", f"{2 * FAST_PREFILL_MS:g}")
     return (
         (*fast, "--max-num-seqs", "16"),
         (*fast, "--max-num-seqs", "16"),
@@ -114,6 +120,7 @@ class Outcome:
     modes: str = ""
     at_scrapes: dict[float, float] = field(default_factory=dict)  # the picker's histogram, le -> count
     served: list[float] = field(default_factory=list)  # requests each replica completed (its counter)
+    queued_ms: list[float] = field(default_factory=list)  # each replica's mean wait for a batch slot
     latency: str = ""  # affinity.latency at the end: engaged or not, and the spread auto judged by
 
 
@@ -129,6 +136,16 @@ def plan(rate: float, seconds: float, seed: int) -> list[tuple[float, str, int]]
         words = rng.randint(50, 2000)
         prompt = " ".join(rng.choice(WORDS) + str(rng.randint(0, 99)) for _ in range(words))
         out.append((at, prompt, rng.randint(20, 100)))
+
+
+def own_first_token_ms(requests: Sequence[tuple[float, str, int]]) -> tuple[float, float]:
+    """The requests' own first token on an idle fast replica of `pool` (its fixed part and its
+    prompt's prefill, the simulator's tokens being a quarter of the characters): p50 and p90 ms,
+    what no routing goes below, before the path's own time."""
+    own = sorted(
+        FAST_TTFT_MS + FAST_PREFILL_MS * max(1, math.ceil(len(prompt) / 4)) for _, prompt, _ in requests
+    )
+    return percentile(own, 50), percentile(own, 90)
 
 
 async def engine_load(client: httpx.AsyncClient, replica: str) -> float:
@@ -218,11 +235,19 @@ def shim_sender(grpc_port: int, tls: bool, pool: ThreadPoolExecutor) -> Send:
     return send
 
 
-async def served(replicas: Sequence[str]) -> list[float]:
-    """Each replica's completed requests, by its own counter."""
+_COUNTERS = (
+    "vllm:request_success_total",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_queue_time_seconds_count",
+)
+
+
+async def served(replicas: Sequence[str]) -> list[tuple[float, ...]]:
+    """Each replica's completed requests, and its requests' time waiting for a slot (sum, count), by
+    its own counters."""
     async with httpx.AsyncClient(timeout=5) as client:
         pages = [parse_metrics((await client.get(f"http://{r}/metrics")).text) for r in replicas]
-    return [sum(v for (n, _), v in page.items() if n == "vllm:request_success_total") for page in pages]
+    return [tuple(sum(v for (n, _), v in page.items() if n == name) for name in _COUNTERS) for page in pages]
 
 
 async def data_planes(metrics_port: int) -> str:
@@ -262,7 +287,12 @@ async def load(
         outcome.stats = await drive(send, requests)
     finally:
         sampler.cancel()
-    outcome.served = [b - a for a, b in zip(before, await served(stack.replicas), strict=True)]
+    deltas = [
+        [b - a for a, b in zip(one, other, strict=True)]
+        for one, other in zip(before, await served(stack.replicas), strict=True)
+    ]
+    outcome.served = [done for done, _, _ in deltas]
+    outcome.queued_ms = [1000 * waited / max(1.0, count) for _, waited, count in deltas]
     if picker:
         outcome.modes = await data_planes(stack.metrics_port)
         outcome.at_scrapes, outcome.latency = await gaps_at_scrapes(stack.metrics_port)
@@ -344,12 +374,13 @@ def report(name: str, outcome: Outcome, baseline: tuple[float, float] | None) ->
     ratio = "" if not baseline else f"x{p90 / baseline[0]:.2f} / x{tpot90 / baseline[1]:.2f}"
     modes = outcome.modes or "-"
     counts = f"{failed} of {len(outcome.stats)}"
+    queued = "/".join(f"{q:.0f}" for q in outcome.queued_ms)
     scrapes = outcome.at_scrapes
     total = scrapes.get(float("inf"), 0.0)
     at = "-" if not total else f"{100 * scrapes.get(1.0, 0.0) / total:.1f} % of {total:.0f}"
     return (
         f"| {name} | {modes} | {p50:.0f} | {p90:.0f} | {tpot90:.1f} | {ratio} | {counts} | {shares} | {books}"
-        f" | {within} | {at} | {outcome.latency or '-'} |"
+        f" | {within} | {at} | {outcome.latency or '-'} | {queued} |"
     )
 
 
@@ -381,12 +412,15 @@ def main(argv: list[str] | None = None) -> int:
     requests = plan(args.rate, args.seconds, args.seed)
     print(f"{len(requests)} requests over {args.seconds:.0f} s ({args.rate:.0f}/s)")
     print(f"pool: 2 fast x 16 slots ({args.itl_ms:g} ms a token), 1 half as fast x 16, 1 fast x 8")
+    own50, own90 = own_first_token_ms(requests)
+    print(f"the requests' own first token on an idle fast replica: p50 {own50:.0f} ms, p90 {own90:.0f} ms")
     print(
         "| row | ends seen by | TTFT p50 ms | TTFT p90 ms | TPOT p90 ms | TTFT / TPOT p90 vs the better Envoy"
         " | failed | share % fast/fast/half-speed/half-slots | books - engine p50 / p95 / max | within 1"
-        " | at the picker's scrapes, within 1 | latency routing at the end |"
+        " | at the picker's scrapes, within 1 | latency routing at the end"
+        " | engine's wait for a slot, mean ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     baseline: tuple[float, float] | None = None
     with tempfile.TemporaryDirectory(prefix="bench-shapes-") as tmp:
         for index, name in enumerate(names):  # a row may come twice (interleaved rounds)
