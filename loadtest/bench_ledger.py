@@ -13,6 +13,8 @@ per configuration, each with its own Envoy + `picker serve` (or `picker proxy`) 
   rollout      a canary in its first step (one replica the candidate): the rollout gates
   tracing      --tracing: a trace per request, exported over OTLP to a collector on loopback
   plain        one picker, plaintext Envoy -> picker hop (the reference for `peers`)
+  full-duplex  Envoy AI Gateway's shape: one ext_proc filter, bodies FULL_DUPLEX_STREAMED both ways
+               (plaintext, as `plain`): every chunk of every stream waits on the picker's echo
   peers        two pickers sharing one set of books (plaintext): both pickers' CPU counted
   proxy        `picker proxy`, resume off
   resume       `picker proxy`, streams.resume greedy (every request greedy, so every one resumable)
@@ -145,6 +147,8 @@ def _start(name: str, folder: Path, replicas: list[str], collector: Collector | 
             env.update(OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true")
         case "plain":
             base.update(envoy_picker_tls=False)
+        case "full-duplex":
+            base.update(envoy_picker_tls=False, shape="aigw-failopen")
         case "peers":
             base.update(pickers=2, peers=True, envoy_picker_tls=False)
         case "resume":
@@ -245,8 +249,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     all_rows = (
-        "shipped,prefix-off,precise,latency,latency-off,rollout,tracing,plain,peers,proxy,resume,python-gc,"
-        "fair-share-off,tenant-header"
+        "shipped,prefix-off,precise,latency,latency-off,rollout,tracing,plain,full-duplex,peers,proxy,resume,"
+        "python-gc,fair-share-off,tenant-header"
     )
     parser.add_argument("--rows", default=all_rows)
     parser.add_argument("--rounds", type=int, default=3)

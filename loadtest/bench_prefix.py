@@ -2,6 +2,7 @@
   hashing     an 8,000-token prompt (32 KB) into chained block keys       bound: 50 us
   index       bytes per block held in an endpoint's approximate index      bound: 100 bytes
   learning    adding one prompt's blocks to an index
+  room        how many blocks a full index holds (asked of every candidate at every pick)  bound: 1 us
   kv events   the picker's CPU following 4 busy engines' KV events          bound: 5 % of a core
   tokenize    precise affinity's /tokenize round trip to a simulated engine, per request
 KV events come from 4 publishers in another process (vllm_sim's publisher, real ZMQ over
@@ -60,6 +61,11 @@ def index() -> None:
         held.add(prompt)
     per = (time.process_time() - started) / (len(prompts) * 5) * 1e6
     print(f"  learning: {per:6.1f} us to add a 125-block prompt")
+    started = time.process_time()
+    for _ in range(1000):
+        len(held)
+    per = (time.process_time() - started) / 1000 * 1e6
+    print(f"  room: {per:6.2f} us to count the {len(held)} blocks a full index holds (bound 1 us)")
 
 
 def _publish(ports: Sequence[int], seconds: float, ready: multiprocessing.synchronize.Event) -> None:

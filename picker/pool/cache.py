@@ -31,7 +31,7 @@ _FEEDBACK_WINDOW = 50  # engine reports judged together (PrefixIndex.observed)
 class PrefixIndex:
     """The approximate view of one endpoint's cache."""
 
-    __slots__ = ("_emptied", "_new", "_old", "_over", "_seen", "bound", "capacity")
+    __slots__ = ("_both", "_emptied", "_new", "_old", "_over", "_seen", "bound", "capacity")
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.bound = max(_MIN_CAPACITY, capacity)  # the engine's size (num_gpu_blocks) or the default
@@ -39,11 +39,13 @@ class PrefixIndex:
         # block -> when it was last routed here (`add`'s stamp): since the last rotation, and before
         self._new: dict[int, int] = {}
         self._old: dict[int, int] = {}
+        self._both = 0  # blocks in both generations, counted once by `__len__`
         # the engine's reports in this window, how many fell short, and how many found nothing at all
         self._seen = self._over = self._emptied = 0
 
     def __len__(self) -> int:
-        return len(self._new) + sum(1 for key in self._old if key not in self._new)
+        """The blocks held: kept as a count, for every pick asks it of every candidate (its room)."""
+        return len(self._new) + len(self._old) - self._both
 
     def __contains__(self, key: int) -> bool:
         return key in self._new or key in self._old
@@ -81,9 +83,17 @@ class PrefixIndex:
     def add(self, keys: Sequence[int], stamp: int = 1) -> None:
         """A prompt was routed here (`stamp`: a clock that grows with every routing, the pool's):
         its blocks are (or will be) in the engine's cache."""
-        self._new.update(dict.fromkeys(keys, stamp))  # in C: about 20 ns a block
-        if len(self._new) >= self.capacity:
-            self._old, self._new = self._new, {}  # the older generation goes, in one step
+        new, old = self._new, self._old
+        if old:
+            # the prompt's blocks the older generation holds that the newer one does not yet: now
+            # in both (set operations on the dicts' key views, in C, each over the smaller side)
+            held = old.keys() & keys
+            if held:
+                self._both += len(held) - len(new.keys() & held)
+        new.update(dict.fromkeys(keys, stamp))  # in C: about 20 ns a block
+        if len(new) >= self.capacity:
+            self._old, self._new = new, {}  # the older generation goes, in one step
+            self._both = 0
 
     def observed(self, predicted_blocks: int, cached_blocks: int) -> None:
         """The engine reported how much of a prompt it had cached; the index had predicted this much.
@@ -118,6 +128,7 @@ class PrefixIndex:
     def clear(self) -> None:
         self._new.clear()
         self._old.clear()
+        self._both = 0
 
 
 class KvBlocks:

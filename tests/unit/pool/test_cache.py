@@ -47,6 +47,24 @@ def test_the_index_finds_what_a_walk_to_the_first_miss_finds_through_every_rotat
     assert index.matched(()) == 0
 
 
+def test_the_index_counts_each_block_it_holds_once_through_rotations_and_clears() -> None:
+    rng = random.Random(63)
+    prompts = _prompts(rng, 300)
+    index = PrefixIndex(capacity=48)
+    held: set[int] = set()  # the reference: every key either generation holds
+    for step in range(4000):
+        keys = rng.choice(prompts)
+        newer = index._new  # the rotation is what is checked
+        index.add(keys)
+        held.update(keys)
+        if index._old is newer:  # rotated: the generation before went whole
+            held = set(newer)
+        if step % 997 == 996:
+            index.clear()
+            held.clear()
+        assert len(index) == len({key for key in held if key in index}) == len(held)
+
+
 def test_the_engines_view_stops_at_its_first_hole() -> None:
     blocks = KvBlocks()
     keys = (11, 12, 13, 14, 15)
