@@ -147,8 +147,8 @@ def _start(name: str, folder: Path, replicas: list[str], collector: Collector | 
             env.update(OTEL_EXPORTER_OTLP_ENDPOINT=collector.endpoint, OTEL_EXPORTER_OTLP_INSECURE="true")
         case "plain":
             base.update(envoy_picker_tls=False)
-        case "full-duplex":
-            base.update(envoy_picker_tls=False, shape="aigw-failopen")
+        case "full-duplex":  # its cluster lists the pool itself (no EDS in that shape)
+            base.update(envoy_picker_tls=False, shape="aigw-failopen", extra_envoy_endpoints=tuple(replicas))
         case "peers":
             base.update(pickers=2, peers=True, envoy_picker_tls=False)
         case "resume":
