@@ -57,6 +57,9 @@ capacity-aware placement, no gateway. Per row, the **floor**: the TTFT p90 the s
 have if each ran alone on an idle base replica holding every shared prefix already (its own uncached
 prompt tokens only; no queue, no slow replica, no cold cache). No policy goes below it; where the
 best simple policy is already near it, no policy can do much better than that policy on the row.
+And the **clairvoyant** reading (loadtest/clairvoyant.py): the same requests replayed through the
+simulators' model by a dispatcher that knows every request, slot and cache, each sent where its
+first token comes soonest: what the queues leave above the floor, without the gateway's path.
 
     python -m loadtest.bench_routing [--rows uniform/plain,eight/bursts] [--columns picker,lr]
         [--seconds 10] [--load 0.7] [--seed 63]
