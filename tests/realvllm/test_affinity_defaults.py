@@ -76,5 +76,9 @@ def test_the_defaults_reach_perfect_affinitys_hit_rate(
         log = stack.picker.log_text() if stack.picker is not None else ""
     finally:
         stack.stop()
-    assert picked >= 0.95 * perfect, f"hit rate {picked:.3f} against perfect affinity's {perfect:.3f}"
-    assert page[("picker_latency_engaged", ())] == 0.0 and "auto: engaged" not in log  # a uniform pool
+    # on failure, what decided it: the spread `auto` read at the end and its switches
+    spread = page.get(("picker_latency_spread", ()))
+    switches = [line for line in log.splitlines() if "affinity.latency auto:" in line]
+    seen = f"hit rate {picked:.3f} against perfect affinity's {perfect:.3f}; spread {spread}; {switches}"
+    assert picked >= 0.95 * perfect, seen
+    assert page[("picker_latency_engaged", ())] == 0.0 and "auto: engaged" not in log, seen  # uniform
