@@ -88,7 +88,7 @@ from pathlib import Path
 import httpx
 
 from loadtest import clairvoyant
-from loadtest.bench_shapes import WORDS, baseline_envoy, envoy_sender
+from loadtest.bench_shapes import WORDS, baseline_envoy, envoy_sender, prompt_tokens
 from loadtest.procs import Proc
 from loadtest.rawclient import StreamStats, cpu_seconds
 from loadtest.stack import Stack, StackOptions, health_ok, parse_metrics, sim_argv
@@ -157,11 +157,6 @@ POOLS: dict[str, Pool] = {
 
 
 # --- workloads ------------------------------------------------------------------------------------
-
-
-def prompt_tokens(prompt: str) -> int:
-    """The simulator's count: one token per 4 characters (sim/vllm_sim/prefix.py)."""
-    return max(1, math.ceil(len(prompt) / 4))
 
 
 def _words(rng: random.Random, count: int) -> str:

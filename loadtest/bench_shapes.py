@@ -138,13 +138,16 @@ def plan(rate: float, seconds: float, seed: int) -> list[tuple[float, str, int]]
         out.append((at, prompt, rng.randint(20, 100)))
 
 
+def prompt_tokens(prompt: str) -> int:
+    """The simulator's count: one token per 4 characters (sim/vllm_sim/prefix.py)."""
+    return max(1, math.ceil(len(prompt) / 4))
+
+
 def own_first_token_ms(requests: Sequence[tuple[float, str, int]]) -> tuple[float, float]:
     """The requests' own first token on an idle fast replica of `pool` (its fixed part and its
     prompt's prefill, the simulator's tokens being a quarter of the characters): p50 and p90 ms,
     what no routing goes below, before the path's own time."""
-    own = sorted(
-        FAST_TTFT_MS + FAST_PREFILL_MS * max(1, math.ceil(len(prompt) / 4)) for _, prompt, _ in requests
-    )
+    own = sorted(FAST_TTFT_MS + FAST_PREFILL_MS * prompt_tokens(prompt) for _, prompt, _ in requests)
     return percentile(own, 50), percentile(own, 90)
 
 
